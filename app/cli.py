@@ -1,0 +1,300 @@
+"""The ``triclip`` command line: argument parsing only; the work lives in the library.
+
+Each sub-command turns its arguments into typed values and calls one library
+function. Heavy imports (torch, faiss, gradio) happen inside the handlers so
+that ``triclip --help`` and user errors answer fast.
+
+A :class:`retrieval.errors.UserError` anywhere below becomes one line on stderr
+and exit status 2, as do argparse's own errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Callable, Sequence
+
+from retrieval.errors import UserError
+
+PROG = "triclip"
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (no usage block) and exit status 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        raise UserError(message)
+
+
+def _print_json(obj) -> None:
+    json.dump(obj, sys.stdout, indent=None, default=float)
+    sys.stdout.write("\n")
+
+
+def _parse_kv(pairs: Sequence[str]) -> dict:
+    """``["tau_plus=0.1", "mining=hardest"]`` -> ``{"tau_plus": 0.1, "mining": "hardest"}``."""
+    out = {}
+    for item in pairs:
+        if "=" not in item:
+            raise UserError(f"expected key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def _parse_dims(text: str | None) -> list[int]:
+    if not text:
+        return []
+    try:
+        dims = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise UserError(f"--dims expects comma-separated integers, got {text!r}") from None
+    if any(d <= 0 for d in dims):
+        raise UserError(f"--dims must be positive, got {text!r}")
+    return dims
+
+
+# ---------------------------------------------------------------------------- data
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    """Options that say how to read a data source (shared by every command that reads one)."""
+    p.add_argument("--image-key", default=None, help="image column / field (CSV: filepath, HF: image)")
+    p.add_argument("--caption-key", default=None, help="caption column / field (CSV: title, HF: text)")
+    p.add_argument("--label-key", default=None, help="optional label column / field")
+    p.add_argument("--sep", default=None, help="CSV/TSV separator (default: from the extension)")
+    p.add_argument("--split", default=None, help="split of a Hugging Face dataset (default: train)")
+
+
+def _data_config(ns: argparse.Namespace):
+    from retrieval.data import DataConfig
+
+    return DataConfig(
+        image_key=ns.image_key, caption_key=ns.caption_key, label_key=ns.label_key, sep=ns.sep, split=ns.split
+    )
+
+
+def cmd_data_prepare(ns: argparse.Namespace) -> int:
+    from retrieval.data.builtin import prepare
+
+    summary = prepare(ns.name, ns.out, num=ns.num, seed=ns.seed)
+    _print_json(summary)
+    return 0
+
+
+def cmd_data_inspect(ns: argparse.Namespace) -> int:
+    from retrieval.data import inspect
+
+    report = inspect(ns.path, _data_config(ns))
+    if ns.json:
+        _print_json(report)
+    else:
+        print(f"{report['records']} usable records, skipped: {report['skipped'] or 'none'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- train / eval
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from training.train import TrainConfig, train
+
+    cfg = TrainConfig(
+        train_data=ns.train_data,
+        val_data=ns.val_data,
+        model=ns.model,
+        pretrained=ns.pretrained,
+        loss=ns.loss,
+        loss_options=_parse_kv(ns.loss_opt),
+        epochs=ns.epochs,
+        batch_size=ns.batch_size,
+        lr=ns.lr,
+        weight_decay=ns.wd,
+        warmup_steps=ns.warmup,
+        grad_clip=ns.grad_clip,
+        out=ns.out,
+        resume=ns.resume,
+        lock_image=ns.lock_image,
+        lock_text=ns.lock_text,
+        seed=ns.seed,
+        workers=ns.workers,
+        save_every=ns.save_every,
+        max_steps=ns.max_steps,
+        embed_dim=ns.embed_dim,
+        device=ns.device,
+        data=_data_config(ns),
+    )
+    train(cfg)
+    return 0
+
+
+def cmd_eval(ns: argparse.Namespace) -> int:
+    from training.evaluate import evaluate_run
+
+    result = evaluate_run(ns.run, ns.data, dims=_parse_dims(ns.dims), data_config=_data_config(ns), device=ns.device)
+    if ns.json:
+        _print_json(result)
+    else:
+        for key, value in result.items():
+            print(f"{key}: {value}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- index / search / app
+
+
+def cmd_index_build(ns: argparse.Namespace) -> int:
+    from index.build import IndexBuildConfig, build_index
+
+    cfg = IndexBuildConfig(
+        run=ns.run,
+        data=ns.data,
+        out=ns.out,
+        dims=ns.dims,
+        factory=ns.factory,
+        add=ns.add,
+        batch_size=ns.batch_size,
+        device=ns.device,
+        data_config=_data_config(ns),
+    )
+    _print_json(build_index(cfg))
+    return 0
+
+
+def cmd_search(ns: argparse.Namespace) -> int:
+    from index.search import Searcher
+
+    if (ns.text is None) == (ns.image is None):
+        raise UserError("give exactly one of --text or --image")
+    searcher = Searcher.load(ns.index, run=ns.run, device=ns.device)
+    hits = searcher.search_text([ns.text], k=ns.k)[0] if ns.text is not None else searcher.search_image([ns.image], k=ns.k)[0]
+    if ns.json:
+        _print_json(hits)
+    else:
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
+    return 0
+
+
+def cmd_app(ns: argparse.Namespace) -> int:
+    raise UserError("`triclip app` is not yet available")
+
+
+def cmd_demo(ns: argparse.Namespace) -> int:
+    from training.demo import run_demo
+
+    run_demo(workdir=ns.workdir)
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    data = sub.add_parser("data", help="prepare built-in datasets, inspect any data source")
+    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
+    p = dsub.add_parser("prepare", help="write a built-in dataset as JSONL manifests")
+    p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"])
+    p.add_argument("--out", required=True)
+    p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_data_prepare)
+    p = dsub.add_parser("inspect", help="count usable and skipped records of a data source")
+    p.add_argument("path")
+    p.add_argument("--json", action="store_true")
+    _data_args(p)
+    p.set_defaults(func=cmd_data_inspect)
+
+    p = sub.add_parser("train", help="train a dual encoder")
+    p.add_argument("--train-data", required=True)
+    p.add_argument("--val-data", default=None)
+    p.add_argument("--model", default="tiny", help="tiny, lite, or an open_clip architecture name")
+    p.add_argument("--pretrained", default=None, help="open_clip pretrained tag (needs the weights locally)")
+    p.add_argument("--loss", default="tricl")
+    p.add_argument("--loss-opt", action="append", default=[], metavar="K=V")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per preset)")
+    p.add_argument("--wd", type=float, default=0.1)
+    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 5%% of training)")
+    p.add_argument("--grad-clip", type=float, default=1.0)
+    p.add_argument("--embed-dim", type=int, default=None, help="embedding dimension D (default: per preset)")
+    p.add_argument("--out", required=True)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--lock-image", action="store_true")
+    p.add_argument("--lock-text", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0)
+    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
+    p.add_argument("--max-steps", type=int, default=None)
+    p.add_argument("--device", default=None)
+    _data_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("eval", help="evaluate a trained run")
+    p.add_argument("--run", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--dims", default=None, help="compact curve at these m, e.g. 8,16,32")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default=None)
+    _data_args(p)
+    p.set_defaults(func=cmd_eval)
+
+    index = sub.add_parser("index", help="build FAISS indexes")
+    isub = index.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
+    p = isub.add_parser("build", help="embed a data source and index it")
+    p.add_argument("--run", required=True)
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--dims", type=int, default=None, help="keep the top-m dimensions (default: all)")
+    p.add_argument("--factory", default="auto", help="FAISS index-factory string, or auto")
+    p.add_argument("--add", action="store_true", help="append to an existing index")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--device", default=None)
+    _data_args(p)
+    p.set_defaults(func=cmd_index_build)
+
+    p = sub.add_parser("search", help="query an index by text or image")
+    p.add_argument("--index", required=True)
+    p.add_argument("--text", default=None)
+    p.add_argument("--image", default=None)
+    p.add_argument("-k", type=int, default=10)
+    p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--device", default=None)
+    p.set_defaults(func=cmd_search)
+
+    p = sub.add_parser("app", help="serve a search app")
+    p.add_argument("--index", required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=7860)
+    p.set_defaults(func=cmd_app)
+
+    p = sub.add_parser("demo", help="the whole pipeline on the built-in default data")
+    p.add_argument("--workdir", default="demo")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    try:
+        ns = build_parser().parse_args(argv)
+        func: Callable[[argparse.Namespace], int] = ns.func
+        return func(ns)
+    except UserError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

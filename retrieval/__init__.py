@@ -1,0 +1,4 @@
+"""triclip's library: data, models, objectives, metrics and compact features.
+
+This package never imports ``training``, ``index`` or ``app``.
+"""

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs everything triclip needs on a fresh Debian machine: system packages
+# (built-in datasets, Chromium for browser tests) and a virtual environment in
+# .venv with triclip and its test extras. Safe to run again: each step is
+# skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES="dataset-fashion-mnist openclipart-png openclipart-svg chromium"
+missing=""
+for p in $APT_PACKAGES; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo"; else SUDO="none"; fi
+  if [ "$SUDO" = none ]; then
+    echo "setup: please install the Debian packages:$missing (apt-get install$missing)" >&2
+  else
+    echo "setup: installing Debian packages:$missing"
+    $SUDO apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends $missing
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+stamp=".venv/.triclip-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "setup: installing Python packages into .venv (first time: a few minutes, ~6 GB)"
+  .venv/bin/python -m pip install -q --upgrade pip
+  .venv/bin/python -m pip install -q -e ".[test]"
+  echo "$want" > "$stamp"
+fi

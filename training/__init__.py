@@ -1,0 +1,1 @@
+"""triclip training."""
