@@ -1,0 +1,287 @@
+"""Dual encoders: an image tower and a text tower, each followed by a projection head.
+
+Every model is ``tower -> head -> (B, D)`` on both sides, plus two scalars of the
+objective that live on the model (as in open_clip): the learnable logit scale and
+the importance parameter ``theta`` from which the tri-factor importance
+``w = importance(theta)`` (D,) is made. ``theta`` exists for every model, so any
+model can report an ordering of its dimensions; only ``tricl`` trains it.
+
+Presets (``ModelConfig.preset``):
+    tiny   a small open_clip ViT + text transformer from scratch (CPU-sized).
+    lite   offline pretrained towers: EfficientNet-Lite0 (ImageNet) and
+           all-MiniLM-L6-v2, from their PyPI packages (``retrieval.towers``).
+    NAME   any open_clip architecture, from scratch or with ``pretrained`` tag.
+
+Splitting towers from heads is what makes locking (LiT) simple: a locked tower
+is frozen and its outputs can be cached; the heads always train.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from retrieval.errors import UserError
+
+MAX_LOGIT_SCALE = 100.0
+
+
+@dataclass
+class ModelConfig:
+    preset: str = "tiny"  # tiny, lite, or an open_clip architecture name
+    pretrained: str | None = None  # open_clip pretrained tag (weights must be reachable)
+    embed_dim: int | None = None  # D, the embedding size after the heads (None: per preset)
+    head: str = "linear"  # projection head: linear or mlp
+    importance: str = "softplus"  # how w is made from theta: see IMPORTANCE_FORMS
+    init_temperature: float = 0.07  # initial 1 / logit scale (CLIP)
+    image_size: int | None = None  # input resolution (None: per preset)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------- importance
+
+_SOFTPLUS_ONE = math.log(math.e - 1.0)  # softplus(_SOFTPLUS_ONE) == 1
+
+
+def _softplus(theta: torch.Tensor) -> torch.Tensor:
+    return F.softplus(theta)
+
+
+def _softplus_mean1(theta: torch.Tensor) -> torch.Tensor:
+    w = F.softplus(theta)
+    return w / w.mean()  # cannot absorb a global scale: that is the logit scale's job
+
+
+IMPORTANCE_FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "softplus": _softplus,  # the paper: w = softplus(theta)
+    "softplus_mean1": _softplus_mean1,  # softplus normalised to mean 1
+}
+
+
+# ---------------------------------------------------------------------------- model
+
+
+class DualEncoder(nn.Module):
+    """Image and text towers with projection heads, a logit scale and the importance.
+
+    Args:
+        image_tower: images (B, 3, H, W) -> features (B, F_img).
+        text_tower: tokens -> features (B, F_txt); has ``tokenize(list[str])``.
+        image_dim: F_img. text_dim: F_txt.
+        config: the ModelConfig it was built from (saved with checkpoints).
+        image_transform: PIL image -> (3, H, W) tensor, deterministic.
+    """
+
+    def __init__(
+        self,
+        image_tower: nn.Module,
+        text_tower: nn.Module,
+        image_dim: int,
+        text_dim: int,
+        config: ModelConfig,
+        image_transform: Callable,
+    ):
+        super().__init__()
+        if config.importance not in IMPORTANCE_FORMS:
+            raise UserError(f"unknown importance form {config.importance!r}; choose from {sorted(IMPORTANCE_FORMS)}")
+        D = config.embed_dim
+        self.config = config
+        self.embed_dim = D
+        self.image_tower = image_tower
+        self.text_tower = text_tower
+        self.image_head = _make_head(config.head, image_dim, D)
+        self.text_head = _make_head(config.head, text_dim, D)
+        self.logit_scale_param = nn.Parameter(torch.tensor(math.log(1.0 / config.init_temperature)))
+        self.theta = nn.Parameter(torch.full((D,), _SOFTPLUS_ONE))  # w starts at 1 everywhere
+        self._transform = image_transform
+        self._importance_fn = IMPORTANCE_FORMS[config.importance]
+
+    # -- the two scalars of the objective
+
+    def logit_scale(self) -> torch.Tensor:
+        """``s = exp(param)``, clamped to 100 (CLIP). Scalar tensor."""
+        return self.logit_scale_param.exp().clamp(max=MAX_LOGIT_SCALE)
+
+    def importance(self) -> torch.Tensor:
+        """``w`` (D,), non-negative."""
+        return self._importance_fn(self.theta)
+
+    # -- towers and heads
+
+    def image_transform(self, train: bool = False) -> Callable:
+        """PIL image -> (3, H, W). The same for training and eval (captions talk about
+        left/right and size, so no flips or crops; and locked-tower caches need it)."""
+        return self._transform
+
+    def tokenize(self, texts: list[str]):
+        return self.text_tower.tokenize(texts)
+
+    def image_features(self, images: torch.Tensor) -> torch.Tensor:
+        """Tower output before the head. (B, 3, H, W) -> (B, F_img)."""
+        return self.image_tower(images)
+
+    def text_features(self, tokens) -> torch.Tensor:
+        """Tower output before the head. tokens -> (B, F_txt)."""
+        return self.text_tower(tokens)
+
+    def project_image(self, feats: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        z = self.image_head(feats)  # (B, D)
+        return F.normalize(z, dim=-1) if normalize else z
+
+    def project_text(self, feats: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        z = self.text_head(feats)  # (B, D)
+        return F.normalize(z, dim=-1) if normalize else z
+
+    def encode_image(self, images: torch.Tensor, normalize: bool = True) -> torch.Tensor:
+        """(B, 3, H, W) -> (B, D)."""
+        return self.project_image(self.image_features(images), normalize)
+
+    def encode_text(self, texts, normalize: bool = True) -> torch.Tensor:
+        """list[str] (or already tokenized) -> (B, D)."""
+        tokens = self.tokenize(texts) if isinstance(texts, (list, tuple)) else texts
+        tokens = _to_device(tokens, self.logit_scale_param.device)
+        return self.project_text(self.text_features(tokens), normalize)
+
+    def lock(self, image: bool = False, text: bool = False) -> None:
+        """Freeze whole towers (LiT). Heads, logit scale and importance keep training."""
+        for tower, locked in ((self.image_tower, image), (self.text_tower, text)):
+            if locked:
+                tower.requires_grad_(False)
+                tower.eval()
+        self._locked = (image, text)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        image_locked, text_locked = getattr(self, "_locked", (False, False))
+        if image_locked:
+            self.image_tower.eval()  # frozen BN statistics too
+        if text_locked:
+            self.text_tower.eval()
+        return self
+
+
+def _make_head(kind: str, in_dim: int, out_dim: int) -> nn.Module:
+    if kind == "linear":
+        return nn.Linear(in_dim, out_dim, bias=False)
+    if kind == "mlp":
+        hidden = max(in_dim, out_dim)
+        return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim, bias=False))
+    raise UserError(f"unknown head {kind!r}; choose linear or mlp")
+
+
+def _to_device(tokens, device):
+    if isinstance(tokens, dict):
+        return {k: v.to(device) for k, v in tokens.items()}
+    return tokens.to(device)
+
+
+# ---------------------------------------------------------------------------- presets
+
+
+class _OpenClipText(nn.Module):
+    """The text half of an open_clip CLIP model, with its tokenizer."""
+
+    def __init__(self, clip: nn.Module, tokenizer: Callable):
+        super().__init__()
+        clip.visual = nn.Identity()  # the image half lives in DualEncoder.image_tower
+        for name in ("logit_scale", "logit_bias"):
+            if isinstance(getattr(clip, name, None), nn.Parameter):
+                delattr(clip, name)  # the DualEncoder owns the objective's scalars
+        self.clip = clip
+        self._tokenizer = tokenizer
+
+    def tokenize(self, texts: list[str]) -> torch.Tensor:
+        return self._tokenizer(list(texts))  # (B, context_length) long
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        return self.clip.encode_text(tokens, normalize=False)
+
+
+TINY_IMAGE_SIZE = 64
+
+
+def _build_tiny(cfg: ModelConfig) -> DualEncoder:
+    import open_clip
+    from torchvision import transforms
+
+    size = cfg.image_size or TINY_IMAGE_SIZE
+    tower_dim = 128
+    # A ViT, not a ResNet: no BatchNorm, so K data-parallel ranks compute exactly the
+    # one-process loss on the global batch (BatchNorm statistics would be per rank).
+    vision = dict(layers=3, width=128, head_width=32, patch_size=8, image_size=size)
+    text = dict(context_length=32, vocab_size=49408, width=128, heads=4, layers=2)
+    clip = open_clip.CLIP(embed_dim=tower_dim, vision_cfg=vision, text_cfg=text)
+    transform = transforms.Compose(
+        [
+            transforms.Resize((size, size), interpolation=transforms.InterpolationMode.BICUBIC),
+            transforms.ToTensor(),
+            transforms.Normalize((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)),
+        ]
+    )
+    image_tower = clip.visual
+    tokenizer = open_clip.tokenizer.SimpleTokenizer(context_length=text["context_length"])
+    text_tower = _OpenClipText(clip, tokenizer)
+    cfg.embed_dim = cfg.embed_dim or 64
+    return DualEncoder(image_tower, text_tower, tower_dim, tower_dim, cfg, _rgb(transform))
+
+
+def _build_lite(cfg: ModelConfig) -> DualEncoder:
+    from retrieval.towers import ImageTower, TextTower
+
+    image_tower = ImageTower()
+    text_tower = TextTower()
+    cfg.embed_dim = cfg.embed_dim or 256
+    return DualEncoder(
+        image_tower,
+        text_tower,
+        image_tower.output_dim,
+        text_tower.output_dim,
+        cfg,
+        image_tower.image_transform(train=False),
+    )
+
+
+def _build_open_clip(cfg: ModelConfig) -> DualEncoder:
+    import open_clip
+
+    if cfg.preset not in open_clip.list_models():
+        raise UserError(f"unknown model {cfg.preset!r}: use tiny, lite or an open_clip architecture name")
+    try:
+        clip, _, preprocess = open_clip.create_model_and_transforms(cfg.preset, pretrained=cfg.pretrained)
+        tokenizer = open_clip.get_tokenizer(cfg.preset)
+    except Exception as err:  # offline hub, unknown tag, missing cache
+        tag = f" with pretrained={cfg.pretrained!r}" if cfg.pretrained else ""
+        raise UserError(f"cannot create open_clip model {cfg.preset!r}{tag}: {str(err).splitlines()[0][:200]}") from None
+    tower_dim = clip.text_projection.shape[-1] if not isinstance(clip.text_projection, nn.Linear) else clip.text_projection.out_features
+    image_tower = clip.visual
+    text_tower = _OpenClipText(clip, tokenizer)
+    cfg.embed_dim = cfg.embed_dim or tower_dim
+    return DualEncoder(image_tower, text_tower, tower_dim, tower_dim, cfg, _rgb(preprocess))
+
+
+class _rgb:
+    """Wraps a transform so that it always sees an RGB image (picklable for workers)."""
+
+    def __init__(self, transform: Callable):
+        self.transform = transform
+
+    def __call__(self, image):
+        return self.transform(image.convert("RGB") if image.mode != "RGB" else image)
+
+
+PRESETS: dict[str, Callable[[ModelConfig], DualEncoder]] = {"tiny": _build_tiny, "lite": _build_lite}
+
+
+def build_model(cfg: ModelConfig) -> DualEncoder:
+    """Build a DualEncoder from its config (fills ``cfg.embed_dim`` when None)."""
+    if cfg.pretrained and cfg.preset in PRESETS:
+        raise UserError(f"--pretrained applies to open_clip architectures, not to the {cfg.preset!r} preset")
+    builder = PRESETS.get(cfg.preset, _build_open_clip)
+    return builder(cfg)

@@ -1,0 +1,81 @@
+"""DualEncoder: presets, shapes, importance forms, locking, clear errors."""
+
+import math
+
+import pytest
+import torch
+from PIL import Image
+
+from retrieval.errors import UserError
+from retrieval.model import IMPORTANCE_FORMS, MAX_LOGIT_SCALE, ModelConfig, build_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return build_model(ModelConfig(preset="tiny", embed_dim=32))
+
+
+def test_tiny_shapes_and_normalisation(tiny):
+    image = tiny.image_transform()(Image.new("RGB", (80, 50), "red"))
+    assert image.shape == (3, 64, 64)
+    zi = tiny.encode_image(image[None].repeat(3, 1, 1, 1))
+    zt = tiny.encode_text(["a red circle", "two blue squares", ""])
+    assert zi.shape == (3, 32) and zt.shape == (3, 32)
+    assert torch.allclose(zi.norm(dim=1), torch.ones(3), atol=1e-5)
+    assert torch.allclose(zt.norm(dim=1), torch.ones(3), atol=1e-5)
+    raw = tiny.encode_text(["a red circle"], normalize=False)
+    assert not torch.allclose(raw.norm(dim=1), torch.ones(1))
+
+
+def test_tiny_is_cpu_sized(tiny):
+    n = sum(p.numel() for p in tiny.parameters())
+    assert 1e6 < n < 2e7
+
+
+def test_importance_starts_at_one_and_is_trainable(tiny):
+    w = tiny.importance()
+    assert torch.allclose(w, torch.ones_like(w), atol=1e-6)
+    w.sum().backward()
+    assert tiny.theta.grad is not None and tiny.theta.grad.abs().sum() > 0
+    tiny.zero_grad()
+
+
+def test_logit_scale_init_and_clamp(tiny):
+    assert math.isclose(float(tiny.logit_scale()), 1 / 0.07, rel_tol=1e-5)
+    with torch.no_grad():
+        tiny.logit_scale_param.fill_(10.0)
+    assert float(tiny.logit_scale()) == MAX_LOGIT_SCALE
+    with torch.no_grad():
+        tiny.logit_scale_param.fill_(math.log(1 / 0.07))
+
+
+def test_mean1_importance_cannot_absorb_a_global_scale():
+    model = build_model(ModelConfig(preset="tiny", embed_dim=16, importance="softplus_mean1"))
+    with torch.no_grad():
+        model.theta.copy_(torch.linspace(-2, 3, 16))
+    assert torch.isclose(model.importance().mean(), torch.tensor(1.0))
+    assert set(IMPORTANCE_FORMS) >= {"softplus", "softplus_mean1"}
+
+
+def test_lock_freezes_towers_only():
+    model = build_model(ModelConfig(preset="tiny", embed_dim=16))
+    model.lock(image=True, text=True)
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {"logit_scale_param", "theta", "image_head.weight", "text_head.weight"}
+    model.train()
+    assert not model.image_tower.training and not model.text_tower.training
+
+
+def test_unknown_preset_and_offline_pretrained_are_user_errors():
+    with pytest.raises(UserError, match="unknown model"):
+        build_model(ModelConfig(preset="no-such-model"))
+    with pytest.raises(UserError, match="pretrained"):
+        build_model(ModelConfig(preset="tiny", pretrained="openai"))
+
+
+def test_open_clip_architecture_from_scratch():
+    model = build_model(ModelConfig(preset="RN50", embed_dim=8))
+    assert model.embed_dim == 8
+    z = model.encode_text(["hello"])
+    assert z.shape == (1, 8)

@@ -1,0 +1,96 @@
+"""Cached outputs of locked towers (LiT): computed once, reused by later epochs and runs.
+
+A locked tower is a fixed function, so its output for a record never changes.
+The cache key hashes the tower's weights, the image transform and the data's
+fingerprint (keys and captions), so a different model or different data can
+never read a stale entry. Files live in ``$TRICLIP_CACHE`` (default
+``~/.cache/triclip``) as safetensors, written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm.auto import tqdm
+
+from retrieval.io import atomic_path
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("TRICLIP_CACHE", Path.home() / ".cache" / "triclip")) / "features"
+
+
+def module_hash(module: torch.nn.Module) -> str:
+    """sha256 over a module's parameter and buffer names, shapes and bytes."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _key(*parts: str) -> str:
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+@torch.no_grad()
+def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int = 0) -> dict[str, torch.Tensor]:
+    """``{"features": (N, F_img), "valid": (N,) bool}`` for every record of ``pairs``.
+
+    Records whose image fails to decode get ``valid = False`` (and are counted in
+    ``pairs.skipped`` by the dataset).
+    """
+    from retrieval.data import PairDataset, collate_pairs
+
+    transform = model.image_transform(train=False)
+    key = _key("image", module_hash(model.image_tower), repr(transform), pairs.fingerprint)
+    path = cache_dir() / f"image-{key}.safetensors"
+    if path.exists():
+        return load_file(str(path))
+    dataset = PairDataset(pairs, transform, train=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
+    feats, valid = None, torch.zeros(len(pairs.records), dtype=torch.bool)
+    model.image_tower.eval()
+    for batch in tqdm(loader, desc="caching locked image tower", unit="batch"):
+        if batch is None:
+            continue
+        out = model.image_features(batch["image"].to(device)).float().cpu()  # (b, F)
+        if feats is None:
+            feats = torch.zeros(len(pairs.records), out.shape[1])
+        idx = torch.as_tensor(batch["index"])
+        feats[idx] = out
+        valid[idx] = True
+    if feats is None:
+        raise RuntimeError("no image could be decoded")
+    result = {"features": feats, "valid": valid}
+    with atomic_path(path) as tmp:
+        save_file(result, str(tmp))
+    return result
+
+
+@torch.no_grad()
+def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+    """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
+    ``offsets[i]:offsets[i+1]``."""
+    key = _key("text", module_hash(model.text_tower), pairs.fingerprint)
+    path = cache_dir() / f"text-{key}.safetensors"
+    if path.exists():
+        return load_file(str(path))
+    captions = [c for r in pairs.records for c in r.captions]
+    counts = torch.tensor([len(r.captions) for r in pairs.records])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    model.text_tower.eval()
+    chunks = []
+    for start in tqdm(range(0, len(captions), batch_size), desc="caching locked text tower", unit="batch"):
+        tokens = model.tokenize(captions[start : start + batch_size])
+        tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
+        chunks.append(model.text_features(tokens).float().cpu())
+    result = {"features": torch.cat(chunks), "offsets": offsets}
+    with atomic_path(path) as tmp:
+        save_file(result, str(tmp))
+    return result

@@ -1,0 +1,120 @@
+"""Evaluation of a dual encoder on paired data: the metrics of the SPEC.
+
+``evaluate`` embeds every image and every caption of a PairSet once, then
+computes recall@{1,5,10} both ways (any caption of an image counts), align /
+uniform on the (image, first caption) pairs, class mAP where records carry
+labels, the importance spectrum, and the compact curve for ``dims``.
+``evaluate_run`` is ``triclip eval``: the same on a saved run.
+"""
+
+from __future__ import annotations
+
+import torch
+from tqdm.auto import tqdm
+
+from retrieval.compact import compact_curve
+from retrieval.data import DataConfig, load_pairs
+from retrieval.errors import UserError
+from retrieval.metrics import align_uniform, class_map, retrieval_recall
+from training.checkpoint import load_run
+from training.batches import _Images, _collate
+
+ORDERINGS = ("importance", "first", "random", "pca")
+
+
+@torch.no_grad()
+def embed_pairs(model, pairs, device, batch_size: int = 256, cache: dict | None = None, workers: int = 0):
+    """Embed all images and all captions of ``pairs``.
+
+    Returns:
+        image_emb (N', D), text_emb (M, D), text_to_image (M,) long into the N' kept
+        images, keep (N',) long: the record index of each kept image (records whose
+        image fails to decode are dropped with their captions).
+    """
+    model.eval()
+    cache = cache or {}
+    if cache.get("image") is not None:
+        keep = cache["image"]["valid"].nonzero().squeeze(1)
+        image_emb = _project_rows(model.project_image, cache["image"]["features"][keep], device, batch_size)
+    else:
+        image_emb, keep = _embed_images(model, pairs, device, batch_size, workers)
+    if cache.get("text") is not None:
+        offsets = cache["text"]["offsets"]
+        rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in keep.tolist()])
+        text_emb = _project_rows(model.project_text, cache["text"]["features"][rows], device, batch_size)
+    else:
+        captions = [c for i in keep.tolist() for c in pairs.records[i].captions]
+        text_emb = torch.cat(
+            [model.encode_text(captions[s : s + batch_size]).float().cpu() for s in range(0, len(captions), batch_size)]
+        )
+    counts = torch.tensor([len(pairs.records[i].captions) for i in keep.tolist()])
+    text_to_image = torch.repeat_interleave(torch.arange(len(keep)), counts)
+    return image_emb, text_emb, text_to_image, keep
+
+
+def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torch.Tensor:
+    return torch.cat([project(feats[s : s + batch_size].to(device)).float().cpu() for s in range(0, len(feats), batch_size)])
+
+
+def _embed_images(model, pairs, device, batch_size: int, workers: int):
+    loader = torch.utils.data.DataLoader(
+        _Images(pairs.records, model.image_transform(train=False)),
+        batch_size=batch_size,
+        num_workers=workers,
+        collate_fn=_collate,
+    )
+    embs, keep = [], []
+    for items in tqdm(loader, desc="embedding images", unit="batch", leave=False):
+        good = [(i, x) for i, x in items if torch.is_tensor(x)]
+        if good:
+            keep.extend(i for i, _ in good)
+            embs.append(model.encode_image(torch.stack([x for _, x in good]).to(device)).float().cpu())
+    if not embs:
+        raise UserError("no image of the evaluation data could be decoded")
+    return torch.cat(embs), torch.tensor(keep, dtype=torch.long)
+
+
+def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None) -> dict:
+    """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts)."""
+    image_emb, text_emb, text_to_image, keep = embed_pairs(model, pairs, device, batch_size, cache)
+    first_caption = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(text_to_image).cumsum(0)[:-1]])
+    result = dict(retrieval_recall(image_emb, text_emb, text_to_image))
+    result.update(align_uniform(image_emb, text_emb[first_caption]))
+    labels = [pairs.records[i].label for i in keep.tolist()]
+    if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
+        ids = _label_ids(labels)
+        result["class_map"] = float(class_map(text_emb[first_caption], image_emb, ids, ids))  # text -> image
+    w = model.importance().detach().float().cpu()
+    result["importance"] = _spectrum(w)
+    result["logit_scale"] = float(model.logit_scale())
+    D = image_emb.shape[1]
+    dims = [m for m in dims if m <= D] or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
+    result["compact"] = compact_curve(image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS)
+    return result
+
+
+def _label_ids(labels) -> torch.Tensor:
+    names = {name: i for i, name in enumerate(sorted(set(map(str, labels))))}
+    return torch.tensor([names[str(label)] for label in labels])
+
+
+def _spectrum(w: torch.Tensor) -> dict:
+    """How unequal the importance is: sorted values and two summaries."""
+    p = w / w.sum()
+    effective = float(torch.exp(-(p * p.clamp_min(1e-12).log()).sum()))  # exp(entropy): D when uniform
+    return {
+        "sorted": [round(float(v), 5) for v in w.sort(descending=True).values],
+        "effective_dims": effective,
+        "max_over_mean": float(w.max() / w.mean()),
+    }
+
+
+def evaluate_run(run: str, data: str, dims=(), data_config: DataConfig | None = None, device: str | None = None) -> dict:
+    """``triclip eval``: load the run, read ``data``, return the metrics (plus ``compact``)."""
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model, _ = load_run(run, dev)
+    pairs = load_pairs(data, data_config or DataConfig())
+    result = evaluate(model, pairs, dev, dims=dims)
+    if pairs.skipped:
+        result["skipped"] = dict(pairs.skipped)
+    return result
