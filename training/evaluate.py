@@ -13,11 +13,10 @@ import torch
 from tqdm.auto import tqdm
 
 from retrieval.compact import compact_curve
-from retrieval.data import DataConfig, load_pairs
+from retrieval.data import DataConfig, PairDataset, collate_pairs, load_pairs
 from retrieval.errors import UserError
 from retrieval.metrics import align_uniform, class_map, retrieval_recall
 from training.checkpoint import load_run
-from training.batches import _Images, _collate
 
 ORDERINGS = ("importance", "first", "random", "pca")
 
@@ -57,21 +56,16 @@ def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torc
 
 
 def _embed_images(model, pairs, device, batch_size: int, workers: int):
-    loader = torch.utils.data.DataLoader(
-        _Images(pairs.records, model.image_transform(train=False)),
-        batch_size=batch_size,
-        num_workers=workers,
-        collate_fn=_collate,
-    )
+    dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     embs, keep = [], []
-    for items in tqdm(loader, desc="embedding images", unit="batch", leave=False):
-        good = [(i, x) for i, x in items if torch.is_tensor(x)]
-        if good:
-            keep.extend(i for i, _ in good)
-            embs.append(model.encode_image(torch.stack([x for _, x in good]).to(device)).float().cpu())
+    for batch in tqdm(loader, desc="embedding images", unit="batch", leave=False):
+        if batch is not None:
+            keep.append(batch["index"])
+            embs.append(model.encode_image(batch["image"].to(device)).float().cpu())
     if not embs:
         raise UserError("no image of the evaluation data could be decoded")
-    return torch.cat(embs), torch.tensor(keep, dtype=torch.long)
+    return torch.cat(embs), torch.cat(keep)
 
 
 def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None) -> dict:
