@@ -1,0 +1,86 @@
+"""Tri-factor contrastive learning (Zhang, Wang & Wang 2023), ported to image-text pairs.
+
+Paper: "Identifiable Contrastive Learning with Automatic Feature Importance Discovery",
+NeurIPS 2023, https://arxiv.org/abs/2310.18904 (code: PKU-ML/Tri-factor-Contrastive-Learning).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from retrieval.losses.base import PairLoss, non_negative, tau_plus_value
+from retrieval.losses.infonce import debiased_infonce, symmetric_infonce
+from retrieval.losses.registry import register_loss
+
+
+def decorrelation(z: torch.Tensor) -> torch.Tensor:
+    """``mean(((D/B) * Z.T @ Z - Id)**2)``: zero when ``D * E[z z^T] = Id`` (uniform on the sphere).
+
+    Exact for any shape at the cost of one ``min(B, D)``-sized Gram matrix: for ``B < D``
+    it uses ``||Z.T @ Z||_F^2 = ||Z @ Z.T||_F^2`` and ``trace(Z.T @ Z) = ||Z||_F^2``, so the
+    (D, D) matrix is never formed.
+
+    Args:
+        z: features of one tower. Shape: (B, D).
+
+    Returns:
+        Scalar.
+    """
+    batch, dim = z.shape
+    c = dim / batch
+    if batch >= dim:
+        gram = c * (z.t() @ z)  # (D, D)
+        return (gram - torch.eye(dim, dtype=z.dtype, device=z.device)).square().mean()
+    gram_sq = (z @ z.t()).square().sum()  # ||Z Z^T||_F^2 == ||Z^T Z||_F^2, (B, B) formed
+    return (c * c * gram_sq - 2.0 * c * z.square().sum() + dim) / (dim * dim)
+
+
+@dataclass
+class TriCLConfig:
+    """Options of ``tricl``."""
+
+    dec_weight: float = 1.0  # weight of decorrelation_loss (>= 0); the term is ~1/B for uniform, ~1 for collapsed features
+    tau_plus: float = 0.0  # > 0: debiased correction (Chuang et al.) on the tri-factor logits, [0, 1)
+
+    def __post_init__(self) -> None:
+        self.dec_weight = non_negative("dec_weight", self.dec_weight)
+        self.tau_plus = tau_plus_value(self.tau_plus)
+
+
+@register_loss("tricl")
+class TriCLLoss(PairLoss):
+    """Tri-factor contrastive loss: InfoNCE on ``s * (I * w) @ T.T`` plus decorrelation.
+
+    Terms:
+        ``contrastive_loss``: symmetric cross-entropy of the tri-factor logits
+        ``L = s * I diag(w) T^T`` against the diagonal; with ``tau_plus > 0`` the debiased
+        correction of ``debiased`` on the same logits, clamp floor ``N*exp(-s)`` as the SPEC
+        writes it. (With the importance in the logits the smallest possible ``neg_j`` is
+        ``exp(-s*max(w))``, not ``exp(-s)``; any positive floor keeps ``Ng > 0``, which is the
+        clamp's job, so the SPEC's floor is kept: it binds a little earlier when ``max(w) > 1``.)
+        ``decorrelation_loss``: ``dec_weight * 0.5 * sum_{Z in {I, T}} mean(((D/B) Z^T Z - Id)**2)``
+        on the global batch (see :func:`decorrelation`).
+
+    ``importance`` (``w``, shape (D,)) is required; gradients reach it through the logits.
+    The trainer must put the model's importance parameter ``theta`` in the optimizer
+    without weight decay. Shape: features (B, D).
+    """
+
+    Config = TriCLConfig
+    needs_importance = True
+
+    def terms(self, image, text, scale, importance):
+        logits = scale * (image * importance) @ text.t()  # (B, B)
+        if self.config.tau_plus > 0:
+            contrastive = debiased_infonce(logits, scale, self.config.tau_plus)
+        else:
+            contrastive = symmetric_infonce(logits)
+        out = {"contrastive_loss": contrastive}
+        if self.config.dec_weight > 0:
+            dec = 0.5 * (decorrelation(image) + decorrelation(text))
+            out["decorrelation_loss"] = self.config.dec_weight * dec
+        else:
+            out["decorrelation_loss"] = contrastive.new_zeros(())
+        return out
