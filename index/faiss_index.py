@@ -1,0 +1,322 @@
+"""Vector-level FAISS layer: choose a factory, build, search, save and load an index.
+
+Every index uses the inner product (``METRIC_INNER_PRODUCT``) on L2-normalised
+vectors, so scores are cosine similarities. FAISS: https://github.com/facebookresearch/faiss
+
+``auto`` chooses like autofaiss (https://github.com/criteo/autofaiss), by size and memory:
+
+- ``Flat`` (exact) below ``flat_max`` = 100,000 vectors: exact search of 100k vectors
+  takes a few milliseconds per query and needs no training;
+- ``HNSW32`` up to ``hnsw_max`` = 5,000,000 vectors when its memory (the vectors plus
+  about 2 x 32 int32 links per vector at level 0) fits in ``memory_fraction`` of the
+  available memory;
+- ``IVF{nlist},PQ{M}`` beyond (or when HNSW does not fit): ``nlist`` the power of two
+  nearest ``sqrt(n)`` (at most ``n / 39``, FAISS' minimum training points per list),
+  ``M`` = about m/4 sub-quantizers of 8 bits, i.e. m bytes per vector instead of 4m.
+
+With a GPU and faiss-gpu, Flat and IVF indexes are moved to the GPU to build and search
+(:func:`to_device`); they are always saved from a CPU copy.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+
+import faiss
+import numpy as np
+from tqdm.auto import tqdm
+
+METRIC = faiss.METRIC_INNER_PRODUCT
+ADD_BATCH = 65_536  # vectors added per call (bounds temporary memory, drives the progress bar)
+
+
+@dataclass
+class AutoPolicy:
+    """Thresholds of the ``auto`` factory (see the module docstring)."""
+
+    flat_max: int = 100_000  # exact Flat search below this many vectors
+    hnsw_max: int = 5_000_000  # HNSW32 up to this many vectors, if it fits in memory
+    hnsw_links: int = 32  # HNSW neighbours per node (M)
+    memory_fraction: float = 0.5  # share of the available memory the index may take
+
+    def __post_init__(self) -> None:
+        if not 0 < self.flat_max <= self.hnsw_max:
+            raise ValueError("AutoPolicy needs 0 < flat_max <= hnsw_max")
+        if not 0 < self.memory_fraction <= 1:
+            raise ValueError("AutoPolicy.memory_fraction must be in (0, 1]")
+
+
+@dataclass
+class SearchParams:
+    """Run-time search settings of approximate indexes (ignored where they do not apply)."""
+
+    nprobe: int | None = None  # IVF lists visited per query; None = min(nlist, max(8, nlist // 32))
+    ef_search: int | None = None  # HNSW candidate list size; None = max(64, 2k)
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def available_memory() -> int:
+    """Bytes of physical memory available now (Linux sysconf; 8 GiB where unknown)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 8 << 30
+
+
+def hnsw_bytes(n: int, dim: int, links: int = 32) -> int:
+    """Approximate memory of an HNSW index: float32 vectors plus int32 links (2M at level 0, ~M above)."""
+    return n * (4 * dim + 4 * (2 * links + links // 2) + 16)
+
+
+def ivf_nlist(n: int) -> int:
+    """Number of IVF lists for ``n`` vectors: power of two nearest sqrt(n), at most n / 39, at least 1."""
+    if n < 1:
+        raise ValueError("ivf_nlist needs n >= 1")
+    nlist = 2 ** round(math.log2(max(1.0, math.sqrt(n))))
+    while nlist > 1 and nlist * 39 > n:
+        nlist //= 2
+    return min(nlist, 65_536)
+
+
+def pq_subquantizers(dim: int, dims_per_code: int = 4) -> int:
+    """PQ sub-quantizers for ``dim``: the largest divisor of ``dim`` not above ``dim / dims_per_code``."""
+    target = max(1, dim // dims_per_code)
+    return max(d for d in range(1, target + 1) if dim % d == 0)
+
+
+def ivf_pq_factory(n: int, dim: int) -> str:
+    """``IVF{nlist},PQ{M}`` sized for ``n`` vectors of dimension ``dim``."""
+    return f"IVF{ivf_nlist(n)},PQ{pq_subquantizers(dim)}"
+
+
+def auto_factory(n: int, dim: int, memory_bytes: int | None = None, policy: AutoPolicy | None = None) -> str:
+    """Factory string for ``n`` vectors of dimension ``dim`` (thresholds: :class:`AutoPolicy`)."""
+    if n < 0 or dim < 1:
+        raise ValueError(f"auto_factory needs n >= 0 and dim >= 1, got n={n}, dim={dim}")
+    policy = policy or AutoPolicy()
+    if n < policy.flat_max:
+        return "Flat"
+    budget = (available_memory() if memory_bytes is None else memory_bytes) * policy.memory_fraction
+    if n <= policy.hnsw_max and hnsw_bytes(n, dim, policy.hnsw_links) <= budget:
+        return f"HNSW{policy.hnsw_links}"
+    return ivf_pq_factory(n, dim)
+
+
+# ---------------------------------------------------------------------------- building
+
+
+def new_index(dim: int, factory: str) -> faiss.Index:
+    """An empty inner-product index from a factory string; ValueError names a bad string."""
+    if dim < 1:
+        raise ValueError(f"index dimension must be >= 1, got {dim}")
+    if "IDMap" in factory:
+        raise ValueError(f"factory {factory!r}: IDMap is not supported, ids are the rows' positions")
+    try:
+        return faiss.index_factory(int(dim), factory, METRIC)
+    except RuntimeError as err:
+        reason = str(err).strip().splitlines()[-1] if str(err).strip() else "rejected by FAISS"
+        raise ValueError(f"bad FAISS factory string {factory!r} for dimension {dim}: {reason}") from None
+
+
+def as_float32(vectors: np.ndarray, dim: int | None = None) -> np.ndarray:
+    """C-contiguous float32 (N, d) array; ValueError on a wrong shape or non-finite value."""
+    arr = np.ascontiguousarray(np.asarray(vectors, dtype=np.float32))
+    if arr.ndim != 2 or (dim is not None and arr.shape[1] != dim):
+        raise ValueError(f"expected vectors of shape (N, {dim or 'd'}), got {arr.shape}")
+    if not np.isfinite(arr).all():
+        raise ValueError("vectors contain NaN or infinity")
+    return arr
+
+
+def train_sample(vectors: np.ndarray, index: faiss.Index, seed: int = 0) -> np.ndarray:
+    """Rows to train on: 64 per IVF list (at least 20,000, all if fewer), drawn without replacement."""
+    ivf = _ivf_or_none(index)
+    want = max(20_000, 64 * ivf.nlist) if ivf is not None else 20_000
+    if len(vectors) <= want:
+        return vectors
+    rows = np.sort(np.random.default_rng(seed).choice(len(vectors), size=want, replace=False))
+    return vectors[rows]
+
+
+def add_vectors(index: faiss.Index, vectors: np.ndarray, progress: bool = False) -> None:
+    """Append vectors in batches (ids continue from ``index.ntotal``)."""
+    vectors = as_float32(vectors, index.d)
+    starts = range(0, len(vectors), ADD_BATCH)
+    for start in tqdm(starts, desc="indexing", unit="batch", disable=not progress or len(starts) < 2):
+        index.add(vectors[start : start + ADD_BATCH])
+
+
+def build(vectors: np.ndarray, factory: str, seed: int = 0, progress: bool = False, gpu: bool | None = None) -> faiss.Index:
+    """Train (when needed) and fill a CPU index; on a GPU when asked (``None``: when present).
+
+    Args:
+        vectors: L2-normalised vectors. Shape: (N, d).
+        factory: FAISS factory string (``auto`` is resolved by the caller, :func:`auto_factory`).
+        seed: seed of the training sample and of k-means.
+        progress: show a tqdm bar while adding.
+        gpu: move to the GPU for training and adding when possible.
+
+    Returns:
+        The index, on the CPU.
+    """
+    vectors = as_float32(vectors)
+    index = new_index(vectors.shape[1], factory)
+    work = to_device(index, gpu)
+    if not work.is_trained:
+        sample = train_sample(vectors, index, seed)
+        ivf = _ivf_or_none(index)
+        if len(sample) < (ivf.nlist if ivf is not None else 1):
+            raise ValueError(f"{factory} needs at least {ivf.nlist} vectors to train, got {len(sample)}")
+        _prepare_training(index, seed)
+        work.train(sample)
+    add_vectors(work, vectors, progress)
+    return to_cpu(work)
+
+
+def _ivf_or_none(index: faiss.Index):
+    try:
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+
+
+def _prepare_training(index: faiss.Index, seed: int) -> None:
+    """Seed k-means; skip polysemous PQ training (only for Hamming filtering, unused here, and slow)."""
+    ivf = _ivf_or_none(index)
+    if ivf is not None:
+        ivf.cp.seed = seed
+        ivf = faiss.downcast_index(ivf)
+        if hasattr(ivf, "do_polysemous_training"):
+            ivf.do_polysemous_training = False
+
+
+# ---------------------------------------------------------------------------- devices
+
+
+def gpu_available() -> bool:
+    """True when faiss has GPU support and sees at least one GPU."""
+    return hasattr(faiss, "index_cpu_to_all_gpus") and faiss.get_num_gpus() > 0
+
+
+def to_device(index: faiss.Index, gpu: bool | None = None) -> faiss.Index:
+    """A GPU copy of a Flat / IVF index when ``gpu`` (``None``: when one is present); else ``index``."""
+    if not (gpu_available() if gpu is None else gpu and gpu_available()):
+        return index
+    try:
+        return faiss.index_cpu_to_all_gpus(index)
+    except (RuntimeError, AttributeError):  # HNSW and some wrappers have no GPU version
+        return index
+
+
+def to_cpu(index: faiss.Index) -> faiss.Index:
+    """The CPU version of ``index`` (itself when already on the CPU)."""
+    if "Gpu" in type(index).__name__ and hasattr(faiss, "index_gpu_to_cpu"):
+        return faiss.index_gpu_to_cpu(index)
+    return index
+
+
+# ---------------------------------------------------------------------------- searching
+
+
+def apply_search_params(index: faiss.Index, k: int, params: SearchParams | None = None) -> None:
+    """Set nprobe / efSearch on the index (or the IVF / HNSW inside a wrapper)."""
+    params = params or SearchParams()
+    ivf = _ivf_or_none(index)
+    if ivf is not None:
+        ivf.nprobe = params.nprobe or min(ivf.nlist, max(8, ivf.nlist // 32))
+    hnsw = _hnsw_or_none(index)
+    if hnsw is not None:
+        hnsw.hnsw.efSearch = params.ef_search or max(64, 2 * k)
+
+
+def _hnsw_or_none(index: faiss.Index):
+    index = faiss.downcast_index(index)
+    while True:
+        if isinstance(index, faiss.IndexHNSW):
+            return index
+        inner = getattr(index, "index", None) or getattr(index, "base_index", None)
+        if inner is None:
+            return None
+        index = faiss.downcast_index(inner)
+
+
+def search(index: faiss.Index, queries: np.ndarray, k: int, params: SearchParams | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k by inner product.
+
+    Args:
+        index: a built index.
+        queries: L2-normalised queries. Shape: (Q, d).
+        k: hits per query (clipped to the index size).
+        params: run-time settings of approximate indexes.
+
+    Returns:
+        ``(scores (Q, k'), ids (Q, k'))``, best first; an approximate index may pad a row
+        with id -1 (score -inf) when it found fewer than k' vectors.
+    """
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    queries = as_float32(queries, index.d)
+    k = min(int(k), int(index.ntotal))
+    if k == 0:
+        return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
+    apply_search_params(index, k, params)
+    scores, ids = index.search(queries, k)
+    return scores, ids
+
+
+def exact_topk(base: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+    """Reference: ids of the k largest inner products by brute force (numpy). Shape: (Q, k)."""
+    scores = as_float32(queries) @ as_float32(base).T  # (Q, N)
+    k = min(k, scores.shape[1])
+    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (Q, k) unordered
+    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each true top-k row present in the found row. Shapes: (Q, k), (Q, k)."""
+    if found.shape[0] != truth.shape[0]:
+        raise ValueError("found and truth need the same number of rows")
+    hits = [len(set(f.tolist()) & set(t.tolist())) / max(1, len(t)) for f, t in zip(found, truth)]
+    return float(np.mean(hits)) if hits else 0.0
+
+
+def bytes_per_vector(index: faiss.Index) -> float:
+    """Serialized index size divided by its number of vectors."""
+    if index.ntotal == 0:
+        raise ValueError("empty index")
+    return faiss.serialize_index(to_cpu(index)).nbytes / index.ntotal
+
+
+# ---------------------------------------------------------------------------- files
+
+
+def save(index: faiss.Index, path: str | os.PathLike) -> None:
+    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
+    path = os.fspath(path)
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".faiss", dir=folder)
+    os.close(fd)
+    try:
+        faiss.write_index(to_cpu(index), tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def load(path: str | os.PathLike) -> faiss.Index:
+    """Read an index written by :func:`save`; ValueError when the file is missing or not an index."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"no FAISS index at {path}")
+    try:
+        return faiss.read_index(path)
+    except RuntimeError:
+        raise ValueError(f"{path} is not a readable FAISS index") from None
