@@ -1,0 +1,300 @@
+"""Retrieval metrics (SPEC, "Metrics"), computed in query chunks.
+
+Only a ``(chunk_size, gallery)`` block of similarities exists at a time, so a
+100k x 100k evaluation never holds the full matrix. Scores are inner products of
+the given embeddings (cosine for L2-normalised ones), in float32 (float64 stays
+float64). Ties are resolved conservatively: a wrong item scoring exactly as high as
+the right one ranks ahead of it, so duplicates never inflate a metric.
+
+- Recall@k both directions with several captions per image (CLIP, Radford et al. 2021,
+  https://arxiv.org/abs/2103.00020, as in clip-retrieval / open_clip's evaluation).
+- Class-level mean average precision.
+- Zero-shot classification accuracy.
+- ``align`` / ``uniform`` of Wang & Isola 2020, https://arxiv.org/abs/2005.10242.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+CHUNK = 256  # default rows of queries scored at once
+
+
+def _check_emb(name: str, x: torch.Tensor) -> None:
+    if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
+        got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+        raise ValueError(f"{name} must be a floating (n, dim) tensor, got {got}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} is empty")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} has non-finite values")
+
+
+def _pair(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked embeddings of the same width, as float32 (float64 kept) on ``a``'s device."""
+    _check_emb(name_a, a)
+    _check_emb(name_b, b)
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"{name_a} and {name_b} differ in width: {a.shape[1]} vs {b.shape[1]}")
+    dtype = torch.float64 if torch.float64 in (a.dtype, b.dtype) else torch.float32
+    return a.to(dtype), b.to(device=a.device, dtype=dtype)
+
+
+def _index(name: str, idx: torch.Tensor | Sequence[int], length: int, upper: int, device) -> torch.Tensor:
+    """Checked integer vector of ``length`` values in [0, upper)."""
+    idx = torch.as_tensor(idx, device=device)
+    if idx.shape != (length,) or idx.is_floating_point() or idx.dtype == torch.bool:
+        raise ValueError(f"{name} must be an integer vector of length {length}, got {idx.dtype} {tuple(idx.shape)}")
+    if length and (int(idx.min()) < 0 or int(idx.max()) >= upper):
+        raise ValueError(f"{name} values must be in [0, {upper})")
+    return idx.long()
+
+
+def _chunks(n: int, chunk_size: int, desc: str, progress: bool) -> Iterator[slice]:
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    starts = range(0, n, chunk_size)
+    for start in tqdm(starts, desc=desc, disable=not progress, leave=False):
+        yield slice(start, min(start + chunk_size, n))
+
+
+# ---------------------------------------------------------------------------- recall@k
+
+
+def retrieval_ranks(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    text_to_image: torch.Tensor | Sequence[int],
+    chunk_size: int = CHUNK,
+    progress: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """0-based rank of the right answer for every query, both directions.
+
+    Image->text: the rank of the image's best-scoring caption, i.e. the number of other
+    images' captions scoring at least as high (so "any caption within top-k" is
+    ``rank < k``); ``-1`` for an image without captions (a distractor, not a query).
+    Text->image: the number of other images scoring at least as high as its own.
+
+    Args:
+        image_emb: image embeddings. Shape: (N, D).
+        text_emb: caption embeddings. Shape: (M, D).
+        text_to_image: row of each caption's image. Shape: (M,).
+        chunk_size: queries scored at once.
+        progress: show a tqdm bar over chunks.
+
+    Returns:
+        ``(i2t_rank (N,), t2i_rank (M,))`` as long tensors.
+    """
+    image, text = _pair("image_emb", image_emb, "text_emb", text_emb)
+    owner = _index("text_to_image", text_to_image, text.shape[0], image.shape[0], image.device)
+    i2t = torch.empty(image.shape[0], dtype=torch.long, device=image.device)
+    for part in _chunks(image.shape[0], chunk_size, "recall i2t", progress):
+        scores = image[part] @ text.t()  # (c, M)
+        rows = torch.arange(part.start, part.stop, device=image.device)
+        positive = owner.unsqueeze(0) == rows.unsqueeze(1)  # (c, M)
+        best = scores.masked_fill(~positive, -math.inf).amax(dim=1, keepdim=True)  # (c, 1)
+        ahead = ((scores >= best) & ~positive).sum(dim=1)  # (c,)
+        i2t[part] = torch.where(positive.any(dim=1), ahead, torch.full_like(ahead, -1))
+    t2i = torch.empty(text.shape[0], dtype=torch.long, device=image.device)
+    for part in _chunks(text.shape[0], chunk_size, "recall t2i", progress):
+        scores = text[part] @ image.t()  # (c, N)
+        own = scores.gather(1, owner[part].unsqueeze(1))  # (c, 1)
+        t2i[part] = (scores >= own).sum(dim=1) - 1  # minus the own image
+    return i2t, t2i
+
+
+def retrieval_recall(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    text_to_image: torch.Tensor | Sequence[int],
+    ks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = CHUNK,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Recall@k image->text and text->image, several captions per image.
+
+    Image->text is correct when any of the image's captions is in the top k; text->image
+    when its own image is in the top k. Images without captions only act as distractors.
+    Ties count against the query (see :func:`retrieval_ranks`).
+
+    Args:
+        image_emb: image embeddings. Shape: (N, D).
+        text_emb: caption embeddings. Shape: (M, D).
+        text_to_image: row of each caption's image. Shape: (M,).
+        ks: the cut-offs.
+        chunk_size: queries scored at once.
+        progress: show a tqdm bar over chunks.
+
+    Returns:
+        ``{"i2t_r1": .., "i2t_r5": .., ..., "t2i_r10": ..}``: fractions in [0, 1].
+    """
+    if not ks or any(int(k) != k or k < 1 for k in ks):
+        raise ValueError(f"ks must be positive integers, got {ks!r}")
+    i2t, t2i = retrieval_ranks(image_emb, text_emb, text_to_image, chunk_size, progress)
+    i2t = i2t[i2t >= 0]
+    if i2t.numel() == 0:
+        raise ValueError("no image has a caption: image->text recall is undefined")
+    out = {f"i2t_r{k}": float((i2t < k).double().mean()) for k in ks}
+    out.update({f"t2i_r{k}": float((t2i < k).double().mean()) for k in ks})
+    return out
+
+
+# ---------------------------------------------------------------------------- align / uniform
+
+
+def _log_mean_exp_distinct(z: torch.Tensor, t: float, chunk_size: int, progress: bool) -> float:
+    """``log mean_{i != j} exp(-t ||z_i - z_j||^2)`` accumulated over row chunks in log space."""
+    n = z.shape[0]
+    sq_norm = z.square().sum(dim=1)  # (n,)
+    total = torch.tensor(-math.inf, dtype=z.dtype, device=z.device)
+    for part in _chunks(n, chunk_size, "uniformity", progress):
+        sq = (sq_norm[part].unsqueeze(1) + sq_norm.unsqueeze(0) - 2.0 * (z[part] @ z.t())).clamp_min(0.0)  # (c, n)
+        rows = torch.arange(part.start, part.stop, device=z.device)
+        scores = (-t * sq).scatter(1, rows.unsqueeze(1), -math.inf)  # drop i == j
+        total = torch.logaddexp(total, torch.logsumexp(scores.reshape(-1), dim=0))
+    return float(total) - math.log(n * (n - 1))
+
+
+def align_uniform(
+    image_emb: torch.Tensor,
+    text_emb: torch.Tensor,
+    alpha: float = 2.0,
+    t: float = 2.0,
+    chunk_size: int = CHUNK,
+    progress: bool = False,
+) -> dict[str, float]:
+    """Alignment and uniformity (Wang & Isola 2020) of held-out pairs.
+
+    ``align = mean_i ||I_i - T_i||^alpha``; ``uniform`` = the average over the two towers
+    of ``log mean_{i != j} exp(-t ||z_i - z_j||^2)`` (lower is more uniform), the same
+    quantity as the ``align_uniform`` loss's terms. Pass one caption per image: a repeated
+    image would count as a pair at distance 0.
+
+    Args:
+        image_emb: image embeddings. Shape: (N, D).
+        text_emb: text embeddings, row i paired with image i. Shape: (N, D).
+        alpha: exponent of the alignment distance.
+        t: temperature of the uniformity kernel.
+        chunk_size: rows scored at once.
+        progress: show a tqdm bar over chunks.
+
+    Returns:
+        ``{"align": float, "uniform": float}``.
+    """
+    image, text = _pair("image_emb", image_emb, "text_emb", text_emb)
+    if image.shape[0] != text.shape[0]:
+        raise ValueError(f"align needs paired rows, got {image.shape[0]} images and {text.shape[0]} texts")
+    if image.shape[0] < 2:
+        raise ValueError("uniform needs at least 2 pairs")
+    if alpha <= 0 or t <= 0:
+        raise ValueError(f"alpha and t must be > 0, got {alpha} and {t}")
+    align = (image - text).norm(dim=1).pow(alpha).mean()
+    uniform = 0.5 * sum(_log_mean_exp_distinct(z, t, chunk_size, progress) for z in (image, text))
+    return {"align": float(align), "uniform": float(uniform)}
+
+
+# ---------------------------------------------------------------------------- labels
+
+
+def _label_ids(query_labels, gallery_labels, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Labels as comparable long tensors: integer tensors as given, other sequences mapped to ids."""
+    if isinstance(query_labels, torch.Tensor) and isinstance(gallery_labels, torch.Tensor):
+        return query_labels.to(device).long(), gallery_labels.to(device).long()
+    ids: dict[object, int] = {}
+    as_ids = [torch.tensor([ids.setdefault(label, len(ids)) for label in labels], dtype=torch.long, device=device) for labels in (list(query_labels), list(gallery_labels))]
+    return as_ids[0], as_ids[1]
+
+
+def class_map(
+    query_emb: torch.Tensor,
+    gallery_emb: torch.Tensor,
+    query_labels: torch.Tensor | Sequence,
+    gallery_labels: torch.Tensor | Sequence,
+    exclude_self: bool = False,
+    chunk_size: int = CHUNK,
+    progress: bool = False,
+) -> float:
+    """Class-level mean average precision: gallery items of the query's label are relevant.
+
+    AP of a query = mean over its relevant items of the precision at that item's rank,
+    gallery sorted by score, ties ordered irrelevant-first (conservative). Queries with
+    no relevant item are left out of the mean.
+
+    Args:
+        query_emb: query embeddings. Shape: (Q, D).
+        gallery_emb: gallery embeddings. Shape: (G, D).
+        query_labels: a label per query (integer tensor, or any hashable values). Shape: (Q,).
+        gallery_labels: a label per gallery item. Shape: (G,).
+        exclude_self: query i and gallery item i are the same sample: leave it out (needs Q == G).
+        chunk_size: queries scored at once.
+        progress: show a tqdm bar over chunks.
+
+    Returns:
+        mAP in [0, 1].
+    """
+    query, gallery = _pair("query_emb", query_emb, "gallery_emb", gallery_emb)
+    q_lab, g_lab = _label_ids(query_labels, gallery_labels, query.device)
+    if q_lab.shape != (query.shape[0],) or g_lab.shape != (gallery.shape[0],):
+        raise ValueError(f"need one label per row: {tuple(q_lab.shape)} labels for {query.shape[0]} queries, {tuple(g_lab.shape)} for {gallery.shape[0]} gallery items")
+    if exclude_self and query.shape[0] != gallery.shape[0]:
+        raise ValueError("exclude_self needs as many queries as gallery items")
+    ap_sum, counted = 0.0, 0
+    for part in _chunks(query.shape[0], chunk_size, "mAP", progress):
+        scores = query[part] @ gallery.t()  # (c, G)
+        relevant = q_lab[part].unsqueeze(1) == g_lab.unsqueeze(0)  # (c, G)
+        if exclude_self:
+            rows = torch.arange(part.start, part.stop, device=query.device).unsqueeze(1)
+            scores = scores.scatter(1, rows, -math.inf)  # self goes last ...
+            relevant = relevant.scatter(1, rows, False)  # ... as irrelevant: no effect on AP
+        by_relevance = torch.argsort(relevant.to(torch.uint8), dim=1, stable=True)  # irrelevant first
+        order = torch.argsort(scores.gather(1, by_relevance), dim=1, descending=True, stable=True)
+        hits = relevant.gather(1, by_relevance).gather(1, order).double()  # (c, G) in rank order
+        n_rel = hits.sum(dim=1)  # (c,)
+        ranks = torch.arange(1, gallery.shape[0] + 1, dtype=torch.float64, device=query.device)
+        precision_sum = (hits.cumsum(dim=1) / ranks * hits).sum(dim=1)  # (c,)
+        has = n_rel > 0
+        ap_sum += float((precision_sum[has] / n_rel[has]).sum())
+        counted += int(has.sum())
+    if counted == 0:
+        raise ValueError("no query has a relevant gallery item: mAP is undefined")
+    return ap_sum / counted
+
+
+# ---------------------------------------------------------------------------- zero-shot
+
+
+def zero_shot_accuracy(
+    image_emb: torch.Tensor,
+    class_emb: torch.Tensor,
+    labels: torch.Tensor | Sequence[int],
+    k: int = 1,
+    chunk_size: int = CHUNK,
+    progress: bool = False,
+) -> float:
+    """Zero-shot top-k accuracy: an image is right when its class is among the k best-scoring.
+
+    Args:
+        image_emb: image embeddings. Shape: (N, D).
+        class_emb: one text embedding per class (e.g. the normalised mean over prompt templates). Shape: (C, D).
+        labels: class row of each image. Shape: (N,).
+        k: top-k (1 for accuracy). A tie with another class counts as wrong.
+        chunk_size: images scored at once.
+        progress: show a tqdm bar over chunks.
+
+    Returns:
+        Accuracy in [0, 1].
+    """
+    image, classes = _pair("image_emb", image_emb, "class_emb", class_emb)
+    target = _index("labels", labels, image.shape[0], classes.shape[0], image.device)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    correct = 0
+    for part in _chunks(image.shape[0], chunk_size, "zero-shot", progress):
+        scores = image[part] @ classes.t()  # (c, C)
+        own = scores.gather(1, target[part].unsqueeze(1))  # (c, 1)
+        correct += int(((scores >= own).sum(dim=1) - 1 < k).sum())
+    return correct / image.shape[0]
