@@ -1,0 +1,49 @@
+"""Paired image-text data: every accepted source, bad-record skipping, a torch Dataset.
+
+``load_pairs(path, config)`` reads a JSONL manifest, an open_clip CSV/TSV, a
+Hugging Face ``datasets`` dataset (saved to disk, or ``hf:NAME``) or WebDataset
+``.tar`` shards into a :class:`PairSet`; ``PairDataset`` decodes images lazily
+for training and evaluation; ``inspect`` reports usable and skipped records;
+``retrieval.data.builtin.prepare`` writes the built-in datasets.
+"""
+
+from retrieval.data import hf, jsonl, tabular, wds  # noqa: F401  (each registers its source format)
+from retrieval.data.images import DEFAULT_MAX_PIXELS, BytesImage, FileImage, decode_image, probe_image
+from retrieval.data.reasons import REASONS, BadRecord
+from retrieval.data.records import DataConfig, PairSet, Record
+from retrieval.data.report import inspect
+from retrieval.data.sources import SOURCES, detect_source, load_pairs, register_source
+
+_TORCH_NAMES = ("PairDataset", "collate_pairs", "pick_caption", "to_tensor")  # imported on first use
+
+
+def __getattr__(name: str):
+    """Import the torch-dependent names lazily, so reading and inspecting data never loads torch."""
+    if name in _TORCH_NAMES:
+        from retrieval.data import dataset
+
+        return getattr(dataset, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "REASONS",
+    "SOURCES",
+    "BadRecord",
+    "BytesImage",
+    "DataConfig",
+    "FileImage",
+    "PairDataset",
+    "PairSet",
+    "Record",
+    "collate_pairs",
+    "decode_image",
+    "detect_source",
+    "inspect",
+    "load_pairs",
+    "pick_caption",
+    "probe_image",
+    "register_source",
+    "to_tensor",
+]
