@@ -7,7 +7,8 @@ for training and evaluation; ``inspect`` reports usable and skipped records;
 ``retrieval.data.builtin.prepare`` writes the built-in datasets.
 """
 
-from retrieval.data import hf, jsonl, tabular, wds  # noqa: F401  (each registers its source format)
+# Each module registers its source format; detection tries them in this order.
+from retrieval.data import jsonl, tabular, hf, wds  # noqa: F401, I001  isort: skip
 from retrieval.data.images import DEFAULT_MAX_PIXELS, BytesImage, FileImage, decode_image, probe_image
 from retrieval.data.reasons import REASONS, BadRecord
 from retrieval.data.records import DataConfig, PairSet, Record

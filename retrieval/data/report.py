@@ -30,7 +30,7 @@ def inspect(path: str | os.PathLike, config: DataConfig | None = None) -> dict:
     """
     pairs = load_pairs(path, config)
     skipped, usable = Counter(pairs.skipped), []
-    for record in tqdm(pairs.records, desc="decoding images", unit=" img", leave=False):
+    for record in tqdm(pairs.records, desc="decoding images", unit=" img", leave=False, disable=None):
         try:
             record.open_image(pairs.max_pixels).close()
             usable.append(record)

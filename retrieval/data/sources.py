@@ -91,7 +91,7 @@ def load_pairs(path: str | os.PathLike, config: DataConfig | None = None) -> Pai
     records: list[Record] = []
     skipped: Counter = Counter()
     seen: Counter = Counter()
-    for item in tqdm(source.read(path, config), desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False):
+    for item in tqdm(source.read(path, config), desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False, disable=None):
         if isinstance(item, BadRecord):
             skipped[item.reason] += 1
             continue
