@@ -1,0 +1,64 @@
+"""Fixtures for index tests: tiny shapes data and tiny runs saved without training.
+
+A run is a ``tiny`` DualEncoder with a random (seeded) importance, written the way
+``training.checkpoint`` writes runs; an untrained model embeds deterministically, which
+is all that build / search / fingerprint tests need, and takes a second instead of a
+training run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from retrieval.data.builtin import prepare
+from retrieval.model import ModelConfig, build_model
+from training import checkpoint as ckpt
+
+EMBED_DIM = 32
+
+
+def make_run(out: Path, seed: int) -> Path:
+    """Save an untrained tiny model with a random importance as a run directory."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(preset="tiny", embed_dim=EMBED_DIM)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.theta.copy_(torch.randn(EMBED_DIM) * 2)  # distinct w: a non-trivial importance order
+    out.mkdir(parents=True)
+    ckpt.save_weights(model, out / ckpt.MODEL)
+    ckpt.write_config(out, {"model": cfg.to_dict(), "loss": "tricl"})
+    return out
+
+
+@pytest.fixture(scope="session")
+def shapes_dir(tmp_path_factory) -> Path:
+    """A small shapes dataset: train.jsonl (~90 images) and val.jsonl."""
+    out = tmp_path_factory.mktemp("shapes")
+    prepare("shapes", str(out), num=100, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs") / "run_a", seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_run_dir(tmp_path_factory) -> Path:
+    return make_run(tmp_path_factory.mktemp("runs") / "run_b", seed=1)
+
+
+def split_manifest(src: Path, first: Path, second: Path, at: int) -> None:
+    """Write the first ``at`` lines of a JSONL manifest to ``first`` and the rest to ``second``.
+
+    Image paths are made absolute so the new manifests can live anywhere.
+    """
+    rows = [json.loads(line) for line in src.read_text().splitlines() if line.strip()]
+    for row in rows:
+        row["image"] = str((src.parent / row["image"]).resolve())
+    for path, part in ((first, rows[:at]), (second, rows[at:])):
+        path.write_text("".join(json.dumps(r) + "\n" for r in part))

@@ -1,0 +1,191 @@
+"""``index build`` and ``Searcher`` on tiny shapes data with a tiny (untrained) run."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import faiss
+import numpy as np
+import pytest
+import torch
+
+from index.build import IndexBuildConfig, build_index
+from index.search import Searcher
+from index.store import MANIFEST, load_contents
+from retrieval.compact import importance_order, sign_flips, topm_embed
+from retrieval.data import load_pairs
+from retrieval.errors import UserError
+from tests.index.conftest import EMBED_DIM, split_manifest
+from training.checkpoint import load_run
+
+M = 8
+QUERIES = ["two small red circles in the top left", "three large blue squares", "a green star", "one purple triangle"]
+
+
+def _build(run, data, out, **kw) -> dict:
+    return build_index(IndexBuildConfig(run=str(run), data=str(data), out=str(out), **kw))
+
+
+@pytest.fixture(scope="module")
+def flat_index(tmp_path_factory, run_dir, shapes_dir):
+    out = tmp_path_factory.mktemp("idx") / "flat"
+    summary = _build(run_dir, shapes_dir / "train.jsonl", out, dims=M, factory="Flat")
+    return out, summary
+
+
+@pytest.fixture(scope="module")
+def searcher(flat_index):
+    return Searcher.load(flat_index[0])
+
+
+@pytest.fixture(scope="module")
+def reference(run_dir, shapes_dir):
+    """Compact vectors computed straight from the SPEC's definition."""
+    model, _ = load_run(run_dir)
+    pairs = load_pairs(shapes_dir / "train.jsonl")
+    transform = model.image_transform(train=False)
+    with torch.no_grad():
+        images = torch.stack([transform(r.open_image()) for r in pairs.records])
+        z = model.encode_image(images)  # (N, D)
+        w = model.importance()
+        compact = topm_embed(z, w, importance_order(w), M)  # (N, m)
+        signs = sign_flips(compact)  # anchors: the indexed images in order
+        queries = topm_embed(model.encode_text(QUERIES), w, importance_order(w), M) * signs  # (Q, m)
+    return pairs, (compact * signs).numpy(), queries.numpy()
+
+
+def test_build_writes_index_meta_and_manifest(flat_index, run_dir, shapes_dir):
+    out, summary = flat_index
+    pairs = load_pairs(shapes_dir / "train.jsonl")
+    n_captions = sum(len(r.captions) for r in pairs.records)
+    assert summary["count"] == summary["added"] == len(pairs.records)
+    assert summary["text_count"] == n_captions and summary["m"] == M and summary["dim"] == EMBED_DIM
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["run"] == os.path.abspath(run_dir) and manifest["ordering"] == "importance"
+    assert (manifest["m"], manifest["factory"], manifest["metric"]) == (M, "Flat", "inner_product")
+    contents = load_contents(out)
+    assert [row["id"] for row in contents.meta] == [r.key for r in pairs.records]
+    assert [row["image"] for row in contents.meta] == [r.path for r in pairs.records]
+    assert contents.text_index.ntotal == n_captions and contents.text_rows.shape == (n_captions, 2)
+    assert not [p for p in os.listdir(out.parent) if p.startswith(".")]  # no temporary leftovers
+
+
+def test_indexed_vectors_are_the_signed_topm_embedding(flat_index, reference):
+    _, vectors, _ = reference
+    index = load_contents(flat_index[0]).image_index
+    stored = index.reconstruct_n(0, index.ntotal)
+    np.testing.assert_allclose(stored, vectors, atol=1e-5)
+    assert (stored[0] > 0).all()  # the sign fix: the first image anchors every dimension
+
+
+def test_text_search_is_sorted_and_exact(searcher, reference):
+    _, vectors, queries = reference
+    results = searcher.search_text(QUERIES, k=10)
+    assert len(results) == len(QUERIES)
+    for hits, q in zip(results, queries):
+        assert len(hits) == 10 and all(set(h) == {"id", "image", "caption", "score"} for h in hits)
+        scores = [h["score"] for h in hits]
+        assert scores == sorted(scores, reverse=True)
+        exact = vectors @ q  # (N,)
+        rows = [searcher.contents.meta.index(next(m for m in searcher.contents.meta if m["id"] == h["id"])) for h in hits]
+        np.testing.assert_allclose(scores, exact[rows], atol=1e-5)
+        assert scores[0] == pytest.approx(exact.max(), abs=1e-5)
+
+
+def test_indexed_image_finds_itself_first(searcher):
+    rows = [0, 17, 45, 89]
+    paths = [searcher.contents.meta[r]["image"] for r in rows]
+    for row, hits in zip(rows, searcher.search_image(paths, k=3)):
+        assert hits[0]["id"] == searcher.contents.meta[row]["id"]
+        assert hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+
+
+def test_image_to_text_returns_captions_of_indexed_images(searcher):
+    meta = searcher.contents.meta
+    hits = searcher.search_image([meta[3]["image"]], k=5, target="text")[0]
+    assert len(hits) == 5
+    by_id = {m["id"]: m for m in meta}
+    for h in hits:
+        assert h["caption"] in by_id[h["id"]]["captions"]
+    assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
+
+
+def test_flat_and_hnsw_agree_on_the_top10(tmp_path, run_dir, shapes_dir, searcher):
+    out = tmp_path / "hnsw"
+    summary = _build(run_dir, shapes_dir / "train.jsonl", out, dims=M, factory="HNSW32", text_index=False)
+    assert summary["factory"] == "HNSW32"
+    hnsw = Searcher.load(out)
+    assert isinstance(faiss.downcast_index(hnsw.contents.image_index), faiss.IndexHNSW)
+    overlaps = []
+    for a, b in zip(searcher.search_text(QUERIES, k=10), hnsw.search_text(QUERIES, k=10)):
+        overlaps.append(len({h["id"] for h in a} & {h["id"] for h in b}) / 10)
+    assert min(overlaps) >= 0.8
+    with pytest.raises(UserError, match="no caption vectors"):
+        hnsw.search_text(QUERIES[:1], k=3, target="text")
+
+
+def test_save_load_round_trip(flat_index, searcher):
+    again = Searcher.load(flat_index[0])
+    assert again.search_text(QUERIES, k=7) == searcher.search_text(QUERIES, k=7)
+    assert len(again) == len(searcher) and again.transform.to_dict() == searcher.transform.to_dict()
+
+
+def test_mismatched_run_is_refused(flat_index, other_run_dir, run_dir):
+    manifest = json.loads((flat_index[0] / MANIFEST).read_text())
+    with pytest.raises(UserError) as err:
+        Searcher.load(flat_index[0], run=other_run_dir)
+    assert manifest["fingerprint"] in str(err.value) and str(other_run_dir) in str(err.value)
+    with pytest.raises(UserError, match="not a triclip run"):
+        Searcher.load(flat_index[0], run=flat_index[0])
+
+
+def test_add_appends_and_matches_one_build(tmp_path, run_dir, other_run_dir, shapes_dir, searcher):
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    split_manifest(shapes_dir / "train.jsonl", first, second, at=50)
+    out = tmp_path / "grown"
+    assert _build(run_dir, first, out, dims=M, factory="Flat")["count"] == 50
+    summary = _build(run_dir, second, out, add=True)
+    assert (summary["count"], summary["added"], summary["m"]) == (len(searcher), len(searcher) - 50, M)
+    grown = Searcher.load(out)
+    # the transform (order, weights, signs) comes from the first build: same vectors as one build
+    for a, b in zip(grown.search_text(QUERIES, k=10), searcher.search_text(QUERIES, k=10)):
+        assert [h["score"] for h in a] == pytest.approx([h["score"] for h in b], abs=1e-5)
+        assert {os.path.basename(h["image"]) for h in a} == {os.path.basename(h["image"]) for h in b}
+    assert grown.contents.text_index.ntotal == searcher.contents.text_index.ntotal
+    again = _build(run_dir, second, out, add=True)  # nothing new
+    assert (again["added"], again["already_indexed"], again["count"]) == (0, len(searcher) - 50, len(searcher))
+    with pytest.raises(UserError, match="m=8"):
+        _build(run_dir, second, out, add=True, dims=4)
+    with pytest.raises(UserError, match="fingerprint"):
+        _build(other_run_dir, second, out, add=True)
+    with pytest.raises(UserError, match="factory"):
+        _build(run_dir, second, out, add=True, factory="HNSW32")
+    with pytest.raises(UserError, match="existing index"):
+        _build(run_dir, second, tmp_path / "none", add=True)
+
+
+def test_bad_settings_leave_existing_files_alone(tmp_path, run_dir, shapes_dir):
+    data = shapes_dir / "val.jsonl"
+    keep = tmp_path / "notes"
+    keep.mkdir()
+    (keep / "mine.txt").write_text("precious")
+    with pytest.raises(UserError, match="refusing to overwrite"):
+        _build(run_dir, data, keep)
+    assert (keep / "mine.txt").read_text() == "precious"
+    out = tmp_path / "idx"
+    _build(run_dir, data, out, dims=4, factory="Flat")
+    before = (out / MANIFEST).read_text()
+    with pytest.raises(UserError, match="factory"):
+        _build(run_dir, data, out, factory="Bogus99")
+    with pytest.raises(UserError, match="exceeds"):
+        _build(run_dir, data, out, dims=EMBED_DIM + 1)
+    with pytest.raises(UserError, match="--dims"):
+        _build(run_dir, data, out, dims=0)
+    assert (out / MANIFEST).read_text() == before
+    with pytest.raises(UserError, match="-k"):
+        Searcher.load(out).search_text(["x"], k=0)
+    with pytest.raises(UserError, match="cannot read query image"):
+        Searcher.load(out).search_image([tmp_path / "missing.png"], k=1)
+    with pytest.raises(UserError, match="not a triclip index"):
+        Searcher.load(tmp_path)
