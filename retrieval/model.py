@@ -272,6 +272,9 @@ class _rgb:
     def __init__(self, transform: Callable):
         self.transform = transform
 
+    def __repr__(self) -> str:  # stable across processes: part of the locked-tower cache key
+        return f"rgb({self.transform!r})"
+
     def __call__(self, image):
         return self.transform(image.convert("RGB") if image.mode != "RGB" else image)
 

@@ -192,7 +192,7 @@ def _train_step(step_module, batch, optimizer, model: DualEncoder, grad_clip: fl
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], grad_clip)
     optimizer.step()
-    return {k: float(v) for k, v in terms.items()}
+    return {k: float(v.detach()) for k, v in terms.items()}
 
 
 def _make_optimizer(model: DualEncoder, loss_fn: torch.nn.Module, lr: float, weight_decay: float):
