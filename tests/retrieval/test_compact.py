@@ -37,13 +37,13 @@ def _importance(seed: int = 1) -> torch.Tensor:
 
 
 def _t2i_r10_reference(img: torch.Tensor, txt: torch.Tensor, t2i: torch.Tensor) -> float:
-    """Slow loop: a text is a hit when its image is among the 10 highest-scoring images."""
+    """Slow loop: a text is a hit when fewer than 10 other images score at least as high as its own."""
     hits = 0
     for j in range(txt.shape[0]):
         scores = [float(txt[j] @ img[i]) for i in range(img.shape[0])]
-        target = scores[int(t2i[j])]
-        better = sum(1 for s in scores if s > target)
-        hits += better < 10
+        own = int(t2i[j])
+        rivals = sum(1 for i, s in enumerate(scores) if s >= scores[own] and i != own)
+        hits += rivals < 10
     return hits / txt.shape[0]
 
 
