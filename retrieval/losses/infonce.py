@@ -33,35 +33,22 @@ def symmetric_infonce(logits: torch.Tensor) -> torch.Tensor:
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
 
 
-def _debiased_rows(logits: torch.Tensor, diag: torch.Tensor, tau_plus: float, log_floor: torch.Tensor) -> torch.Tensor:
-    """Per-row debiased term of one direction, from the row's cross-entropy.
-
-    With ``pos = exp(L_ii)``, ``sum_all = sum_j exp(L_ij)``, ``B = N + 1``:
-    ``pos + (sum_neg - tau*N*pos)/(1-tau) = (sum_all - tau*B*pos)/(1-tau)``, so the unclamped
-    term ``log(pos + Ng) - L_ii`` is ``ce + log(1 - tau*B*exp(-ce)) - log(1 - tau)`` with
-    ``ce = logsumexp(L_i) - L_ii``, defined where ``tau*B*exp(-ce) < 1``. The clamped term
-    (``Ng = N*exp(-s)``) is ``log(1 + exp(log N - s - L_ii))``. The term grows with ``Ng``,
-    so ``max`` over ``Ng`` is ``max`` over the two terms; ``torch.where`` picks it, with both
-    branches finite (no NaN gradient from the branch not taken).
-
-    Shape: logits (B, B), diag (B,), result (B,).
-    """
-    ce = F.cross_entropy(logits, torch.arange(logits.shape[0], device=logits.device), reduction="none")  # (B,)
-    clamped = torch.logaddexp(log_floor - diag, torch.zeros_like(diag))  # (B,)
-    if tau_plus == 0.0:
-        return torch.where(ce >= clamped, ce, clamped)
-    log_x = math.log(tau_plus * logits.shape[0]) - ce  # (B,) log(tau*B*pos/sum_all)
-    unclamped = ce + log1mexp(log_x) - math.log1p(-tau_plus)  # (B,)
-    return torch.where((log_x < 0) & (unclamped >= clamped), unclamped, clamped)
-
-
 def debiased_infonce(logits: torch.Tensor, scale: torch.Tensor, tau_plus: float) -> torch.Tensor:
     """Debiased InfoNCE (Chuang et al. 2020, eq. 6 with the clamp), both directions.
 
     Row i: ``pos = exp(L_ii)``, ``neg_j = exp(L_ij)`` (j != i), ``N = B - 1``,
     ``Ng = max((sum_j neg_j - tau_plus*N*pos) / (1 - tau_plus), N*exp(-s))``, term
     ``-log(pos / (pos + Ng))``; averaged over rows and over image->text and text->image.
-    Computed in log space: no ``exp`` of a logit is ever formed, so ``s = 100`` is safe in fp32.
+
+    Computed from each row's cross-entropy ``ce = logsumexp(L_i) - L_ii`` (the fused
+    kernel ``infonce`` uses), so no ``exp`` of a logit is formed and ``s = 100`` is safe in
+    fp32: with ``sum_all = pos + sum_neg`` and ``B = N + 1``,
+    ``pos + (sum_neg - tau*N*pos)/(1-tau) = (sum_all - tau*B*pos)/(1-tau)``, so the unclamped
+    term is ``ce + log(1 - tau*B*exp(-ce)) - log(1 - tau)``, defined where
+    ``tau*B*exp(-ce) < 1``; the clamped one (``Ng = N*exp(-s)``) is
+    ``log(1 + exp(log N - s - L_ii))``, the same in both directions. The term grows with
+    ``Ng``, so the ``max`` over ``Ng`` is the ``max`` of the two terms, taken by
+    ``torch.where`` with both branches finite (no NaN gradient from the branch not taken).
 
     Args:
         logits: ``L = s * (image-text similarity)``. Shape: (B, B).
@@ -72,11 +59,16 @@ def debiased_infonce(logits: torch.Tensor, scale: torch.Tensor, tau_plus: float)
         Scalar loss.
     """
     batch = logits.shape[0]
-    diag = logits.diagonal()  # (B,)
-    log_floor = math.log(batch - 1) - scale  # () log(N * exp(-s))
-    i2t = _debiased_rows(logits, diag, tau_plus, log_floor)
-    t2i = _debiased_rows(logits.t(), diag, tau_plus, log_floor)
-    return 0.5 * (i2t.mean() + t2i.mean())
+    labels = torch.arange(batch, device=logits.device)
+    ce = torch.stack(
+        [F.cross_entropy(logits, labels, reduction="none"), F.cross_entropy(logits.t(), labels, reduction="none")]
+    )  # (2, B): image->text, text->image
+    clamped = torch.logaddexp((math.log(batch - 1) - scale) - logits.diagonal(), torch.zeros((), dtype=ce.dtype, device=ce.device))  # (B,)
+    if tau_plus == 0.0:
+        return torch.where(ce >= clamped, ce, clamped).mean()
+    log_x = math.log(tau_plus * batch) - ce  # (2, B) log(tau*B*pos/sum_all)
+    unclamped = ce + log1mexp(log_x) - math.log1p(-tau_plus)  # (2, B)
+    return torch.where((log_x < 0) & (unclamped >= clamped), unclamped, clamped).mean()
 
 
 @register_loss("infonce")
@@ -88,7 +80,7 @@ class InfoNCELoss(PairLoss):
     """
 
     def terms(self, image, text, scale, importance):
-        return {"contrastive_loss": symmetric_infonce(scale * image @ text.t())}  # logits (B, B)
+        return {"contrastive_loss": symmetric_infonce((image * scale) @ text.t())}  # logits (B, B)
 
 
 @dataclass
@@ -112,5 +104,5 @@ class DebiasedLoss(PairLoss):
     Config = DebiasedConfig
 
     def terms(self, image, text, scale, importance):
-        logits = scale * image @ text.t()  # (B, B)
+        logits = (image * scale) @ text.t()  # (B, B)
         return {"contrastive_loss": debiased_infonce(logits, scale, self.config.tau_plus)}

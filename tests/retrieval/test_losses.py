@@ -229,3 +229,24 @@ def test_bf16_autocast_gives_finite_fp32_losses(name):
 def test_float64_inputs_stay_float64():
     image, text, w = _features(4, 3, dtype=torch.float64)
     assert all(v.dtype == torch.float64 for v in build_loss("tricl")(image, text, 5.0, w).values())
+
+
+def test_decorrelation_backward_passes_gradcheck():
+    for shape in [(3, 6), (6, 3)]:  # both Gram forms
+        z = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+        assert torch.autograd.gradcheck(decorrelation, (z,))
+
+
+# ---------------------------------------------------------------------------- benchmark command
+
+
+def test_benchmark_command_prints_a_table_with_every_objective(capsys):
+    """The benchmark runs (tiny sizes) and prints one row per objective with infonce's ratio 1.00."""
+    from benchmarks.bench_losses import main
+
+    assert main(["--batch", "8", "16", "--dim", "4", "--repeats", "1", "--warmup", "0", "--no-open-clip"]) == 0
+    out = capsys.readouterr().out
+    assert "| objective | B=8 ms | x infonce | B=16 ms | x infonce |" in out
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "objective" not in line]
+    assert {row.split(" | ")[0][2:].split(" (")[0] for row in rows} == set(ALL)
+    assert rows[0].startswith("| infonce |") and rows[0].count("| 1.00") == 2
