@@ -61,12 +61,12 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     started = time.perf_counter()
     _validate(cfg)
     old = load_contents(cfg.out) if cfg.add else None
+    pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
     device = pick_device(cfg.device)
     model, run_config = load_run(cfg.run, device)
     fingerprint = run_fingerprint(cfg.run)
     if old is not None:
         _check_same_run(old.manifest, cfg, fingerprint)
-    pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())
     todo, already = _new_records(pairs, old)
     if not todo.records:
         return _summary(cfg, old.manifest, 0, already, pairs.skipped, old.image_index, started)
