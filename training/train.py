@@ -87,6 +87,8 @@ def train(cfg: TrainConfig) -> dict:
         loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
     except (KeyError, ValueError, TypeError) as err:
         raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
+    if not getattr(loss_fn, "needs_importance", False):
+        model.theta.requires_grad_(False)  # w stays 1: the objective does not see it
 
     source = BatchSource(model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers)
     steps_per_epoch = source.batches_per_epoch()
@@ -106,7 +108,9 @@ def train(cfg: TrainConfig) -> dict:
     step_module = _StepModule(model, loss_fn)
     if world > 1:
         step_module = torch.nn.parallel.DistributedDataParallel(
-            step_module, device_ids=[device.index] if device.type == "cuda" else None
+            step_module,
+            device_ids=[device.index] if device.type == "cuda" else None,
+            find_unused_parameters=True,  # e.g. the logit scale under triplet / contrastive
         )
     writer = _tensorboard(run) if rank == 0 else None
     last_eval: dict = {}
