@@ -4,14 +4,13 @@ In training mode each item takes one of its image's captions, chosen by a hash o
 ``(seed, epoch, index)``: random across epochs, yet the same in every run and in
 every DataLoader worker. In evaluation mode it takes the first caption (evaluation
 code reads ``pairs.records[i].captions`` for all of them). A record whose image
-fails to decode gives ``None`` and is counted by reason in :attr:`PairDataset.skipped`
-(shared with DataLoader worker processes); :func:`collate_pairs` drops the ``None``s.
+fails to decode gives ``None`` and is counted once, by reason, in :attr:`PairDataset.skipped`
+(kept in shared memory, so failures met in DataLoader worker processes count too); :func:`collate_pairs` drops the ``None``s.
 """
 
 from __future__ import annotations
 
 import hashlib
-import multiprocessing
 from collections import Counter
 from typing import Any, Callable
 
@@ -57,7 +56,9 @@ class PairDataset(Dataset):
         self.train = train
         self.seed = seed
         self.epoch = 0
-        self._skipped = multiprocessing.Array("q", len(REASONS))  # reason counts, shared with workers
+        # per record: 0 = not known bad, k + 1 = failed with REASONS[k]; in shared memory, so DataLoader
+        # workers' findings are seen here, and a bad record is counted once however many epochs meet it
+        self._bad = torch.zeros(len(pairs.records), dtype=torch.int8).share_memory_()  # (N,)
 
     def __len__(self) -> int:
         return len(self.pairs.records)
@@ -69,8 +70,8 @@ class PairDataset(Dataset):
     @property
     def skipped(self) -> Counter:
         """Records that failed to decode so far, by reason (all worker processes included)."""
-        with self._skipped.get_lock():
-            return Counter({reason: n for reason, n in zip(REASONS, self._skipped[:]) if n})
+        totals = torch.bincount(self._bad.long(), minlength=len(REASONS) + 1).tolist()  # (len(REASONS) + 1,)
+        return Counter({reason: n for reason, n in zip(REASONS, totals[1:]) if n})
 
     def caption_index(self, index: int) -> int:
         """Which caption of record ``index`` this epoch uses."""
@@ -79,11 +80,12 @@ class PairDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict[str, Any] | None:
         record = self.pairs.records[index]
+        if self._bad[index]:
+            return None
         try:
             image = record.open_image(self.pairs.max_pixels)
         except BadRecord as bad:
-            with self._skipped.get_lock():
-                self._skipped[REASONS.index(bad.reason)] += 1
+            self._bad[index] = REASONS.index(bad.reason) + 1
             return None
         caption = record.captions[self.caption_index(index)]
         return {"image": self.transform(image), "caption": caption, "index": index, "label": record.label}
