@@ -66,7 +66,9 @@ def _time_step(fn: Callable, inputs: list[torch.Tensor], device: str) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def measure(batch: int, dim: int, repeats: int, warmup: int, device: str, steps: list[tuple[str, Callable]]) -> dict[str, float]:
+def measure(
+    batch: int, dim: int, repeats: int, warmup: int, device: str, steps: list[tuple[str, Callable]]
+) -> dict[str, float]:
     """Median ms of forward+backward per row label, objectives interleaved."""
     inputs = _inputs(batch, dim, device)
     times: dict[str, list[float]] = {label: [] for label, _ in steps}
@@ -98,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=30, help="timed steps per objective")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per objective first")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; use 1 on a shared machine)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 on a shared CPU)")
     p.add_argument("--no-open-clip", action="store_true", help="leave out open_clip's ClipLoss row")
     args = p.parse_args(argv)
     if args.threads is not None:

@@ -205,8 +205,11 @@ def _label_ids(query_labels, gallery_labels, device) -> tuple[torch.Tensor, torc
     if isinstance(query_labels, torch.Tensor) and isinstance(gallery_labels, torch.Tensor):
         return query_labels.to(device).long(), gallery_labels.to(device).long()
     ids: dict[object, int] = {}
-    as_ids = [torch.tensor([ids.setdefault(label, len(ids)) for label in labels], dtype=torch.long, device=device) for labels in (list(query_labels), list(gallery_labels))]
-    return as_ids[0], as_ids[1]
+
+    def encode(labels) -> torch.Tensor:
+        return torch.tensor([ids.setdefault(label, len(ids)) for label in labels], dtype=torch.long, device=device)
+
+    return encode(list(query_labels)), encode(list(gallery_labels))
 
 
 def class_map(
@@ -239,7 +242,10 @@ def class_map(
     query, gallery = _pair("query_emb", query_emb, "gallery_emb", gallery_emb)
     q_lab, g_lab = _label_ids(query_labels, gallery_labels, query.device)
     if q_lab.shape != (query.shape[0],) or g_lab.shape != (gallery.shape[0],):
-        raise ValueError(f"need one label per row: {tuple(q_lab.shape)} labels for {query.shape[0]} queries, {tuple(g_lab.shape)} for {gallery.shape[0]} gallery items")
+        raise ValueError(
+            f"need one label per row: {tuple(q_lab.shape)} labels for {query.shape[0]} queries, "
+            f"{tuple(g_lab.shape)} for {gallery.shape[0]} gallery items"
+        )
     if exclude_self and query.shape[0] != gallery.shape[0]:
         raise ValueError("exclude_self needs as many queries as gallery items")
     ap_sum, counted = 0.0, 0

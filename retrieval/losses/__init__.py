@@ -3,13 +3,21 @@
 A loss is called as ``loss(image_features, text_features, logit_scale, importance=None)``
 and returns ``{"<term>_loss": scalar}``; the training objective is the sum of the terms.
 Every loss uses the global batch under ``torch.distributed`` (:mod:`retrieval.distributed`).
+
+For the trainer:
+- a loss may own parameters (``sigmoid``'s bias): put ``loss.parameters()`` in the
+  optimizer (no weight decay); their gradients are identical on every rank already;
+- ``loss.uses_logit_scale`` is False for ``align_uniform``, ``contrastive``, ``triplet``
+  and ``loss.needs_importance`` is True only for ``tricl``: parameters a loss does not
+  use get no gradient (freeze them, or give DDP ``find_unused_parameters=True``);
+- the global batch must hold at least 2 pairs (drop a last batch of 1).
 """
 
 from retrieval.losses.base import PairLoss
 from retrieval.losses.registry import LOSSES, LossConfigError, available_losses, build_loss, loss_options, register_loss
 
 # one module per family; importing them registers their losses
-from retrieval.losses import infonce, tricl, hard_negative, align_uniform, margin, sigmoid  # noqa: E402,F401  isort: skip
+from retrieval.losses import align_uniform, hard_negative, infonce, margin, sigmoid, tricl  # noqa: E402,F401
 
 __all__ = [
     "LOSSES",

@@ -72,7 +72,8 @@ def _check_features(image: torch.Tensor, text: torch.Tensor) -> None:
             got = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
             raise ValueError(f"{what} must be a floating (batch, dim) tensor, got {got}")
     if image.shape != text.shape:
-        raise ValueError(f"image and text features must have the same shape, got {tuple(image.shape)} and {tuple(text.shape)}")
+        shapes = f"{tuple(image.shape)} and {tuple(text.shape)}"
+        raise ValueError(f"image and text features must have the same shape, got {shapes}")
 
 
 def _scale_tensor(logit_scale: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:

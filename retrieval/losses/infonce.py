@@ -63,7 +63,8 @@ def debiased_infonce(logits: torch.Tensor, scale: torch.Tensor, tau_plus: float)
     ce = torch.stack(
         [F.cross_entropy(logits, labels, reduction="none"), F.cross_entropy(logits.t(), labels, reduction="none")]
     )  # (2, B): image->text, text->image
-    clamped = torch.logaddexp((math.log(batch - 1) - scale) - logits.diagonal(), torch.zeros((), dtype=ce.dtype, device=ce.device))  # (B,)
+    log_floor = math.log(batch - 1) - scale  # () log(N * exp(-s))
+    clamped = torch.logaddexp(log_floor - logits.diagonal(), ce.new_zeros(()))  # (B,) log(pos + floor) - L_ii
     if tau_plus == 0.0:
         return torch.where(ce >= clamped, ce, clamped).mean()
     log_x = math.log(tau_plus * batch) - ce  # (2, B) log(tau*B*pos/sum_all)

@@ -56,32 +56,37 @@ class ContrastiveLoss(PairLoss):
         return {"pull_loss": pull, "push_loss": push}
 
 
-MININGS = ("semihard", "hardest", "all")
+def _mine_hardest(dist: torch.Tensor, d_ap: torch.Tensor, eye: torch.Tensor) -> torch.Tensor:
+    """The closest negative of each anchor. Shape: (B, B), (B, 1), (B, B) -> (B,)."""
+    return dist.masked_fill(eye, float("inf")).amin(dim=1)
+
+
+def _mine_semihard(dist: torch.Tensor, d_ap: torch.Tensor, eye: torch.Tensor) -> torch.Tensor:
+    """FaceNet's semi-hard negative (TensorFlow Addons' rule): the closest negative farther than
+    the positive, else the farthest negative. Shape: (B, B), (B, 1), (B, B) -> (B,)."""
+    outside = (dist > d_ap) & ~eye  # (B, B) negatives farther than the positive
+    closest_outside = dist.masked_fill(~outside, float("inf")).amin(dim=1)
+    farthest = dist.masked_fill(eye, -float("inf")).amax(dim=1)
+    return torch.where(outside.any(dim=1), closest_outside, farthest)
+
+
+MINING = {"semihard": _mine_semihard, "hardest": _mine_hardest, "all": None}  # None: every negative
 
 
 def _triplet_rows(dist: torch.Tensor, margin: float, mining: str) -> torch.Tensor:
     """Mean triplet hinge with anchors on the rows, positives on the diagonal.
 
-    ``all``: every (anchor, negative) pair. ``hardest``: the closest negative.
-    ``semihard`` (FaceNet; TensorFlow Addons' rule): the closest negative farther than the
-    positive, else the farthest negative. Ties go to the lowest index (``min``/``max``).
+    ``all`` averages over every (anchor, negative) pair; the other rules pick one negative
+    per anchor (ties go to the lowest index) and average over anchors.
 
     Shape: dist (B, B) squared distances, result ().
     """
-    batch = dist.shape[0]
-    eye = torch.eye(batch, dtype=torch.bool, device=dist.device)
+    eye = torch.eye(dist.shape[0], dtype=torch.bool, device=dist.device)
     d_ap = dist.diagonal().unsqueeze(1)  # (B, 1)
-    if mining == "all":
+    mine = MINING[mining]
+    if mine is None:
         return (d_ap - dist + margin).clamp_min(0.0)[~eye].mean()
-    hardest = dist.masked_fill(eye, float("inf")).amin(dim=1)  # (B,)
-    if mining == "hardest":
-        d_an = hardest
-    else:
-        outside = (dist > d_ap) & ~eye  # (B, B) negatives farther than the positive
-        closest_outside = dist.masked_fill(~outside, float("inf")).amin(dim=1)
-        farthest = dist.masked_fill(eye, -float("inf")).amax(dim=1)
-        d_an = torch.where(outside.any(dim=1), closest_outside, farthest)
-    return (d_ap.squeeze(1) - d_an + margin).clamp_min(0.0).mean()
+    return (d_ap.squeeze(1) - mine(dist, d_ap, eye) + margin).clamp_min(0.0).mean()
 
 
 @dataclass
@@ -93,8 +98,8 @@ class TripletConfig:
 
     def __post_init__(self) -> None:
         self.margin = non_negative("margin", self.margin)
-        if self.mining not in MININGS:
-            raise ValueError(f"mining must be one of {', '.join(MININGS)}, got {self.mining!r}")
+        if self.mining not in MINING:
+            raise ValueError(f"mining must be one of {', '.join(MINING)}, got {self.mining!r}")
 
 
 @register_loss("triplet")

@@ -130,4 +130,6 @@ def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
                 torch.testing.assert_close(got["terms"][key], want["terms"][key], rtol=1e-12, atol=1e-12)
             assert got["grads"].keys() == want["grads"].keys(), name
             for key in want["grads"]:
-                torch.testing.assert_close(got["grads"][key], want["grads"][key], rtol=1e-9, atol=1e-12, msg=f"{name} {key}")
+                torch.testing.assert_close(
+                    got["grads"][key], want["grads"][key], rtol=1e-9, atol=1e-12, msg=f"{name} {key}"
+                )

@@ -117,7 +117,8 @@ def test_tricl_with_unit_importance_and_no_decorrelation_is_infonce_or_debiased(
     tri = build_loss("tricl", dec_weight=0.0, tau_plus=tau)(image, text, 30.0, ones)
     assert tri["decorrelation_loss"] == 0
     base = build_loss("debiased", tau_plus=tau) if tau else build_loss("infonce")
-    torch.testing.assert_close(tri["contrastive_loss"], base(image, text, 30.0)["contrastive_loss"], rtol=1e-14, atol=1e-14)
+    want = base(image, text, 30.0)["contrastive_loss"]
+    torch.testing.assert_close(tri["contrastive_loss"], want, rtol=1e-14, atol=1e-14)
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -195,7 +196,10 @@ def test_finite_values_and_gradients_at_logit_scale_100_fp32(name, noise):
     _finite_everywhere(name, image, text, s, w)
 
 
-@pytest.mark.parametrize("name,opts", [("debiased", {"tau_plus": 0.99}), ("tricl", {"tau_plus": 0.5}), ("hard_negative", {"beta": 5.0, "tau_plus": 0.5})])
+@pytest.mark.parametrize(
+    "name,opts",
+    [("debiased", {"tau_plus": 0.99}), ("tricl", {"tau_plus": 0.5}), ("hard_negative", {"beta": 5.0, "tau_plus": 0.5})],
+)
 def test_floor_branch_has_finite_gradients_where_the_estimate_is_negative(name, opts):
     """Identical pairs and a huge tau_plus: sum_neg - tau*N*pos < 0 on every row, so log(...) of the
     unclamped branch would be NaN; the floor is taken and the gradients stay finite."""

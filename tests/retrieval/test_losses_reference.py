@@ -141,7 +141,11 @@ CASES = [
     ("hard_negative", {"beta": 1.0, "tau_plus": 0.1}, lambda i, t, s, w, b: ref_debiased(i, t, s, 0.1, beta=1.0)),
     ("hard_negative", {"beta": 0.5, "tau_plus": 0.0}, lambda i, t, s, w, b: ref_debiased(i, t, s, 0.0, beta=0.5)),
     ("align_uniform", {}, lambda i, t, s, w, b: ref_align_uniform(i, t, 2.0, 2.0)),
-    ("align_uniform", {"alpha": 1.0, "t": 3.0, "unif_weight": 0.5}, lambda i, t, s, w, b: ref_align_uniform(i, t, 1.0, 3.0, 1.0, 0.5)),
+    (
+        "align_uniform",
+        {"alpha": 1.0, "t": 3.0, "unif_weight": 0.5},
+        lambda i, t, s, w, b: ref_align_uniform(i, t, 1.0, 3.0, 1.0, 0.5),
+    ),
     ("contrastive", {"margin": 1.2}, lambda i, t, s, w, b: ref_contrastive(i, t, 1.2)),
     ("triplet", {"margin": 0.2, "mining": "semihard"}, lambda i, t, s, w, b: ref_triplet(i, t, 0.2, "semihard")),
     ("triplet", {"margin": 0.5, "mining": "hardest"}, lambda i, t, s, w, b: ref_triplet(i, t, 0.5, "hardest")),
@@ -157,8 +161,8 @@ def _inputs(batch: int, dim: int, scale: float, seed: int, dtype=torch.float64):
     image = F.normalize(torch.randn(batch, dim, generator=g, dtype=torch.float64), dim=1)
     text = F.normalize(image + 0.8 * torch.randn(batch, dim, generator=g, dtype=torch.float64), dim=1)
     w = 0.2 + 1.8 * torch.rand(dim, generator=g, dtype=torch.float64)
-    leaves = [x.to(dtype).detach().requires_grad_(True) for x in (image, text, torch.tensor(scale, dtype=torch.float64), w)]
-    return leaves
+    scale_t = torch.tensor(scale, dtype=torch.float64)
+    return [x.to(dtype).detach().requires_grad_(True) for x in (image, text, scale_t, w)]
 
 
 def _fast(name, opts, image, text, s, w):
@@ -206,13 +210,16 @@ def _floor_flags(image, text, s, w, tau):
     return flags
 
 
-@pytest.mark.parametrize("name,opts,tau", [("debiased", {"tau_plus": 0.5}, 0.5), ("tricl", {"tau_plus": 0.3, "dec_weight": 0.0}, 0.3)])
+@pytest.mark.parametrize(
+    "name,opts,tau", [("debiased", {"tau_plus": 0.5}, 0.5), ("tricl", {"tau_plus": 0.3, "dec_weight": 0.0}, 0.3)]
+)
 def test_clamp_branch_matches_reference(name, opts, tau):
     """Some pairs aligned, some not: rows where the N*exp(-s) floor binds (with Ng <= -pos or not)
     and rows where it does not, in one batch; values and gradients still match the loop."""
     image, text, s, w = _inputs(6, 5, 5.0, seed=3)
     with torch.no_grad():
-        text.copy_(F.normalize(image + torch.tensor([0, 0, 0, 50, 50, 50.0], dtype=torch.float64)[:, None] * text, dim=1))
+        noise = torch.tensor([0, 0, 0, 50, 50, 50.0], dtype=torch.float64)[:, None]  # rows 3-5: unrelated text
+        text.copy_(F.normalize(image + noise * text, dim=1))
     wi = w if name == "tricl" else None
     flags = _floor_flags(image.detach(), text.detach(), s.detach(), w.detach() if wi is not None else 1.0, tau)
     assert {f for f in flags} >= {(True, True), (False, False)}

@@ -18,7 +18,8 @@ def _unit(n: int, d: int, seed: int) -> torch.Tensor:
 def _captioned(n_images: int = 40, per_image: int = 3, d: int = 8, seed: int = 0):
     """Images and several noisy captions each (rows shuffled), plus a caption-less distractor."""
     image = _unit(n_images, d, seed)
-    owner = torch.arange(n_images - 1).repeat_interleave(per_image)[torch.randperm((n_images - 1) * per_image, generator=torch.Generator().manual_seed(seed))]
+    shuffle = torch.randperm((n_images - 1) * per_image, generator=torch.Generator().manual_seed(seed))
+    owner = torch.arange(n_images - 1).repeat_interleave(per_image)[shuffle]
     text = F.normalize(image[owner] + 1.5 * _unit(len(owner), d, seed + 1), dim=1)
     return image, text, owner
 
@@ -71,7 +72,8 @@ def dense_align_uniform(image, text, alpha, t):
     align = sum(float(torch.linalg.norm(a - b)) ** alpha for a, b in zip(image, text)) / len(image)
     unif = 0.0
     for z in (image.double(), text.double()):
-        values = [math.exp(-t * float(torch.linalg.norm(z[i] - z[j])) ** 2) for i in range(len(z)) for j in range(len(z)) if i != j]
+        pairs = [(i, j) for i in range(len(z)) for j in range(len(z)) if i != j]
+        values = [math.exp(-t * float(torch.linalg.norm(z[i] - z[j])) ** 2) for i, j in pairs]
         unif += 0.5 * math.log(sum(values) / len(values))
     return {"align": align, "uniform": unif}
 
@@ -117,7 +119,11 @@ def test_image_without_caption_is_only_a_distractor():
 
 @pytest.mark.parametrize(
     "owner,match",
-    [([0, 1], "integer vector of length 3"), ([0.0, 1.0, 2.0], "integer vector"), ([0, 1, 5], r"values must be in \[0, 3\)")],
+    [
+        ([0, 1], "integer vector of length 3"),
+        ([0.0, 1.0, 2.0], "integer vector"),
+        ([0, 1, 5], r"values must be in \[0, 3\)"),
+    ],
 )
 def test_recall_rejects_bad_text_to_image(owner, match):
     with pytest.raises(ValueError, match=match):
