@@ -1,0 +1,176 @@
+"""openclipart: the SVG metadata parser (real files and odd variants), thumbnails, the builder."""
+
+from __future__ import annotations
+
+import json
+import os
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from retrieval.data import load_pairs, openclipart
+from retrieval.data.builtin import prepare
+from retrieval.data.manifest import split_of
+from retrieval.data.svgmeta import SvgMeta, _decode, _from_text, _from_tree, parse_svg_metadata, read_svg_metadata
+
+SVG = os.path.join(openclipart.ROOT, "svg")
+PNG = os.path.join(openclipart.ROOT, "png")
+needs_package = pytest.mark.skipif(
+    not (os.path.isdir(SVG) and os.path.isdir(PNG)), reason="Debian packages openclipart-svg/png not installed"
+)
+
+WORK = """<?xml version="1.0" encoding="{encoding}"?>
+<svg xmlns="http://www.w3.org/2000/svg" {ns}><metadata><{r}:RDF><{c}:Work>{fields}
+<{d}:creator><{c}:Agent><{d}:title>The Creator</{d}:title></{c}:Agent></{d}:creator>
+</{c}:Work></{r}:RDF></metadata><rect width="1" height="1"/></svg>"""
+
+
+def _svg(fields: str, encoding: str = "UTF-8", prefixes=("rdf", "cc", "dc")) -> str:
+    r, c, d = prefixes
+    ns = (
+        f'xmlns:{r}="http://www.w3.org/1999/02/22-rdf-syntax-ns#" xmlns:{c}="http://web.resource.org/cc/" '
+        f'xmlns:{d}="http://purl.org/dc/elements/1.1/"'
+    )
+    return WORK.format(encoding=encoding, ns=ns, r=r, c=c, d=d, fields=fields.format(r=r, d=d))
+
+
+# ---------------------------------------------------------------------------- parser, real files
+
+
+@needs_package
+def test_real_file_with_title_description_keywords():
+    meta = read_svg_metadata(os.path.join(SVG, "animals/2_dead_frogs_lumen_desig_01.svg"))
+    assert meta.title == "2 dead frogs"  # not "Lumen Design Studio", the creator's dc:title
+    assert meta.description == "2 dead frogs... nothing more..."
+    assert meta.keywords[:3] == ["kwaakwaa", "squeleton", "froggies"] and len(meta.keywords) == 23
+    assert meta.train_captions() == ["2 dead frogs", "2 dead frogs... nothing more...", ", ".join(meta.keywords)]
+    assert meta.query_caption() == "2 dead frogs"
+
+
+@needs_package
+def test_real_files_empty_title_svg_title_fallback_and_accents():
+    flag = read_svg_metadata(os.path.join(SVG, "signs_and_symbols/flags/america/united_states/usa_arizona.svg"))
+    assert flag == SvgMeta("", "", ["america", "flag", "unitedstates", "sign"])  # an empty <rdf:li> dropped
+    assert flag.query_caption() == "" and flag.train_captions() == ["america, flag, unitedstates, sign"]
+    scorpion = read_svg_metadata(os.path.join(SVG, "animals/scorpion-md-v0.1.svg"))
+    assert scorpion.title == "Scorpion"  # empty dc:title; the SVG's <title> element
+    arrow = read_svg_metadata(os.path.join(SVG, "shapes/arrows/direction_suivre_1_yves__01.svg"))
+    assert (arrow.title, arrow.description) == ("direction à suivre 1", "lutte incendie")
+    latin1 = read_svg_metadata(os.path.join(SVG, "recreation/art/airbrush_alejandro_tejad_.svg"))  # iso-8859-1
+    assert latin1.title == "Airbrush" and latin1.keywords == ["art", "tool", "airbrush"]
+    assert read_svg_metadata(os.path.join(SVG, "animals/birds/tacchino_architetto_fran_01.svg")).title == "Tacchino"
+
+
+@needs_package
+def test_regex_fallback_agrees_with_the_xml_parser_on_real_files():
+    names = ["animals/2_dead_frogs_lumen_desig_01.svg", "animals/scorpion-md-v0.1.svg",
+             "shapes/arrows/direction_suivre_1_yves__01.svg", "recreation/art/airbrush_alejandro_tejad_.svg"]
+    for name in names:
+        data = Path(SVG, name).read_bytes()
+        assert _from_text(_decode(data)) == _from_tree(ET.fromstring(data))
+
+
+@pytest.mark.slow
+@needs_package
+def test_regex_fallback_agrees_with_the_xml_parser_on_every_file():
+    count = 0
+    for folder, _, files in os.walk(SVG):
+        for name in files:
+            data = Path(folder, name).read_bytes()
+            assert _from_text(_decode(data)) == _from_tree(ET.fromstring(data)), name
+            count += 1
+    assert count == 8121
+
+
+# ---------------------------------------------------------------------------- parser, odd variants
+
+
+def test_other_prefixes_and_alt_titles():
+    fields = (
+        "<{d}:title><{r}:Alt><{r}:li xml:lang='it'>Gatto</{r}:li><{r}:li>Cat</{r}:li></{r}:Alt></{d}:title>"
+        "<{d}:description>A   black\n cat</{d}:description>"
+        "<{d}:subject><{r}:Bag><{r}:li>cat</{r}:li><{r}:li>cat</{r}:li><{r}:li> pet </{r}:li></{r}:Bag></{d}:subject>"
+    )
+    meta = parse_svg_metadata(_svg(fields, prefixes=("R", "C", "DC")).encode())
+    assert meta == SvgMeta("Gatto", "A black cat", ["cat", "pet"])
+
+
+def test_plain_text_keywords_and_missing_fields():
+    meta = parse_svg_metadata(_svg("<{d}:subject>tree, plant; green</{d}:subject>").encode())
+    assert meta == SvgMeta("", "", ["tree", "plant", "green"])
+    assert meta.train_captions() == ["tree, plant, green"] and meta.query_caption() == ""
+
+
+def test_no_metadata_at_all():
+    assert parse_svg_metadata(b'<svg xmlns="http://www.w3.org/2000/svg"><rect/></svg>') == SvgMeta()
+    assert parse_svg_metadata(b"") == SvgMeta()
+    assert parse_svg_metadata(b"\x00\xff garbage") == SvgMeta()
+
+
+def test_bad_bytes_and_undefined_entities_use_the_tolerant_reader():
+    fields = "<{d}:title>Caf\xe9 &amp; bar&nbsp;</{d}:title><{d}:description>d&eacute;j&#224; vu</{d}:description>"
+    latin1 = _svg(fields, encoding="UTF-8").encode("latin-1")  # declared UTF-8, is not; &nbsp; is undeclared
+    with pytest.raises(ET.ParseError):
+        ET.fromstring(latin1)
+    meta = parse_svg_metadata(latin1)
+    assert meta.title == "Café & bar" and meta.description == "déjà vu"
+    declared = _svg("<{d}:title>Caf\xe9</{d}:title>", encoding="ISO-8859-1").encode("latin-1")
+    assert parse_svg_metadata(declared).title == "Café"
+
+
+# ---------------------------------------------------------------------------- thumbnails and the builder
+
+
+@needs_package
+def test_thumbnail_of_a_real_transparent_png_and_of_a_real_bomb(tmp_path: Path):
+    source = os.path.join(PNG, "animals/2_dead_frogs_lumen_desig_01.png")
+    with Image.open(source) as original:
+        assert "A" in original.mode or "transparency" in original.info
+    assert openclipart.make_thumbnail((source, (str(tmp_path / "a.png"), str(tmp_path / "b.png")), 40_000_000)) is None
+    with Image.open(tmp_path / "a.png") as thumb:
+        assert max(thumb.size) == 224 and thumb.mode == "RGB"
+        assert thumb.getpixel((0, 0)) == (255, 255, 255)  # transparency composited on white
+    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    bomb = os.path.join(PNG, "signs_and_symbols/stop_sign_miguel_s_nchez_.png")  # 623 M pixels: header only
+    assert openclipart.make_thumbnail((bomb, (str(tmp_path / "c.png"),), 40_000_000)) == "decompression_bomb"
+    assert not (tmp_path / "c.png").exists()
+
+
+@needs_package
+def test_prepare_a_capped_openclipart(tmp_path: Path):
+    summary = prepare("openclipart", tmp_path, num=40)
+    assert summary["train"] + summary["val"] + sum(summary["skipped"].values()) == 40
+    categories = set(os.listdir(SVG))
+    train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text(encoding="utf-8").splitlines()]
+    val = [json.loads(line) for line in (tmp_path / "val.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert val and len({row["label"] for row in train}) > 5  # hash order spreads the cap over categories
+    for split, rows in (("train", train), ("val", val)):
+        for row in rows:
+            name = row["image"][len("images/") : -len(".png")]
+            assert row["label"] == name.split("/")[0] and row["label"] in categories
+            real_png = os.path.realpath(os.path.join(PNG, name + ".png"))
+            assert split_of(os.path.basename(real_png)) == split
+            meta = read_svg_metadata(os.path.join(SVG, name + ".svg"))
+            expected = meta.train_captions() if split == "train" else [meta.query_caption()]
+            assert row["captions"] == expected and all(row["captions"])
+            with Image.open(tmp_path / row["image"]) as thumb:
+                assert max(thumb.size) <= 224
+    assert load_pairs(tmp_path / "train.jsonl").skipped == {}
+    again = tmp_path / "again"
+    prepare("openclipart", again, num=40)
+    assert (again / "train.jsonl").read_bytes() == (tmp_path / "train.jsonl").read_bytes()
+
+
+@pytest.mark.slow
+@needs_package
+def test_prepare_the_whole_openclipart(tmp_path: Path):
+    summary = prepare("openclipart", tmp_path)
+    assert 7900 <= summary["train"] + summary["val"] <= 8121
+    assert 0.08 < summary["val"] / (summary["train"] + summary["val"]) < 0.12
+    assert summary["skipped"]["decompression_bomb"] >= 16  # the originals above 40 M pixels
+    for manifest in ("train.jsonl", "val.jsonl"):
+        pairs = load_pairs(tmp_path / manifest)
+        assert not pairs.skipped and all(c for r in pairs.records for c in r.captions)
+        assert len({r.label for r in pairs.records}) == 22
