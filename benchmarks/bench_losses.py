@@ -4,7 +4,8 @@
 
 For each batch size the objectives run interleaved (one step of each per repeat, the
 order rotated every repeat) on the same features, so slow drifts of a shared machine
-hit them alike; the table shows the median milliseconds and the ratio of medians.
+hit them alike; the table shows the median milliseconds, the ratio of medians to
+``infonce`` and the ratio of minimums (the least disturbed step, on a loaded machine).
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def _time_step(fn: Callable, inputs: list[torch.Tensor], device: str) -> float:
 
 def measure(
     batch: int, dim: int, repeats: int, warmup: int, device: str, steps: list[tuple[str, Callable]]
-) -> dict[str, float]:
-    """Median ms of forward+backward per row label, objectives interleaved."""
+) -> dict[str, list[float]]:
+    """Timed ms of forward+backward per row label, objectives interleaved."""
     inputs = _inputs(batch, dim, device)
     times: dict[str, list[float]] = {label: [] for label, _ in steps}
     for rep in range(warmup + repeats):
@@ -78,17 +79,21 @@ def measure(
             ms = _time_step(fn, inputs, device)
             if rep >= warmup:
                 times[label].append(ms)
-    return {label: statistics.median(values) for label, values in times.items()}
+    return times
 
 
-def table(results: dict[int, dict[str, float]], labels: Sequence[str]) -> str:
-    """Markdown table: ms and ratio to infonce per batch size."""
+def table(results: dict[int, dict[str, list[float]]], labels: Sequence[str]) -> str:
+    """Markdown table per batch size: median ms, ratio of medians to infonce, ratio of minimums."""
     batches = list(results)
-    head = "| objective | " + " | ".join(f"B={b} ms | x infonce" for b in batches) + " |"
-    rule = "|---|" + "---:|---:|" * len(batches)
+    head = "| objective | " + " | ".join(f"B={b} ms | x infonce | x infonce (min)" for b in batches) + " |"
+    rule = "|---|" + "---:|---:|---:|" * len(batches)
     rows = [head, rule]
     for label in labels:
-        cells = [f"{results[b][label]:.2f} | {results[b][label] / results[b]['infonce']:.2f}" for b in batches]
+        cells = []
+        for b in batches:
+            med = {k: statistics.median(v) for k, v in results[b].items()}
+            low = {k: min(v) for k, v in results[b].items()}
+            cells.append(f"{med[label]:.2f} | {med[label] / med['infonce']:.2f} | {low[label] / low['infonce']:.2f}")
         rows.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
