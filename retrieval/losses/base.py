@@ -7,6 +7,7 @@ and implements :meth:`PairLoss.terms` on the checked, gathered, upcast features.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -25,9 +26,9 @@ class NoOptions:
 
 def number(name: str, value: object) -> float:
     """``value`` as a float; ValueError for a bool, a string or a non-finite number."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
+    if not math.isfinite(float(value)):
         raise ValueError(f"{name} must be finite, got {value!r}")
     return float(value)
 
