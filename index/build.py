@@ -30,7 +30,7 @@ import torch
 
 from index import faiss_index as fi
 from index.embed import embed_records, embed_texts, pick_device
-from index.store import FORMAT, IndexContents, is_index_dir, load_contents, write_contents
+from index.store import FORMAT, IMAGE_INDEX, IndexContents, is_index_dir, load_contents, write_contents
 from retrieval.compact import ORDERINGS, CompactTransform, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.errors import UserError
@@ -69,7 +69,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         _check_same_run(old.manifest, cfg, fingerprint)
     todo, already = _new_records(pairs, old)
     if not todo.records:
-        return _summary(cfg, old.manifest, 0, already, pairs.skipped, old.image_index, started)
+        return _summary(cfg, old.manifest, 0, already, pairs.skipped, started)
 
     image_emb, keep, bad = embed_records(model, todo, device, cfg.batch_size, cfg.workers)  # (N, D)
     records = [todo.records[i] for i in keep.tolist()]
@@ -92,7 +92,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     skipped = pairs.skipped + bad
     contents.manifest = _manifest(cfg, contents, run_config, fingerprint, transform, pairs, len(records), skipped, old)
     write_contents(cfg.out, contents)
-    return _summary(cfg, contents.manifest, len(records), already, skipped, contents.image_index, started)
+    return _summary(cfg, contents.manifest, len(records), already, skipped, started)
 
 
 # ---------------------------------------------------------------------------- checks
@@ -224,7 +224,8 @@ def _manifest(cfg, contents, run_config, fingerprint, transform, pairs, added, s
     }
 
 
-def _summary(cfg, manifest: dict, added: int, already: int, skipped: Counter, image_index, started: float) -> dict:
+def _summary(cfg, manifest: dict, added: int, already: int, skipped: Counter, started: float) -> dict:
+    size = os.path.getsize(os.path.join(cfg.out, IMAGE_INDEX))
     return {
         "index": os.path.abspath(cfg.out),
         "count": manifest["count"],
@@ -235,7 +236,7 @@ def _summary(cfg, manifest: dict, added: int, already: int, skipped: Counter, im
         "dim": manifest["dim"],
         "ordering": manifest["ordering"],
         "factory": manifest["factory"],
-        "bytes_per_vector": round(fi.bytes_per_vector(image_index), 1),
+        "bytes_per_vector": round(size / max(1, manifest["count"]), 1),  # index file / vectors
         "fingerprint": manifest["fingerprint"],
         "skipped": dict(skipped),
         "seconds": round(time.perf_counter() - started, 2),

@@ -166,13 +166,13 @@ def build(vectors: np.ndarray, factory: str, seed: int = 0, progress: bool = Fal
     """
     vectors = as_float32(vectors)
     index = new_index(vectors.shape[1], factory)
+    _prepare_training(index, seed)
     work = to_device(index, gpu)
     if not work.is_trained:
         sample = train_sample(vectors, index, seed)
         ivf = _ivf_or_none(index)
         if len(sample) < (ivf.nlist if ivf is not None else 1):
             raise ValueError(f"{factory} needs at least {ivf.nlist} vectors to train, got {len(sample)}")
-        _prepare_training(index, seed)
         work.train(sample)
     add_vectors(work, vectors, progress)
     return to_cpu(work)
@@ -227,8 +227,11 @@ def apply_search_params(index: faiss.Index, k: int, params: SearchParams | None 
     """Set nprobe / efSearch on the index (or the IVF / HNSW inside a wrapper)."""
     params = params or SearchParams()
     ivf = _ivf_or_none(index)
+    if ivf is None and hasattr(index, "nprobe"):  # a GPU IVF index
+        ivf = index
     if ivf is not None:
-        ivf.nprobe = params.nprobe or min(ivf.nlist, max(8, ivf.nlist // 32))
+        nlist = ivf.nlist if hasattr(ivf, "nlist") else ivf.getNumLists()
+        ivf.nprobe = params.nprobe or min(nlist, max(8, nlist // 32))
     hnsw = _hnsw_or_none(index)
     if hnsw is not None:
         hnsw.hnsw.efSearch = params.ef_search or max(64, 2 * k)

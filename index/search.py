@@ -15,6 +15,7 @@ the index was built with (its fingerprint) is refused.
 
 from __future__ import annotations
 
+import numbers
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,9 +47,15 @@ class Searcher:
 
     @classmethod
     def load(
-        cls, index_dir: str | os.PathLike, run: str | os.PathLike | None = None, device: str | None = None
+        cls,
+        index_dir: str | os.PathLike,
+        run: str | os.PathLike | None = None,
+        device: str | None = None,
+        gpu: bool | None = None,
     ) -> "Searcher":
         """Open ``index_dir`` with ``run`` (default: the run recorded in its manifest).
+
+        ``gpu``: search Flat / IVF indexes on the GPU (``None``: when faiss sees one).
 
         Raises:
             UserError: no index there, the run is missing, or its fingerprint differs
@@ -64,7 +71,11 @@ class Searcher:
             )
         dev = pick_device(device)
         model, _ = load_run(run, dev)
-        return cls(load_contents(index_dir), model, CompactTransform.from_dict(manifest["transform"]), dev)
+        contents = load_contents(index_dir)
+        contents.image_index = fi.to_device(contents.image_index, gpu)
+        if contents.text_index is not None:
+            contents.text_index = fi.to_device(contents.text_index, gpu)
+        return cls(contents, model, CompactTransform.from_dict(manifest["transform"]), dev)
 
     def __len__(self) -> int:
         return int(self.contents.image_index.ntotal)
@@ -95,7 +106,7 @@ class Searcher:
 
     def search_vectors(self, queries: np.ndarray, k: int = 10, target: str = "image") -> list[list[dict]]:
         """Top-k hits for compact query vectors (Q, m)."""
-        if not isinstance(k, int) or k < 1:
+        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
             raise UserError(f"-k must be a positive integer, got {k!r}")
         if target not in TARGETS:
             raise UserError(f"unknown search target {target!r}; choose from {TARGETS}")
@@ -104,7 +115,7 @@ class Searcher:
             raise UserError("this index has no caption vectors (built without the text index)")
         if len(queries) == 0:
             return []
-        scores, ids = fi.search(index, queries, k, self.params)  # (Q, k'), (Q, k')
+        scores, ids = fi.search(index, queries, int(k), self.params)  # (Q, k'), (Q, k')
         return [self._hits(s, i, target) for s, i in zip(scores, ids)]
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray, target: str) -> list[dict]:
