@@ -5,7 +5,8 @@ In training mode each item takes one of its image's captions, chosen by a hash o
 every DataLoader worker. In evaluation mode it takes the first caption (evaluation
 code reads ``pairs.records[i].captions`` for all of them). A record whose image
 fails to decode gives ``None`` and is counted once, by reason, in :attr:`PairDataset.skipped`
-(kept in shared memory, so failures met in DataLoader worker processes count too); :func:`collate_pairs` drops the ``None``s.
+(kept in shared memory, so failures met in DataLoader worker processes count too);
+:func:`collate_pairs` drops the ``None``s.
 """
 
 from __future__ import annotations

@@ -93,7 +93,10 @@ def _write_split(out: str, split: str, images: np.ndarray, labels: np.ndarray, c
 def build(out: str, num: int | None, seed: int) -> Built:
     """Write the PNGs and return manifest rows: official train as train, official test as val."""
     ensure_debian_packages({PACKAGE: ROOT})
-    data = {split: (read_idx(os.path.join(ROOT, i)), read_idx(os.path.join(ROOT, l))) for split, (i, l) in FILES.items()}
+    data = {
+        split: (read_idx(os.path.join(ROOT, images)), read_idx(os.path.join(ROOT, labels)))
+        for split, (images, labels) in FILES.items()
+    }
     sizes = _split_sizes(num, {split: len(labels) for split, (_, labels) in data.items()})
     rows = {split: _write_split(out, split, *data[split], sizes[split], seed) for split in FILES}
     return Built(train=rows["train"], val=rows["val"])

@@ -79,7 +79,8 @@ def _pick_column(columns: list[str], wanted: str | None, defaults: tuple[str, ..
     for name in names:
         if name in columns:
             return name
-    raise UserError(f"{path}: no column {' or '.join(map(repr, names))} (columns: {', '.join(columns)}); choose one with {option}")
+    wanted_names = " or ".join(map(repr, names))
+    raise UserError(f"{path}: no column {wanted_names} (columns: {', '.join(columns)}); choose one with {option}")
 
 
 def _label_names(data, column: str | None):
@@ -112,7 +113,9 @@ def read_hf(path: str, config: DataConfig) -> Iterator[Record | BadRecord]:
         yield _record(row, values, caption_col, label_col, label_of, DatasetCell(images, row, image_col, base, path))
 
 
-def _record(row: int, values: dict, caption_col: str, label_col: str | None, label_of, cell: DatasetCell) -> Record | BadRecord:
+def _record(
+    row: int, values: dict, caption_col: str, label_col: str | None, label_of, cell: DatasetCell
+) -> Record | BadRecord:
     captions = clean_captions(values[caption_col])
     if captions is None:
         if values[caption_col] is None:

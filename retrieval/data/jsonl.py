@@ -36,7 +36,9 @@ def _nonblank_str(value: object) -> bool:
     return isinstance(value, str) and bool(value.strip())
 
 
-def _parse_line(line: str, number: int, base: str, image_key: str, caption_key: str, label_key: str) -> Record | BadRecord:
+def _parse_line(
+    line: str, number: int, base: str, image_key: str, caption_key: str, label_key: str
+) -> Record | BadRecord:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as err:
@@ -49,4 +51,5 @@ def _parse_line(line: str, number: int, base: str, image_key: str, caption_key: 
     if not captions:
         return BadRecord(EMPTY_CAPTION, f"line {number}")
     image = row[image_key]
-    return Record(key=image, captions=captions, label=clean_label(row.get(label_key)), image=FileImage(resolve_path(base, image)))
+    label = clean_label(row.get(label_key))
+    return Record(key=image, captions=captions, label=label, image=FileImage(resolve_path(base, image)))

@@ -91,7 +91,8 @@ def load_pairs(path: str | os.PathLike, config: DataConfig | None = None) -> Pai
     records: list[Record] = []
     skipped: Counter = Counter()
     seen: Counter = Counter()
-    for item in tqdm(source.read(path, config), desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False, disable=None):
+    bar = dict(desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False, disable=None)
+    for item in tqdm(source.read(path, config), **bar):
         if isinstance(item, BadRecord):
             skipped[item.reason] += 1
             continue
@@ -111,7 +112,8 @@ def _with_unique_key(record: Record, seen: Counter) -> Record:
     seen[record.key] += 1
     if seen[record.key] == 1:
         return record
-    return Record(key=f"{record.key}#{seen[record.key]}", captions=record.captions, label=record.label, image=record.image)
+    key = f"{record.key}#{seen[record.key]}"
+    return Record(key=key, captions=record.captions, label=record.label, image=record.image)
 
 
 def _format_counts(counts: Counter) -> str:

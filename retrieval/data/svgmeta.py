@@ -91,6 +91,7 @@ def _decode(data: bytes) -> str:
 
 _AGENT = re.compile(r"<(\w+:)?Agent\b.*?</(\w+:)?Agent>", re.S)
 _TAG = re.compile(r"<[^>]+>")
+_LI = re.compile(r"<(?:\w+:)?li\b[^>]*>(.*?)</(?:\w+:)?li>", re.S)
 
 
 def _field_re(name: str) -> re.Pattern:
@@ -101,9 +102,12 @@ def _from_text(text: str) -> SvgMeta:
     """Regular-expression reading for files an XML parser rejects."""
     block = re.search(r"<(?:\w+:)?RDF\b.*?</(?:\w+:)?RDF>", text, re.S)
     body = _AGENT.sub("", block.group(0) if block else "")
-    found = {name: (m.group(1) or "") if (m := _field_re(name).search(body)) else "" for name in ("title", "description", "subject")}
+    found = {}
+    for name in ("title", "description", "subject"):
+        match = _field_re(name).search(body)
+        found[name] = (match.group(1) or "") if match else ""
     plain = {name: _clean(html.unescape(_TAG.sub(" ", value))) for name, value in found.items()}
-    items = [html.unescape(_TAG.sub("", li)) for li in re.findall(r"<(?:\w+:)?li\b[^>]*>(.*?)</(?:\w+:)?li>", found["subject"], re.S)]
+    items = [html.unescape(_TAG.sub("", li)) for li in _LI.findall(found["subject"])]
     title = plain["title"] or _svg_title(text)
     return SvgMeta(title, plain["description"], _split_keywords(items or [plain["subject"]]))
 

@@ -103,7 +103,9 @@ def _text(tar: tarfile.TarFile, member: tarfile.TarInfo | None) -> str | None:
     return handle.read().decode("utf-8", errors="replace") if handle else None
 
 
-def _sample(tar, shard: str, key: str, members: dict, image_exts: list[str], caption_ext: str, label_ext: str) -> Record | BadRecord:
+def _sample(
+    tar: tarfile.TarFile, shard: str, key: str, members: dict, image_exts: list[str], caption_ext: str, label_ext: str
+) -> Record | BadRecord:
     where = f"{shard}#{key}"
     if not key:
         return BadRecord(BAD_ROW, f"{shard}: damaged tar data")

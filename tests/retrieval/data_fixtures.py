@@ -45,7 +45,8 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
 def bomb_png_bytes(width: int, height: int) -> bytes:
     """A few-hundred-byte PNG whose header claims ``width x height`` pixels."""
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + _chunk(b"IEND", b"")
+    body = _chunk(b"IHDR", header) + _chunk(b"IDAT", zlib.compress(b"\x00" * 16)) + _chunk(b"IEND", b"")
+    return b"\x89PNG\r\n\x1a\n" + body
 
 
 def write_manifest(path: Path, rows: list) -> Path:

@@ -137,9 +137,10 @@ def test_hf_bad_cells(tmp_path: Path):
     import datasets
 
     features = datasets.Features({"image": datasets.Image(), "text": datasets.Value("string")})
-    good = {"bytes": image_bytes(), "path": None}
+    good, garbage = {"bytes": image_bytes(), "path": None}, {"bytes": b"garbage", "path": None}
+    bomb = {"bytes": bomb_png_bytes(9000, 9000), "path": None}
     rows = {
-        "image": [good, None, {"bytes": b"garbage", "path": None}, good, good, {"bytes": bomb_png_bytes(9000, 9000), "path": None}],
+        "image": [good, None, garbage, good, good, bomb],
         "text": ["ok", "no image", "junk", "", None, "big"],
     }
     datasets.Dataset.from_dict(rows, features=features).save_to_disk(str(tmp_path / "ds"))

@@ -81,7 +81,8 @@ def test_open_clip_csv_groups_rows_by_image(tmp_path: Path):
     write_image(tmp_path / "a.png", RED)
     write_image(tmp_path / "b.png", BLUE)
     (tmp_path / "train.csv").write_text(
-        'filepath,title\na.png,"a red square, small"\nb.png,blue\na.png,another red caption\na.png,another red caption\n',
+        'filepath,title\na.png,"a red square, small"\nb.png,blue\n'
+        "a.png,another red caption\na.png,another red caption\n",
         encoding="utf-8",
     )
     pairs = load_pairs(tmp_path / "train.csv")
@@ -128,7 +129,8 @@ def _hf_dataset(tmp_path: Path):
             "label": datasets.ClassLabel(names=["warm", "cold"]),
         }
     )
-    return datasets.Dataset.from_dict({"image": images, "text": ["red", "green", "blue"], "label": [0, 1, 1]}, features=features)
+    columns = {"image": images, "text": ["red", "green", "blue"], "label": [0, 1, 1]}
+    return datasets.Dataset.from_dict(columns, features=features)
 
 
 def test_hf_dataset_saved_to_disk(tmp_path: Path):
