@@ -80,7 +80,7 @@ def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict |
         result["class_map"] = float(class_map(text_emb[first_caption], image_emb, ids, ids))  # text -> image
     w = model.importance().detach().float().cpu()
     result["importance"] = _spectrum(w)
-    result["logit_scale"] = float(model.logit_scale())
+    result["logit_scale"] = float(model.logit_scale().detach())
     D = image_emb.shape[1]
     dims = [m for m in dims if m <= D] or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
     result["compact"] = compact_curve(image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS)
