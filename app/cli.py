@@ -125,6 +125,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
         save_every=ns.save_every,
         max_steps=ns.max_steps,
         embed_dim=ns.embed_dim,
+        head=ns.head,
+        importance=ns.importance,
+        importance_lr_scale=ns.importance_lr_scale,
         device=ns.device,
         data=_data_config(ns),
     )
@@ -226,6 +229,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 5%% of training)")
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--embed-dim", type=int, default=None, help="embedding dimension D (default: per preset)")
+    p.add_argument("--head", default="linear", choices=["linear", "mlp"], help="projection heads")
+    p.add_argument("--importance", default="softplus", help="how w is made from theta: softplus, softplus_mean1")
+    p.add_argument("--importance-lr-scale", type=float, default=1.0, help="theta's lr as a multiple of --lr")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--lock-image", action="store_true")

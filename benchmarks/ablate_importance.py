@@ -1,0 +1,119 @@
+"""Ablation: what makes the tri-factor importance order the dimensions (issue: compact retrieval).
+
+Trains one model per variant on the same data (default: the calibration of the
+issue: ``lite`` with both towers locked and cached, linear heads to D = 256,
+1,500 steps of 256) and prints the compact curve (t2i recall@10 against m) for
+the importance order and the baselines, plus how unequal the learned ``w`` is.
+
+    .venv/bin/python -m benchmarks.ablate_importance --data DIR --out runs/ablate [--variants a b ...]
+
+DIR holds ``train.jsonl`` and ``val.jsonl`` (e.g. ``triclip data prepare openclipart --out DIR``).
+Runs that already exist in ``--out`` are evaluated again, not retrained.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.evaluate import evaluate_run
+from training.train import TrainConfig, train
+
+# name -> TrainConfig overrides. "naive" is a straight port of the paper's loss.
+VARIANTS: dict[str, dict] = {
+    "infonce": dict(loss="infonce"),
+    "naive": dict(loss="tricl", loss_options={"dec_weight": 1.0}),
+    "dec10": dict(loss="tricl", loss_options={"dec_weight": 10.0}),
+    "mean1": dict(loss="tricl", importance="softplus_mean1", loss_options={"dec_weight": 1.0}),
+    "lr100": dict(loss="tricl", importance_lr_scale=100.0, loss_options={"dec_weight": 1.0}),
+    "mean1_lr100": dict(loss="tricl", importance="softplus_mean1", importance_lr_scale=100.0, loss_options={"dec_weight": 1.0}),
+    "mean1_lr100_dec10": dict(
+        loss="tricl", importance="softplus_mean1", importance_lr_scale=100.0, loss_options={"dec_weight": 10.0}
+    ),
+}
+
+
+@dataclass
+class AblationConfig:
+    data: str  # folder with train.jsonl and val.jsonl
+    out: str  # one run folder per variant under it
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
+    model: str = "lite"
+    embed_dim: int = 256
+    steps: int = 1500
+    batch_size: int = 256
+    lr: float = 1e-3
+    lock: bool = True  # both towers locked (heads, logit scale and importance train)
+    dims: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])
+    seed: int = 0
+
+
+def run_variant(cfg: AblationConfig, name: str) -> dict:
+    run = Path(cfg.out) / name
+    data = Path(cfg.data)
+    if not (run / "model.safetensors").exists():
+        n_train = sum(1 for _ in open(data / "train.jsonl"))
+        epochs = math.ceil(cfg.steps / (n_train // cfg.batch_size))
+        train(
+            TrainConfig(
+                train_data=str(data / "train.jsonl"),
+                val_data=None,
+                out=str(run),
+                model=cfg.model,
+                embed_dim=cfg.embed_dim,
+                epochs=epochs,
+                max_steps=cfg.steps,
+                batch_size=cfg.batch_size,
+                lr=cfg.lr,
+                lock_image=cfg.lock,
+                lock_text=cfg.lock,
+                seed=cfg.seed,
+                **VARIANTS[name],
+            )
+        )
+    return evaluate_run(str(run), str(data / "val.jsonl"), dims=cfg.dims)
+
+
+def table(results: dict[str, dict], dims: list[int]) -> str:
+    head = "| variant | full R@10 | w max/mean | ordering | " + " | ".join(f"m={m}" for m in dims) + " |"
+    lines = [head, "|" + "---|" * (4 + len(dims))]
+    for name, r in results.items():
+        for ordering, curve in r["compact"].items():
+            values = " | ".join(f"{curve[str(m)] if str(m) in curve else curve[m]:.3f}" for m in dims)
+            lines.append(
+                f"| {name} | {r['t2i_r10']:.3f} | {r['importance']['max_over_mean']:.2f} | {ordering} | {values} |"
+            )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    p.add_argument("--model", default="lite")
+    p.add_argument("--embed-dim", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--no-lock", action="store_true")
+    p.add_argument("--dims", default="8,16,32,64,128")
+    p.add_argument("--seed", type=int, default=0)
+    ns = p.parse_args(argv)
+    cfg = AblationConfig(
+        data=ns.data, out=ns.out, variants=ns.variants, model=ns.model, embed_dim=ns.embed_dim, steps=ns.steps,
+        batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock, dims=[int(x) for x in ns.dims.split(",")], seed=ns.seed,
+    )  # fmt: skip
+    results = {}
+    for name in cfg.variants:
+        results[name] = run_variant(cfg, name)
+        print(json.dumps({"variant": name, "t2i_r10": results[name]["t2i_r10"], "compact": results[name]["compact"]}))
+    print(table(results, cfg.dims))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
