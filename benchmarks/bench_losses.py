@@ -46,6 +46,17 @@ def _open_clip_step() -> tuple[str, Callable] | None:
     return "open_clip ClipLoss (reference)", lambda i, t, s, w: {"loss": clip(i, t, s)}
 
 
+def _plain_ce_step() -> tuple[str, Callable]:
+    """The textbook symmetric InfoNCE (two F.cross_entropy through autograd): what the fused head replaces."""
+
+    def step(image, text, scale, w):
+        logits = (image * scale) @ text.t()  # (B, B)
+        labels = torch.arange(logits.shape[0], device=logits.device)
+        return {"loss": 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))}
+
+    return "F.cross_entropy x2 (reference)", step
+
+
 def _inputs(batch: int, dim: int, device: str) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(batch)
     image = F.normalize(torch.randn(batch, dim, generator=g), dim=1)
@@ -116,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps: list[tuple[str, Callable]] = []
     for label, name, opts in OBJECTIVES:
         steps.append((label, build_loss(name, **opts).to(args.device)))
+    steps.append(_plain_ce_step())
     reference = None if args.no_open_clip else _open_clip_step()
     if reference is not None:
         steps.append(reference)
