@@ -1,6 +1,6 @@
 """Forward+backward time of every objective, as a ratio to ``infonce`` measured in the same run.
 
-    .venv/bin/python benchmarks/bench_losses.py --batch 256 1024 --dim 512 --repeats 30 [--threads 1]
+    .venv/bin/python benchmarks/bench_losses.py --batch 256 1024 --dim 512 --repeats 30 [--threads 1 --clock cpu]
 
 For each batch size the objectives run interleaved (one step of each per repeat, the
 order rotated every repeat) on the same features, so slow drifts of a shared machine
@@ -66,20 +66,29 @@ def _inputs(batch: int, dim: int, device: str) -> list[torch.Tensor]:
     return [x.to(device).requires_grad_(True) for x in (image, text, scale, w)]
 
 
-def _time_step(fn: Callable, inputs: list[torch.Tensor], device: str) -> float:
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # cpu: this process's CPU time, not waits
+
+
+def _time_step(fn: Callable, inputs: list[torch.Tensor], device: str, clock: Callable[[], float]) -> float:
     for x in inputs:
         x.grad = None
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    start = time.perf_counter()
+    start = clock()
     sum(fn(*inputs).values()).backward()
     if device.startswith("cuda"):
         torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
+    return (clock() - start) * 1e3
 
 
 def measure(
-    batch: int, dim: int, repeats: int, warmup: int, device: str, steps: list[tuple[str, Callable]]
+    batch: int,
+    dim: int,
+    repeats: int,
+    warmup: int,
+    device: str,
+    steps: list[tuple[str, Callable]],
+    clock: str = "wall",
 ) -> dict[str, list[float]]:
     """Timed ms of forward+backward per row label, objectives interleaved."""
     inputs = _inputs(batch, dim, device)
@@ -87,7 +96,7 @@ def measure(
     for rep in range(warmup + repeats):
         shift = rep % len(steps)
         for label, fn in steps[shift:] + steps[:shift]:
-            ms = _time_step(fn, inputs, device)
+            ms = _time_step(fn, inputs, device, CLOCKS[clock])
             if rep >= warmup:
                 times[label].append(ms)
     return times
@@ -117,12 +126,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per objective first")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's; 1 on a shared CPU)")
+    p.add_argument(
+        "--clock",
+        choices=sorted(CLOCKS),
+        default="wall",
+        help="wall time, or process CPU time (steadier on a shared, loaded CPU; not for CUDA)",
+    )
     p.add_argument("--no-open-clip", action="store_true", help="leave out open_clip's ClipLoss row")
     args = p.parse_args(argv)
     if args.threads is not None:
         if args.threads < 1:
             p.error("--threads must be >= 1")
         torch.set_num_threads(args.threads)
+    if args.clock == "cpu" and args.device.startswith("cuda"):
+        p.error("--clock cpu does not measure GPU work; use --clock wall on CUDA")
 
     steps: list[tuple[str, Callable]] = []
     for label, name, opts in OBJECTIVES:
@@ -134,9 +151,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"# losses, forward+backward, dim {args.dim}, device {args.device}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} threads, {args.repeats} repeats (median), load average {load:.2f}"
+        f"{torch.get_num_threads()} threads, {args.clock} clock, {args.repeats} repeats (median), "
+        f"load average {load:.2f}"
     )
-    results = {b: measure(b, args.dim, args.repeats, args.warmup, args.device, steps) for b in args.batch}
+    results = {b: measure(b, args.dim, args.repeats, args.warmup, args.device, steps, args.clock) for b in args.batch}
     print(table(results, [label for label, _ in steps]))
     return 0
 
