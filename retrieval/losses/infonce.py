@@ -25,9 +25,9 @@ class _InfoNCEHead(torch.autograd.Function):
     Forward: row and column log-softmax, ``ce = -log p_ii`` per direction (2, B); with the
     floor (``debiased``), the per-row term of :func:`debiased_infonce`. Backward: with
     ``a = d term / d ce`` and ``f = d term / d L_ii`` (floor rows), ``dL = a_r * P_row +
-    a_c * P_col - diag(a_r + a_c) + diag(f)``, ``ds = sum(f)``: two exp passes and one
-    fused multiply-add over (B, B), fewer passes than autograd through two cross-entropies.
-    Not twice differentiable.
+    a_c * P_col - diag(a_r + a_c) + diag(f)``, ``ds = sum(f)``, with the two softmaxes
+    recomputed from the saved logits (one (B, B) tensor kept): fewer passes over (B, B) than
+    autograd through two cross-entropies. Not twice differentiable.
     """
 
     @staticmethod
@@ -50,17 +50,17 @@ class _InfoNCEHead(torch.autograd.Function):
             term = torch.where(use, unclamped, clamped)
             d_ce = torch.where(use, 1.0 / one_minus_x, 0.0)  # d(ce + log(1 - tau*B*e^-ce))/d ce = 1/(1-x)
             d_diag = torch.where(use, 0.0, -torch.sigmoid(z))  # d softplus(z) / d L_ii, also / d s
-        ctx.save_for_backward(log_p_row, log_p_col, d_ce, d_diag)
+        ctx.save_for_backward(logits, d_ce, d_diag)
         return term.mean()
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        log_p_row, log_p_col, d_ce, d_diag = ctx.saved_tensors
+        logits, d_ce, d_diag = ctx.saved_tensors
         g = grad / d_ce.numel()  # the mean over (2, B)
         a = d_ce * g  # (2, B)
-        grad_logits = torch.exp(log_p_row).mul_(a[0].unsqueeze(1))  # d ce_i / d L_ij = p_ij - [i == j]
-        grad_logits.addcmul_(torch.exp(log_p_col), a[1].unsqueeze(0))
+        grad_logits = torch.softmax(logits, dim=1).mul_(a[0].unsqueeze(1))  # d ce_i / d L_ij = p_ij - [i == j]
+        grad_logits.addcmul_(torch.softmax(logits, dim=0), a[1].unsqueeze(0))
         on_diag = -(a[0] + a[1])  # (B,)
         grad_scale = None
         if d_diag is not None:
