@@ -31,7 +31,9 @@ class _InfoNCEHead(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, scale: torch.Tensor | None, tau_plus: float, floor: bool):  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, logits: torch.Tensor, scale: torch.Tensor | None, tau_plus: float, floor: bool
+    ) -> torch.Tensor:
         batch = logits.shape[0]
         log_p_row = torch.log_softmax(logits, dim=1)  # (B, B) image->text
         log_p_col = torch.log_softmax(logits, dim=0)  # (B, B) text->image
