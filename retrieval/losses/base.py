@@ -79,7 +79,10 @@ def _check_features(image: torch.Tensor, text: torch.Tensor) -> None:
 
 
 def _scale_tensor(logit_scale: torch.Tensor | float, like: torch.Tensor) -> torch.Tensor:
-    s = torch.as_tensor(logit_scale, device=like.device)
+    if isinstance(logit_scale, torch.Tensor):
+        s = logit_scale.to(like.device)
+    else:  # a Python number: keep its full precision until the compute dtype is known
+        s = torch.as_tensor(logit_scale, dtype=torch.float64, device=like.device)
     if s.numel() != 1:
         raise ValueError(f"logit_scale must be a scalar, got shape {tuple(s.shape)}")
     return s.reshape(())

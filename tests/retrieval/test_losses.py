@@ -268,3 +268,11 @@ def test_benchmark_command_prints_a_table_with_every_objective(capsys):
     rows = [line for line in out.splitlines() if line.startswith("| ") and "objective" not in line]
     assert {row.split(" | ")[0][2:].split(" (")[0] for row in rows} == set(ALL) | {"F.cross_entropy x2"}
     assert rows[0].startswith("| infonce |") and rows[0].count("| 1.00") == 4
+
+
+def test_python_float_logit_scale_keeps_float64_precision():
+    """A Python number is not rounded to float32 on its way in (1/0.07 is not a float32 value)."""
+    image, text, _ = _features(6, 4, dtype=torch.float64)
+    as_float = build_loss("debiased")(image, text, 1 / 0.07)["contrastive_loss"]
+    as_tensor = build_loss("debiased")(image, text, torch.tensor(1 / 0.07, dtype=torch.float64))["contrastive_loss"]
+    assert as_float.item() == as_tensor.item()
