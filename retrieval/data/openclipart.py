@@ -19,6 +19,7 @@ import hashlib
 import multiprocessing
 import os
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from PIL import Image
 from tqdm.auto import tqdm
@@ -88,40 +89,60 @@ def _hash_order(key: str) -> bytes:
     return hashlib.sha256(f"order:{key}".encode("utf-8")).digest()
 
 
-def build(out: str, num: int | None, seed: int) -> Built:
-    """Read metadata, make thumbnails, and return the manifest rows (seed unused: the split is by name)."""
-    ensure_debian_packages({package: os.path.join(ROOT, sub) for package, sub in PACKAGES.items()})
+@dataclass(frozen=True)
+class Clip:
+    """One clip-art file that has captions for its split."""
+
+    name: str  # path under svg/ and png/, without extension
+    split: str  # "train" or "val"
+    captions: list[str]  # for this split
+    source: str  # the real PNG file (symlinks resolved)
+
+
+def read_clips(names: list[str], keys: dict[str, str], skipped: Counter) -> list[Clip]:
+    """Metadata and split of each name; names without a PNG, SVG or caption are counted in ``skipped``."""
     svg_root, png_root = os.path.join(ROOT, "svg"), os.path.join(ROOT, "png")
-    names = list_clipart(svg_root)
-    keys = {name: split_key(os.path.join(png_root, name + ".png")) for name in names}
-    if num is not None:
-        names = sorted(sorted(names, key=lambda n: (_hash_order(keys[n]), n))[:num])
-    skipped, clips = Counter(), []
+    clips = []
     for name in tqdm(names, desc="openclipart metadata", unit=" svg"):
         png = os.path.join(png_root, name + ".png")
-        if not os.path.isfile(png):
-            skipped[MISSING_FILE] += 1
-            continue
         split = split_of(keys[name], VAL_FRACTION)
         try:
             captions = captions_for(read_svg_metadata(os.path.join(svg_root, name + ".svg")), split)
         except OSError:
+            captions = None
+        if captions is None or not os.path.isfile(png):
             skipped[MISSING_FILE] += 1
-            continue
-        if not captions:
+        elif not captions:
             skipped[EMPTY_CAPTION] += 1
-            continue
-        clips.append((name, split, captions, os.path.realpath(png)))
+        else:
+            clips.append(Clip(name, split, captions, os.path.realpath(png)))
+    return clips
+
+
+def write_thumbnails(clips: list[Clip], out: str) -> dict[str, str]:
+    """Thumbnail every clip under ``out/images/`` (each real PNG decoded once); ``{source: reason}`` of failures."""
     targets: dict[str, list[str]] = defaultdict(list)  # real source PNG -> thumbnails to write
-    for name, _, _, source in clips:
-        targets[source].append(os.path.join(out, "images", name + ".png"))
+    for clip in clips:
+        targets[clip.source].append(os.path.join(out, "images", clip.name + ".png"))
     jobs = [(source, tuple(paths), DEFAULT_MAX_PIXELS) for source, paths in targets.items()]
-    failed = {job[0]: reason for job, reason in zip(jobs, _run_jobs(jobs)) if reason}
+    return {job[0]: reason for job, reason in zip(jobs, _run_jobs(jobs)) if reason}
+
+
+def build(out: str, num: int | None, seed: int) -> Built:
+    """Read metadata, make thumbnails, and return the manifest rows (seed unused: the split is by name)."""
+    ensure_debian_packages({package: os.path.join(ROOT, sub) for package, sub in PACKAGES.items()})
+    names = list_clipart(os.path.join(ROOT, "svg"))
+    keys = {name: split_key(os.path.join(ROOT, "png", name + ".png")) for name in names}
+    if num is not None:
+        names = sorted(sorted(names, key=lambda n: (_hash_order(keys[n]), n))[:num])
+    skipped: Counter = Counter()
+    clips = read_clips(names, keys, skipped)
+    failed = write_thumbnails(clips, out)
     rows: dict[str, list[dict]] = {"train": [], "val": []}
-    for name, split, captions, source in clips:
-        if source in failed:
-            skipped[failed[source]] += 1
+    for clip in clips:
+        if clip.source in failed:
+            skipped[failed[clip.source]] += 1
             continue
-        relative = name.replace(os.sep, "/")
-        rows[split].append(manifest_row(f"images/{relative}.png", captions, relative.split("/")[0]))
+        relative = clip.name.replace(os.sep, "/")
+        rows[clip.split].append(manifest_row(f"images/{relative}.png", clip.captions, relative.split("/")[0]))
     return Built(train=rows["train"], val=rows["val"], skipped=skipped)
