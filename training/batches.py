@@ -76,6 +76,8 @@ class BatchSource:
             if loader is not None:
                 batch = next(loader)
                 if batch is None:  # every image of this batch failed to decode
+                    if world > 1:  # the other ranks are already waiting in the loss's all-gather
+                        raise RuntimeError(f"rank {rank}: every image of batch {first_batch + offset} failed to decode")
                     continue
                 idx = batch["index"].tolist()
                 image = batch["image"].to(self.device)
