@@ -35,6 +35,7 @@ PACKAGES = {"openclipart-svg": "svg", "openclipart-png": "png"}  # Debian packag
 MAX_SIDE = 224  # thumbnail size bound, pixels
 VAL_FRACTION = 0.1  # share of file names hashed into val
 WORKERS = 2  # processes making thumbnails
+MIN_POOL_JOBS = 64  # fewer thumbnails than this are made in this process
 
 
 def list_clipart(svg_root: str) -> list[str]:
@@ -79,9 +80,11 @@ def make_thumbnail(job: tuple[str, tuple[str, ...], int]) -> str | None:
 def _run_jobs(jobs: list[tuple[str, tuple[str, ...], int]]) -> list[str | None]:
     bar = dict(total=len(jobs), desc="openclipart thumbnails", unit=" img")
     workers = min(WORKERS, os.cpu_count() or 1)
-    if workers < 2 or len(jobs) < 64:
+    if workers < 2 or len(jobs) < MIN_POOL_JOBS:
         return [make_thumbnail(job) for job in tqdm(jobs, **bar)]
-    with multiprocessing.get_context("spawn").Pool(workers) as pool:
+    # fork where possible: workers only run Pillow, and spawn would re-run a caller's unguarded script
+    method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+    with multiprocessing.get_context(method).Pool(workers) as pool:
         return list(tqdm(pool.imap(make_thumbnail, jobs, chunksize=4), **bar))
 
 

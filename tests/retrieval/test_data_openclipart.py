@@ -163,6 +163,18 @@ def test_prepare_a_capped_openclipart(tmp_path: Path):
     assert (again / "train.jsonl").read_bytes() == (tmp_path / "train.jsonl").read_bytes()
 
 
+@needs_package
+def test_worker_processes_make_the_same_thumbnails(tmp_path: Path, monkeypatch):
+    prepare("openclipart", tmp_path / "inline", num=6)
+    monkeypatch.setattr(openclipart, "MIN_POOL_JOBS", 1)
+    monkeypatch.setattr(openclipart, "WORKERS", 2)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    prepare("openclipart", tmp_path / "pool", num=6)
+    inline, pool = sorted((tmp_path / "inline").rglob("*.*")), sorted((tmp_path / "pool").rglob("*.*"))
+    assert [p.relative_to(tmp_path / "inline") for p in inline] == [p.relative_to(tmp_path / "pool") for p in pool]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(inline, pool)) and len(inline) >= 8
+
+
 @pytest.mark.slow
 @needs_package
 def test_prepare_the_whole_openclipart(tmp_path: Path):
