@@ -22,8 +22,17 @@ For each m in D, D/2, D/4, D/8 and each index (Flat; HNSW32; IVF{sqrt N},PQ{m/4}
 build seconds, batch throughput (queries/s over ``--queries`` queries at once), p50/p99
 latency of ``--single`` single queries (one query per call), recall@10 against exact
 search at the same m (Flat) and against exact search at m = D, and bytes per vector.
-The last lines print the Flat speed-up of m = D/8 over m = D, measured in this run.
-All runs use FAISS's default OpenMP threads (the machine's cores).
+The last lines print the Flat speed-up of m = D/8 over m = D, measured side by side in
+alternating rounds of this run.
+
+Exact (Flat) search in FAISS takes one of two paths: a SIMD scan per query (memory-bound:
+every query streams the whole base) when ``queries x m < distance_compute_blas_threshold``
+(128,000 by default), else blocked BLAS matrix products (the base is streamed once per
+4,096 queries). So the batch column depends on the batch size: 1,000 queries use BLAS at
+m = 512 but the per-query scan at m = 64. ``--blas-threshold`` changes the switch point.
+All runs use FAISS's default OpenMP threads (the machine's cores) with
+``OMP_WAIT_POLICY=PASSIVE`` unless set otherwise (see below); the header prints the load
+average, since other processes on a shared machine change every timing.
 """
 
 from __future__ import annotations
@@ -35,8 +44,13 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 
-import faiss
-import numpy as np
+# Idle OpenMP threads sleep instead of spinning. On a shared, oversubscribed CPU, spinning
+# threads make FAISS's parallel loops many times slower (measured here: PQ training 80 s
+# spinning vs 2.6 s passive, 2 threads, load 10). Set before FAISS loads OpenMP.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import faiss  # noqa: E402
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from index import faiss_index as fi  # noqa: E402
@@ -94,8 +108,8 @@ def exact(base: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return index.search(queries, K)[1]
 
 
-def measure(index: faiss.Index, queries: np.ndarray, singles: int) -> tuple[float, list[float], np.ndarray]:
-    """Batch queries/s, single-query latencies (s) and the batch's ids."""
+def measure(index: faiss.Index, queries: np.ndarray, singles: int) -> tuple[float, np.ndarray, np.ndarray]:
+    """Batch queries/s, single-query latencies in ms (Q,) and the batch's ids (Q, K)."""
     fi.apply_search_params(index, K)
     index.search(queries[:8], K)  # warm-up
     start = time.perf_counter()
@@ -106,18 +120,25 @@ def measure(index: faiss.Index, queries: np.ndarray, singles: int) -> tuple[floa
         t0 = time.perf_counter()
         index.search(row[None], K)
         latencies.append(time.perf_counter() - t0)
-    return batch_qps, latencies, ids
+    return batch_qps, np.array(latencies) * 1e3, ids
 
 
-def run_cell(name: str, base: np.ndarray, queries: np.ndarray, singles: int, truth_m: np.ndarray, truth_d: np.ndarray) -> Row:
-    """Build one index on ``base`` (n, m) and measure it."""
+def run_cell(name: str, base: np.ndarray, queries: np.ndarray, singles: int, truth: dict, full_dim: int) -> Row:
+    """Build one index on ``base`` (n, m), measure it with ``queries`` (Q, m), score it against exact search.
+
+    ``truth`` caches exact ids by ``(n, m)`` and ``(n, "D")`` (m = D); a Flat cell is
+    exact, so it fills the cache instead of a second exhaustive pass.
+    """
     n, m = base.shape
     factory = factory_for(name, n, m)
     start = time.perf_counter()
     index = fi.build(base, factory, progress=False)
     build_s = time.perf_counter() - start
-    batch_qps, lat, ids = measure(index, queries, singles)
-    lat_ms = np.array(lat) * 1e3
+    batch_qps, lat_ms, ids = measure(index, queries, singles)
+    if name == "Flat":
+        truth.setdefault((n, m), ids)
+        if m == full_dim:
+            truth.setdefault((n, "D"), ids)
     row = Row(
         factory=factory,
         n=n,
@@ -127,12 +148,35 @@ def run_cell(name: str, base: np.ndarray, queries: np.ndarray, singles: int, tru
         p50_ms=float(np.percentile(lat_ms, 50)),
         p99_ms=float(np.percentile(lat_ms, 99)),
         single_qps=float(1e3 / lat_ms.mean()),
-        recall_same_m=fi.recall_at_k(ids, truth_m),
-        recall_full_d=fi.recall_at_k(ids, truth_d),
+        recall_same_m=fi.recall_at_k(ids, _truth(truth, base, queries)),
+        recall_full_d=fi.recall_at_k(ids, truth[(n, "D")]),
         bytes_per_vector=fi.bytes_per_vector(index),
     )
     del index
     return row
+
+
+def _truth(cache: dict, base: np.ndarray, queries: np.ndarray) -> np.ndarray:
+    key = base.shape
+    if key not in cache:
+        cache[key] = exact(base, queries)
+    return cache[key]
+
+
+def side_by_side(base: np.ndarray, queries: np.ndarray, dims: tuple[int, int], rounds: int, batch: int, singles: int) -> dict:
+    """Flat at two m, measured in alternating rounds (load drift hits both alike); medians of the rounds."""
+    indexes = {}
+    for m in dims:
+        indexes[m] = faiss.IndexFlatIP(m)
+        indexes[m].add(prune(base, m))
+    qs = {m: prune(queries, m) for m in dims}
+    results: dict[int, dict[str, list[float]]] = {m: {"batch": [], "single": []} for m in dims}
+    for r in range(rounds):
+        for m in dims if r % 2 == 0 else dims[::-1]:
+            batch_qps, lat_ms, _ = measure(indexes[m], qs[m][:batch], singles)
+            results[m]["batch"].append(batch_qps)
+            results[m]["single"].append(1e3 / lat_ms.mean())
+    return {m: {key: float(np.median(vals)) for key, vals in res.items()} for m, res in results.items()}
 
 
 def print_row(row: Row) -> None:
@@ -153,6 +197,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--hnsw-n", type=int, default=None, help="index only the first N vectors for HNSW32 (its build is slow)")
     p.add_argument("--queries", type=int, default=1000, help="queries of the batch measurement")
     p.add_argument("--single", type=int, default=200, help="single queries timed one by one")
+    p.add_argument("--rounds", type=int, default=6, help="alternating rounds of the Flat m=D vs m=D/8 comparison (0: skip)")
+    p.add_argument("--ratio-queries", type=int, default=200, help="batch size of each comparison round")
+    p.add_argument("--ratio-single", type=int, default=40, help="single queries of each comparison round")
+    p.add_argument(
+        "--blas-threshold",
+        type=int,
+        default=None,
+        help="faiss distance_compute_blas_threshold: exact search uses BLAS when queries x m >= it (faiss: 128000)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", default=None, help="also write the rows to this file")
     args = p.parse_args(argv)
@@ -166,6 +219,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.blas_threshold is not None:
+        faiss.cvar.distance_compute_blas_threshold = args.blas_threshold
     rng = np.random.default_rng(args.seed)
     centres = rng.standard_normal((10_000, args.dim), dtype=np.float32)
     t0 = time.perf_counter()
@@ -173,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
     queries = synthetic(args.queries, args.dim, args.seed + 2, centres)
     print(
         f"# synthetic D={args.dim} N={args.n:,} queries={args.queries} singles={args.single}"
-        f" threads={faiss.omp_get_max_threads()} load={os.getloadavg()[0]:.2f} faiss={faiss.__version__}"
+        f" threads={faiss.omp_get_max_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
+        f" blas_threshold={faiss.cvar.distance_compute_blas_threshold} load={os.getloadavg()[0]:.2f} faiss={faiss.__version__}"
         f" (data {time.perf_counter() - t0:.1f}s)",
         flush=True,
     )
@@ -182,24 +238,30 @@ def main(argv: list[str] | None = None) -> int:
         f" {'single_q/s':>10} {'R@10_m':>9} {'R@10_D':>9} {'B/vec':>9}",
         flush=True,
     )
-    truth_full = {n: exact(base[:n], queries) for n in {args.n, min(args.hnsw_n or args.n, args.n)}}
+    truth: dict = {}  # (n, m) -> exact top-K ids; (n, "D") -> exact at m = D
+    hnsw_n = min(args.hnsw_n or args.n, args.n)
     rows: list[Row] = []
     for m in args.dims:
         pruned, pruned_q = prune(base, m), prune(queries, m)
-        truth_m: dict[int, np.ndarray] = {}  # n -> exact top-K at this m
-        for name in args.factories:
-            n = min(args.hnsw_n or args.n, args.n) if name == "HNSW32" else args.n
-            if n not in truth_m:
-                truth_m[n] = exact(pruned[:n], pruned_q)
-            rows.append(run_cell(name, pruned[:n], pruned_q, args.single, truth_m[n], truth_full[n]))
+        for name in sorted(args.factories, key=lambda f: f != "Flat"):  # Flat first: its ids are the exact truth
+            n = hnsw_n if name == "HNSW32" else args.n
+            if (n, "D") not in truth and not (name == "Flat" and m == args.dim):
+                truth[(n, "D")] = exact(prune(base[:n], args.dim), prune(queries, args.dim))
+            rows.append(run_cell(name, pruned[:n], pruned_q, args.single, truth, args.dim))
             print_row(rows[-1])
         del pruned
-    flat = {r.m: r for r in rows if r.factory == "Flat"}
-    full, eighth = args.dim, args.dim // 8
-    if full in flat and eighth in flat:
+    full, eighth = args.dim, max(1, args.dim // 8)
+    if args.rounds > 0:
+        ratio = side_by_side(base, queries, (full, eighth), args.rounds, args.ratio_queries, args.ratio_single)
         print(
-            f"# Flat m={eighth} vs m={full}: batch {flat[eighth].batch_qps / flat[full].batch_qps:.2f}x,"
-            f" single {flat[eighth].single_qps / flat[full].single_qps:.2f}x (goal >= 5x)"
+            f"# side by side, Flat N={args.n:,}, {args.rounds} alternating rounds (median):"
+            f" m={full}: batch {ratio[full]['batch']:.1f} q/s, single {ratio[full]['single']:.1f} q/s;"
+            f" m={eighth}: batch {ratio[eighth]['batch']:.1f} q/s, single {ratio[eighth]['single']:.1f} q/s",
+        )
+        print(
+            f"# Flat m={eighth} vs m={full}: batch {ratio[eighth]['batch'] / ratio[full]['batch']:.2f}x,"
+            f" single {ratio[eighth]['single'] / ratio[full]['single']:.2f}x (goal >= 5x)",
+            flush=True,
         )
     print(f"# load after: {os.getloadavg()[0]:.2f}, total {time.perf_counter() - t0:.0f}s")
     if args.json:
