@@ -85,12 +85,17 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     counts = torch.tensor([len(r.captions) for r in pairs.records])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     model.text_tower.eval()
-    chunks = []
+    order = sorted(range(len(captions)), key=lambda i: len(captions[i]))  # similar lengths: little padding
+    feats = None
     for start in tqdm(range(0, len(captions), batch_size), desc="caching locked text tower", unit="batch"):
-        tokens = model.tokenize(captions[start : start + batch_size])
+        rows = order[start : start + batch_size]
+        tokens = model.tokenize([captions[i] for i in rows])
         tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
-        chunks.append(model.text_features(tokens).float().cpu())
-    result = {"features": torch.cat(chunks), "offsets": offsets}
+        out = model.text_features(tokens).float().cpu()  # (b, F)
+        if feats is None:
+            feats = torch.zeros(len(captions), out.shape[1])
+        feats[torch.tensor(rows)] = out
+    result = {"features": feats, "offsets": offsets}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result

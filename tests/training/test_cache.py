@@ -1,0 +1,33 @@
+"""Locked-tower caches hold exactly what the towers compute, in record order."""
+
+import torch
+
+from retrieval.data import load_pairs
+from retrieval.model import ModelConfig, build_model
+from training.cache import image_tower_outputs, text_tower_outputs
+
+
+def test_caches_equal_the_towers_and_are_reused(shapes_data, tmp_path):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(preset="tiny", embed_dim=16)).eval()
+    pairs = load_pairs(str(shapes_data / "val.jsonl"))
+    text = text_tower_outputs(model, pairs, "cpu", batch_size=7)  # several uneven batches, sorted by length
+    captions = [c for r in pairs.records for c in r.captions]
+    with torch.no_grad():
+        direct = model.text_features(model.tokenize(captions))
+    torch.testing.assert_close(text["features"], direct, rtol=1e-4, atol=1e-5)
+    assert text["offsets"][-1] == len(captions)
+
+    image = image_tower_outputs(model, pairs, "cpu", batch_size=5)
+    transform = model.image_transform()
+    with torch.no_grad():
+        direct = model.image_features(torch.stack([transform(r.open_image()) for r in pairs.records]))
+    torch.testing.assert_close(image["features"], direct, rtol=1e-4, atol=1e-5)
+    assert bool(image["valid"].all())
+
+    files = sorted((tmp_path / "cache" / "features").iterdir())
+    assert len(files) == 2
+    stamp = [f.stat().st_mtime_ns for f in files]
+    image_tower_outputs(model, pairs, "cpu")
+    text_tower_outputs(model, pairs, "cpu")
+    assert [f.stat().st_mtime_ns for f in files] == stamp  # read, not rewritten
