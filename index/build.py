@@ -67,6 +67,8 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     fingerprint = run_fingerprint(cfg.run)
     if old is not None:
         _check_same_run(old.manifest, cfg, fingerprint)
+    else:
+        _check_new_index(cfg, model.embed_dim)  # before the (long) embedding
     todo, already = _new_records(pairs, old)
     if not todo.records:
         return _summary(cfg, old.manifest, 0, already, pairs.skipped, started)
@@ -114,6 +116,17 @@ def _validate(cfg: IndexBuildConfig) -> None:
         raise UserError(f"{out} exists and is not a triclip index; refusing to overwrite it")
 
 
+def _check_new_index(cfg: IndexBuildConfig, dim: int) -> None:
+    m = dim if cfg.dims is None else cfg.dims
+    if m > dim:
+        raise UserError(f"--dims {m} exceeds the model's embedding dimension D={dim}")
+    if cfg.factory != "auto":
+        try:
+            fi.new_index(m, cfg.factory)
+        except ValueError as err:
+            raise UserError(f"--factory: {err}") from None
+
+
 def _check_same_run(manifest: dict, cfg: IndexBuildConfig, fingerprint: str) -> None:
     if manifest["fingerprint"] != fingerprint:
         raise UserError(
@@ -141,8 +154,6 @@ def _new_records(pairs: PairSet, old: IndexContents | None) -> tuple[PairSet, in
 def _new_transform(cfg: IndexBuildConfig, model, image_emb: torch.Tensor, text_emb: torch.Tensor | None) -> CompactTransform:
     dim = int(image_emb.shape[1])
     m = dim if cfg.dims is None else cfg.dims
-    if m > dim:
-        raise UserError(f"--dims {m} exceeds the model's embedding dimension D={dim}")
     w = model.importance().detach().float().cpu()  # (D,)
     joint = image_emb if text_emb is None else torch.cat([image_emb, text_emb])  # PCA fit data
     if cfg.ordering == "pca" and len(joint) < 2:
