@@ -163,7 +163,9 @@ def _truth(cache: dict, base: np.ndarray, queries: np.ndarray) -> np.ndarray:
     return cache[key]
 
 
-def side_by_side(base: np.ndarray, queries: np.ndarray, dims: tuple[int, int], rounds: int, batch: int, singles: int) -> dict:
+def side_by_side(
+    base: np.ndarray, queries: np.ndarray, dims: tuple[int, int], rounds: int, batch: int, singles: int
+) -> dict:
     """Flat at two m, measured in alternating rounds (load drift hits both alike); medians of the rounds."""
     indexes = {}
     for m in dims:
@@ -229,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# synthetic D={args.dim} N={args.n:,} queries={args.queries} singles={args.single}"
         f" threads={faiss.omp_get_max_threads()} OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}"
-        f" blas_threshold={faiss.cvar.distance_compute_blas_threshold} load={os.getloadavg()[0]:.2f} faiss={faiss.__version__}"
+        f" blas_threshold={faiss.cvar.distance_compute_blas_threshold}"
+        f" load={os.getloadavg()[0]:.2f} faiss={faiss.__version__}"
         f" (data {time.perf_counter() - t0:.1f}s)",
         flush=True,
     )

@@ -151,7 +151,9 @@ def _new_records(pairs: PairSet, old: IndexContents | None) -> tuple[PairSet, in
 # ---------------------------------------------------------------------------- parts
 
 
-def _new_transform(cfg: IndexBuildConfig, model, image_emb: torch.Tensor, text_emb: torch.Tensor | None) -> CompactTransform:
+def _new_transform(
+    cfg: IndexBuildConfig, model, image_emb: torch.Tensor, text_emb: torch.Tensor | None
+) -> CompactTransform:
     dim = int(image_emb.shape[1])
     m = dim if cfg.dims is None else cfg.dims
     w = model.importance().detach().float().cpu()  # (D,)

@@ -62,7 +62,9 @@ def embed_texts(model, texts: Sequence[str], device: torch.device, batch_size: i
 
 
 @torch.no_grad()
-def embed_image_files(model, paths: Sequence[str | os.PathLike], device: torch.device, batch_size: int = 64) -> torch.Tensor:
+def embed_image_files(
+    model, paths: Sequence[str | os.PathLike], device: torch.device, batch_size: int = 64
+) -> torch.Tensor:
     """Embed query images from files; UserError naming the first unreadable one. Shape: (Q, D)."""
     transform = model.image_transform(train=False)
     tensors = []

@@ -92,7 +92,11 @@ def _read_meta(file: Path) -> list[dict]:
 def _check_sizes(c: IndexContents, path: Path) -> None:
     sizes = {"manifest count": c.manifest.get("count"), "index vectors": c.image_index.ntotal, "meta lines": len(c.meta)}
     if c.text_index is not None:
-        sizes_t = {"text count": c.manifest.get("text_count"), "text vectors": c.text_index.ntotal, "text rows": len(c.text_rows)}
+        sizes_t = {
+            "text count": c.manifest.get("text_count"),
+            "text vectors": c.text_index.ntotal,
+            "text rows": len(c.text_rows),
+        }
         if len(set(sizes_t.values())) != 1:
             raise UserError(f"{path} is inconsistent: {sizes_t}")
     if len(set(sizes.values())) != 1:

@@ -32,7 +32,10 @@ def test_trained_tricl_run_indexes_and_searches(capsys, tmp_path, shapes_dir, mo
                         "--dims", 8, "--factory", factory)  # fmt: skip
         assert (summary["m"], summary["factory"]) == (8, factory)
     for query in QUERIES:
-        rows = {f: _json(capsys, "search", "--index", tmp_path / f, "--text", query, "-k", 10, "--json") for f in ("Flat", "HNSW32")}
+        rows = {
+            f: _json(capsys, "search", "--index", tmp_path / f, "--text", query, "-k", 10, "--json")
+            for f in ("Flat", "HNSW32")
+        }
         for hits in rows.values():
             assert len(hits) == 10 and all(set(h) == {"id", "image", "caption", "score"} for h in hits)
             assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
