@@ -166,6 +166,9 @@ class _ToRGB:
     def __call__(self, image):
         return image if image.mode == "RGB" else image.convert("RGB")
 
+    def __repr__(self) -> str:  # stable: part of the locked-tower cache key
+        return "ToRGB()"
+
 
 class ImageTower(nn.Module):
     """EfficientNet-Lite0 pretrained on ImageNet, classifier removed, global average pool.

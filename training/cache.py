@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -35,7 +36,8 @@ def module_hash(module: torch.nn.Module) -> str:
 
 
 def _key(*parts: str) -> str:
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+    text = re.sub(r" at 0x[0-9a-f]+", "", "\n".join(parts))  # object addresses in reprs change per process
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 @torch.no_grad()

@@ -106,9 +106,20 @@ def _spectrum(w: torch.Tensor) -> dict:
 def evaluate_run(run: str, data: str, dims=(), data_config: DataConfig | None = None, device: str | None = None) -> dict:
     """``triclip eval``: load the run, read ``data``, return the metrics (plus ``compact``)."""
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, _ = load_run(run, dev)
+    model, config = load_run(run, dev)
     pairs = load_pairs(data, data_config or DataConfig())
-    result = evaluate(model, pairs, dev, dims=dims)
+    result = evaluate(model, pairs, dev, dims=dims, cache=_locked_caches(model, config, pairs, dev))
     if pairs.skipped:
         result["skipped"] = dict(pairs.skipped)
     return result
+
+
+def _locked_caches(model, config: dict, pairs, device) -> dict:
+    """Cached outputs of the towers that the run kept locked (they are the pretrained ones)."""
+    from training.cache import image_tower_outputs, text_tower_outputs
+
+    train_cfg = config.get("train", {})
+    return {
+        "image": image_tower_outputs(model, pairs, device) if train_cfg.get("lock_image") else None,
+        "text": text_tower_outputs(model, pairs, device) if train_cfg.get("lock_text") else None,
+    }
