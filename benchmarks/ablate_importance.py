@@ -33,6 +33,13 @@ VARIANTS: dict[str, dict] = {
     "mean1_lr100_dec10": dict(
         loss="tricl", importance="softplus_mean1", importance_lr_scale=100.0, loss_options={"dec_weight": 10.0}
     ),
+    "block": dict(loss="tricl", importance_block=True, importance_lr_scale=10.0),
+    "mean1_block": dict(loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=10.0),
+    "mean1_block100": dict(loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=100.0),
+    "mean1_block100_dec10": dict(
+        loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=100.0,
+        loss_options={"dec_weight": 10.0},
+    ),
 }
 
 

@@ -31,6 +31,7 @@ from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
 from training.evaluate import evaluate
+from training.optim import AdamW
 
 
 @dataclass
@@ -44,6 +45,7 @@ class TrainConfig:
     head: str = "linear"  # projection heads: linear or mlp
     importance: str = "softplus"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
     importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
+    importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "tricl"  # objective name (retrieval.losses)
     loss_options: dict = field(default_factory=dict)  # keyword options of the objective
     epochs: int = 1
@@ -95,7 +97,12 @@ def train(cfg: TrainConfig) -> dict:
     steps_per_epoch = source.batches_per_epoch()
     total_steps = min(steps_per_epoch * cfg.epochs, cfg.max_steps or math.inf)
     optimizer = _make_optimizer(
-        model, loss_fn, cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4), cfg.weight_decay, cfg.importance_lr_scale
+        model,
+        loss_fn,
+        cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4),
+        cfg.weight_decay,
+        cfg.importance_lr_scale,
+        cfg.importance_block,
     )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, int(0.05 * total_steps))
     base_lrs = [g["lr"] for g in optimizer.param_groups]
@@ -202,9 +209,16 @@ def _train_step(step_module, batch, optimizer, model: DualEncoder, grad_clip: fl
     return {k: float(v.detach()) for k, v in terms.items()}
 
 
-def _make_optimizer(model: DualEncoder, loss_fn: torch.nn.Module, lr: float, weight_decay: float, importance_lr_scale: float = 1.0):
+def _make_optimizer(
+    model: DualEncoder,
+    loss_fn: torch.nn.Module,
+    lr: float,
+    weight_decay: float,
+    importance_lr_scale: float = 1.0,
+    importance_block: bool = False,
+) -> AdamW:
     """AdamW; weight decay only on weight matrices (not the logit scale, importance, norms, biases);
-    the importance parameter theta in a group of its own with ``lr * importance_lr_scale``."""
+    the importance parameter theta in a group of its own (``lr * importance_lr_scale``, ``block``)."""
     decay, no_decay = [], []
     for module in (model, loss_fn):
         for _, p in module.named_parameters():
@@ -212,8 +226,9 @@ def _make_optimizer(model: DualEncoder, loss_fn: torch.nn.Module, lr: float, wei
                 (decay if p.ndim >= 2 else no_decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     if model.theta.requires_grad:
-        groups.append({"params": [model.theta], "weight_decay": 0.0, "lr": lr * importance_lr_scale})
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
+        theta_group = {"params": [model.theta], "weight_decay": 0.0, "lr": lr * importance_lr_scale}
+        groups.append({**theta_group, "block": importance_block})
+    return AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
 
 
 def _lr_scale(step: int, warmup: int, total: float) -> float:
