@@ -129,6 +129,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         importance=ns.importance,
         importance_lr_scale=ns.importance_lr_scale,
         importance_block=ns.importance_block,
+        tower_lr_scale=ns.tower_lr_scale,
         device=ns.device,
         data=_data_config(ns),
     )
@@ -234,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--importance", default="softplus", help="how w is made from theta: softplus, softplus_mean1")
     p.add_argument("--importance-lr-scale", type=float, default=1.0, help="theta's lr as a multiple of --lr")
     p.add_argument("--importance-block", action="store_true", help="one Adam second moment for all of theta")
+    p.add_argument("--tower-lr-scale", type=float, default=1.0, help="unlocked towers' lr as a multiple of --lr")
     p.add_argument("--out", required=True)
     p.add_argument("--resume", action="store_true")
     p.add_argument("--lock-image", action="store_true")

@@ -45,6 +45,7 @@ class TrainConfig:
     head: str = "linear"  # projection heads: linear or mlp
     importance: str = "softplus"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
     importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
+    tower_lr_scale: float = 1.0  # unlocked towers' learning rate = lr * this (pretrained towers: < 1)
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "tricl"  # objective name (retrieval.losses)
     loss_options: dict = field(default_factory=dict)  # keyword options of the objective
@@ -103,6 +104,7 @@ def train(cfg: TrainConfig) -> dict:
         cfg.weight_decay,
         cfg.importance_lr_scale,
         cfg.importance_block,
+        cfg.tower_lr_scale,
     )
     warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, int(0.05 * total_steps))
     base_lrs = [g["lr"] for g in optimizer.param_groups]
@@ -216,18 +218,27 @@ def _make_optimizer(
     weight_decay: float,
     importance_lr_scale: float = 1.0,
     importance_block: bool = False,
-) -> AdamW:
+    tower_lr_scale: float = 1.0,
+) -> torch.optim.Optimizer:
     """AdamW; weight decay only on weight matrices (not the logit scale, importance, norms, biases);
-    the importance parameter theta in a group of its own (``lr * importance_lr_scale``, ``block``)."""
-    decay, no_decay = [], []
+    tower parameters at ``lr * tower_lr_scale``; the importance parameter theta in a group of its
+    own (``lr * importance_lr_scale``, ``block``)."""
+    split: dict[tuple[bool, bool], list] = {(d, t): [] for d in (True, False) for t in (False, True)}
     for module in (model, loss_fn):
-        for _, p in module.named_parameters():
+        for name, p in module.named_parameters():
             if p.requires_grad and p is not model.theta:
-                (decay if p.ndim >= 2 else no_decay).append(p)
-    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+                tower = module is model and name.startswith(("image_tower.", "text_tower."))
+                split[(p.ndim >= 2, tower)].append(p)
+    groups = [
+        {"params": ps, "weight_decay": weight_decay if decay else 0.0, "lr": lr * (tower_lr_scale if tower else 1.0)}
+        for (decay, tower), ps in split.items()
+        if ps
+    ]
     if model.theta.requires_grad:
         theta_group = {"params": [model.theta], "weight_decay": 0.0, "lr": lr * importance_lr_scale}
         groups.append({**theta_group, "block": importance_block})
+    if not any(g.get("block") for g in groups):  # same math as ours, one fused kernel (benchmarks/bench_train.py)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6, fused=True)
     return AdamW(groups, lr=lr, betas=(0.9, 0.98), eps=1e-6)
 
 
