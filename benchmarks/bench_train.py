@@ -5,7 +5,7 @@
 
 Defaults (a few minutes on 2 idle cores): tiny 30 timed steps per trainer in rounds of 3
 after 5 warm-up steps; lite 4 steps in rounds of 1 after 1 (a lite step trains
-EfficientNet-Lite0 at 224 px and MiniLM: ~15 s at batch 64); data: a temporary
+EfficientNet-Lite0 at 224 px and MiniLM: ~8 s at batch 64); data: a temporary
 ``shapes`` set of 400 images.
 
 For each preset one DualEncoder is built and copied, so both trainers start from the
@@ -74,7 +74,7 @@ class Plan:
     warmup: int  # untimed steps per trainer first
 
 
-# on 2 CPU cores a tiny step takes ~0.3 s, a lite step (224 px EfficientNet + MiniLM, both training) ~15 s
+# on 2 idle CPU cores a tiny step takes ~0.2 s, a lite step (224 px EfficientNet + MiniLM, both training) ~8 s
 DEFAULT_PLANS = {"tiny": Plan(30, 3, 5), "lite": Plan(4, 1, 1)}
 OTHER_PLAN = Plan(6, 1, 1)  # open_clip architectures
 CACHE_PLAN = Plan(6, 1, 1)  # (C): cached steps take milliseconds, uncached ones run the towers forward
