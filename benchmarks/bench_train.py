@@ -4,7 +4,7 @@
         [--round-steps N] [--data DIR] [--workers N] [--threads N] [--cache-preset lite|none]
 
 Defaults (a few minutes on 2 idle cores): tiny 30 timed steps per trainer in rounds of 3
-after 5 warm-up steps; lite 4 steps in rounds of 1 after 1 (a lite step trains
+after 5 warm-up steps; lite 6 steps in rounds of 1 after 1 (a lite step trains
 EfficientNet-Lite0 at 224 px and MiniLM: ~8 s at batch 64); data: a temporary
 ``shapes`` set of 400 images.
 
@@ -75,7 +75,7 @@ class Plan:
 
 
 # on 2 idle CPU cores a tiny step takes ~0.2 s, a lite step (224 px EfficientNet + MiniLM, both training) ~8 s
-DEFAULT_PLANS = {"tiny": Plan(30, 3, 5), "lite": Plan(4, 1, 1)}
+DEFAULT_PLANS = {"tiny": Plan(30, 3, 5), "lite": Plan(6, 1, 1)}
 OTHER_PLAN = Plan(6, 1, 1)  # open_clip architectures
 CACHE_PLAN = Plan(6, 1, 1)  # (C): cached steps take milliseconds, uncached ones run the towers forward
 
@@ -493,7 +493,7 @@ def parse_args(argv: Sequence[str] | None) -> BenchConfig:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--presets", nargs="*", default=["tiny", "lite"], help="model presets for the triclip/open_clip rows")
     p.add_argument("--batch", type=int, default=64, help="batch size")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per trainer (default per preset: tiny 30, lite 4)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per trainer (default per preset: tiny 30, lite 6)")
     p.add_argument("--round-steps", type=int, default=None, help="steps per interleaved round (default: tiny 3, lite 1)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps per trainer first (default: tiny 5, lite 1)")
     p.add_argument("--data", default=None, help="training manifest or folder with train.jsonl (default: a temporary shapes set)")

@@ -83,7 +83,7 @@ def test_pack_tokens_round_trip():
 def test_plans_and_bad_settings():
     cfg = BenchConfig(steps=10, round_steps=3)
     assert cfg.plan("tiny") == Plan(9, 3, 5)  # a whole number of rounds
-    assert BenchConfig().plan("lite") == Plan(4, 1, 1)
+    assert BenchConfig().plan("lite") == Plan(6, 1, 1)
     assert BenchConfig(warmup=0, cache_steps=2).cache_plan() == Plan(2, 1, 0)
     for bad in ({"batch": 1}, {"steps": 0}, {"warmup": -1}, {"presets": [], "cache_preset": None}):
         with pytest.raises(ValueError):
