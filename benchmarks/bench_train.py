@@ -434,9 +434,8 @@ def trainer_table(results: dict[str, Pair]) -> str:
         "|---|---:|---:|---:|---:|---:|",
     ]
     for preset, p in results.items():
-        rows.append(
-            f"| {preset} | {p.rate(0):.1f} | {p.rate(1):.1f} | {p.ratio():.2f} | {p.paired_ratio():.2f} | {p.ratio(best=True):.2f} |"
-        )
+        ratios = f"{p.ratio():.2f} | {p.paired_ratio():.2f} | {p.ratio(best=True):.2f}"
+        rows.append(f"| {preset} | {p.rate(0):.1f} | {p.rate(1):.1f} | {ratios} |")
     return "\n".join(rows)
 
 
@@ -465,7 +464,10 @@ def cache_table(preset: str, result: CacheResult) -> str:
 
 def _describe(plan: Plan) -> str:
     rounds = plan.steps // plan.round_steps
-    return f"{plan.steps} timed steps per trainer in {rounds} interleaved rounds of {plan.round_steps}, after {plan.warmup} warm-up steps"
+    return (
+        f"{plan.steps} timed steps per trainer in {rounds} interleaved rounds of {plan.round_steps}, "
+        f"after {plan.warmup} warm-up steps"
+    )
 
 
 def load_training_pairs(cfg: BenchConfig, scratch: str) -> PairSet:
