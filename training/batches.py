@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.data import PairDataset, collate_pairs
-from training.cache import image_tower_outputs, text_tower_outputs
+from training.cache import locked_tower_outputs
 
 
 @dataclass
@@ -42,8 +42,8 @@ class BatchSource:
         self.model, self.pairs, self.seed, self.device = model, pairs, seed, device
         self.global_batch, self.workers = global_batch, workers
         self.image_locked, self.text_locked = getattr(model, "_locked", (False, False))
-        self.image_cache = image_tower_outputs(model, pairs, device, workers=workers) if self.image_locked else None
-        self.text_cache = text_tower_outputs(model, pairs, device) if self.text_locked else None
+        caches = locked_tower_outputs(model, pairs, device, workers)
+        self.image_cache, self.text_cache = caches["image"], caches["text"]
         valid = self.image_cache["valid"] if self.image_cache else torch.ones(len(pairs.records), dtype=torch.bool)
         self.indices = valid.nonzero().squeeze(1)  # (N_valid,)
         self.dataset = PairDataset(pairs, model.image_transform(train=True), train=True, seed=seed)
@@ -94,10 +94,3 @@ class BatchSource:
         if isinstance(tokens, dict):
             return {k: v.to(self.device) for k, v in tokens.items()}
         return tokens.to(self.device)
-
-    def eval_cache(self, pairs) -> dict:
-        """Locked-tower outputs for evaluation data (``None`` for an unlocked tower)."""
-        return {
-            "image": image_tower_outputs(self.model, pairs, self.device, workers=self.workers) if self.image_locked else None,
-            "text": text_tower_outputs(self.model, pairs, self.device) if self.text_locked else None,
-        }

@@ -101,3 +101,13 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
+
+
+def locked_tower_outputs(model, pairs, device, workers: int = 0) -> dict:
+    """``{"image": ..., "text": ...}``: the cached outputs of the towers that ``model`` keeps
+    locked (``None`` for an unlocked tower)."""
+    image_locked, text_locked = getattr(model, "_locked", (False, False))
+    return {
+        "image": image_tower_outputs(model, pairs, device, workers=workers) if image_locked else None,
+        "text": text_tower_outputs(model, pairs, device) if text_locked else None,
+    }

@@ -48,7 +48,7 @@ def save_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
     tmp = run / f".{CHECKPOINT}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_file({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, str(tmp / MODEL))
+    shutil.copyfile(run / MODEL, tmp / MODEL)  # the same weights, not serialised twice
     opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
     for name, module in extra.items():
         opt_tensors.update({f"extra.{name}.{k}": v.detach().contiguous().cpu() for k, v in module.state_dict().items()})

@@ -16,6 +16,7 @@ from retrieval.compact import compact_curve
 from retrieval.data import DataConfig, PairDataset, collate_pairs, load_pairs
 from retrieval.errors import UserError
 from retrieval.metrics import align_uniform, class_map, retrieval_recall
+from training.cache import locked_tower_outputs
 from training.checkpoint import load_run
 
 ORDERINGS = ("importance", "first", "random", "pca")
@@ -108,18 +109,10 @@ def evaluate_run(run: str, data: str, dims=(), data_config: DataConfig | None = 
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     model, config = load_run(run, dev)
     pairs = load_pairs(data, data_config or DataConfig())
-    result = evaluate(model, pairs, dev, dims=dims, cache=_locked_caches(model, config, pairs, dev))
+    train_cfg = config.get("train", {})
+    model.lock(image=bool(train_cfg.get("lock_image")), text=bool(train_cfg.get("lock_text")))  # as trained
+    result = evaluate(model, pairs, dev, dims=dims, cache=locked_tower_outputs(model, pairs, dev))
     if pairs.skipped:
         result["skipped"] = dict(pairs.skipped)
     return result
 
-
-def _locked_caches(model, config: dict, pairs, device) -> dict:
-    """Cached outputs of the towers that the run kept locked (they are the pretrained ones)."""
-    from training.cache import image_tower_outputs, text_tower_outputs
-
-    train_cfg = config.get("train", {})
-    return {
-        "image": image_tower_outputs(model, pairs, device) if train_cfg.get("lock_image") else None,
-        "text": text_tower_outputs(model, pairs, device) if train_cfg.get("lock_text") else None,
-    }

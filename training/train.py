@@ -30,6 +30,7 @@ from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
+from training.cache import locked_tower_outputs
 from training.evaluate import evaluate
 from training.optim import AdamW
 
@@ -155,7 +156,7 @@ def train(cfg: TrainConfig) -> dict:
         bar.close()
         epoch_done = done >= steps_per_epoch
         if rank == 0 and val_pairs is not None:
-            last_eval = evaluate(model, val_pairs, device, batch_size=cfg.eval_batch_size, cache=source.eval_cache(val_pairs))
+            last_eval = evaluate(model, val_pairs, device, batch_size=cfg.eval_batch_size, cache=locked_tower_outputs(model, val_pairs, device, cfg.workers))
             record = {"epoch": epoch + 1, "step": step, **last_eval}
             ckpt.append_metrics(run, record)
             if writer:
