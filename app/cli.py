@@ -126,7 +126,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
         max_steps=ns.max_steps,
         embed_dim=ns.embed_dim,
         head=ns.head,
+        text_max_length=ns.text_max_length,
         importance=ns.importance,
+        importance_spread=ns.importance_spread,
         importance_lr_scale=ns.importance_lr_scale,
         importance_block=ns.importance_block,
         tower_lr_scale=ns.tower_lr_scale,
@@ -232,7 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--embed-dim", type=int, default=None, help="embedding dimension D (default: per preset)")
     p.add_argument("--head", default="linear", choices=["linear", "mlp"], help="projection heads")
+    p.add_argument(
+        "--text-max-length", type=int, default=None, help="lite: caption tokens kept (default 256; 64 saves memory)"
+    )
     p.add_argument("--importance", default="softplus", help="how w is made from theta: softplus, softplus_mean1")
+    p.add_argument(
+        "--importance-spread", type=float, default=1.0, help="w starts as a ramp from 1 to 1/SPREAD (1: all ones)"
+    )
     p.add_argument("--importance-lr-scale", type=float, default=1.0, help="theta's lr as a multiple of --lr")
     p.add_argument("--importance-block", action="store_true", help="one Adam second moment for all of theta")
     p.add_argument("--tower-lr-scale", type=float, default=1.0, help="unlocked towers' lr as a multiple of --lr")

@@ -40,6 +40,25 @@ VARIANTS: dict[str, dict] = {
         loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=100.0,
         loss_options={"dec_weight": 10.0},
     ),
+    # Symmetry breaking: w starts as a ramp 1 ... 1/100, so the heads learn where to put what matters.
+    "mean1_spread100": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=100.0, loss_options={"dec_weight": 1.0}
+    ),
+    "mean1_spread100_dec10": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=100.0, loss_options={"dec_weight": 10.0}
+    ),
+    "mean1_spread100_lr100_dec10": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=100.0, importance_lr_scale=100.0,
+        loss_options={"dec_weight": 10.0},
+    ),
+    # Cosine of sqrt(w) * z in the loss, as the top-m embedding scores: w cannot act as a temperature.
+    "renorm_dec10": dict(loss="tricl", loss_options={"dec_weight": 10.0, "renormalize": True}),
+    "renorm_lr100_dec10": dict(
+        loss="tricl", importance_lr_scale=100.0, loss_options={"dec_weight": 10.0, "renormalize": True}
+    ),
+    "renorm_spread100_dec10": dict(
+        loss="tricl", importance_spread=100.0, loss_options={"dec_weight": 10.0, "renormalize": True}
+    ),
 }
 
 

@@ -38,8 +38,10 @@ class ModelConfig:
     embed_dim: int | None = None  # D, the embedding size after the heads (None: per preset)
     head: str = "linear"  # projection head: linear or mlp
     importance: str = "softplus"  # how w is made from theta: see IMPORTANCE_FORMS
+    importance_spread: float = 1.0  # w starts as a geometric ramp from 1 down to 1/spread (1: all ones)
     init_temperature: float = 0.07  # initial 1 / logit scale (CLIP)
     image_size: int | None = None  # input resolution (None: per preset)
+    text_max_length: int | None = None  # lite: captions truncated to this many tokens (None: 256)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -63,6 +65,21 @@ IMPORTANCE_FORMS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "softplus": _softplus,  # the paper: w = softplus(theta)
     "softplus_mean1": _softplus_mean1,  # softplus normalised to mean 1
 }
+
+
+def initial_theta(dim: int, spread: float = 1.0) -> torch.Tensor:
+    """``theta`` (D,) with ``softplus(theta)`` a geometric ramp from 1 down to ``1/spread``.
+
+    ``spread=1`` is the paper's start (w = 1 everywhere: every ordering of the dimensions
+    is equally good, and only noise can break the tie). ``spread > 1`` breaks the symmetry
+    from step 0, so the heads learn to put what matters most where w is largest.
+    """
+    if not spread >= 1.0:
+        raise UserError(f"importance spread must be >= 1, got {spread}")
+    if spread == 1.0:
+        return torch.full((dim,), _SOFTPLUS_ONE)
+    w = torch.logspace(0.0, -math.log10(spread), dim, dtype=torch.float64)  # 1 ... 1/spread
+    return torch.log(torch.expm1(w)).float()  # softplus^-1
 
 
 # ---------------------------------------------------------------------------- model
@@ -99,7 +116,7 @@ class DualEncoder(nn.Module):
         self.image_head = _make_head(config.head, image_dim, D)
         self.text_head = _make_head(config.head, text_dim, D)
         self.logit_scale_param = nn.Parameter(torch.tensor(math.log(1.0 / config.init_temperature)))
-        self.theta = nn.Parameter(torch.full((D,), _SOFTPLUS_ONE))  # w starts at 1 everywhere
+        self.theta = nn.Parameter(initial_theta(D, config.importance_spread))
         self._transform = image_transform
         self._importance_fn = IMPORTANCE_FORMS[config.importance]
 
@@ -236,7 +253,7 @@ def _build_lite(cfg: ModelConfig) -> DualEncoder:
     from retrieval.towers import ImageTower, TextTower
 
     image_tower = ImageTower()
-    text_tower = TextTower()
+    text_tower = TextTower(max_length=cfg.text_max_length)
     cfg.embed_dim = cfg.embed_dim or 256
     return DualEncoder(
         image_tower,
@@ -286,5 +303,7 @@ def build_model(cfg: ModelConfig) -> DualEncoder:
     """Build a DualEncoder from its config (fills ``cfg.embed_dim`` when None)."""
     if cfg.pretrained and cfg.preset in PRESETS:
         raise UserError(f"--pretrained applies to open_clip architectures, not to the {cfg.preset!r} preset")
+    if cfg.text_max_length is not None and cfg.preset != "lite":
+        raise UserError("--text-max-length applies to the lite preset (other text towers have a fixed context length)")
     builder = PRESETS.get(cfg.preset, _build_open_clip)
     return builder(cfg)

@@ -79,7 +79,8 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
-    key = _key("text", module_hash(model.text_tower), pairs.fingerprint)
+    max_length = getattr(model.text_tower, "max_length", None)  # truncation changes the outputs
+    key = _key("text", module_hash(model.text_tower), f"max_length={max_length}", pairs.fingerprint)
     path = cache_dir() / f"text-{key}.safetensors"
     if path.exists():
         return load_file(str(path))

@@ -44,7 +44,9 @@ class TrainConfig:
     pretrained: str | None = None  # open_clip pretrained tag
     embed_dim: int | None = None  # D (None: per preset)
     head: str = "linear"  # projection heads: linear or mlp
+    text_max_length: int | None = None  # lite: caption tokens kept (None: 256; 64 bounds memory when the text tower trains)
     importance: str = "softplus"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
+    importance_spread: float = 1.0  # w starts as a ramp from 1 to 1/spread (retrieval.model.initial_theta)
     importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
     tower_lr_scale: float = 1.0  # unlocked towers' learning rate = lr * this (pretrained towers: < 1)
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
@@ -84,7 +86,13 @@ def train(cfg: TrainConfig) -> dict:
     train_pairs = load_pairs(cfg.train_data, cfg.data)
     val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
     model_cfg = ModelConfig(
-        preset=cfg.model, pretrained=cfg.pretrained, embed_dim=cfg.embed_dim, head=cfg.head, importance=cfg.importance
+        preset=cfg.model,
+        pretrained=cfg.pretrained,
+        embed_dim=cfg.embed_dim,
+        head=cfg.head,
+        importance=cfg.importance,
+        importance_spread=cfg.importance_spread,
+        text_max_length=cfg.text_max_length,
     )
     model = build_model(model_cfg).to(device)
     model.lock(image=cfg.lock_image, text=cfg.lock_text)
@@ -276,6 +284,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise UserError(f"--batch-size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
+    if cfg.text_max_length is not None and cfg.text_max_length < 2:
+        raise UserError(f"--text-max-length must be >= 2 ([CLS] and [SEP]), got {cfg.text_max_length}")
     for path in (cfg.train_data, cfg.val_data):
         if path and not path.startswith("hf:") and not _source_exists(path):
             raise UserError(f"no such data source: {path}")

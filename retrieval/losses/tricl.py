@@ -71,8 +71,11 @@ class TriCLConfig:
 
     dec_weight: float = 1.0  # weight of decorrelation_loss (>= 0); the term is ~1/B if uniform, ~1 if collapsed
     tau_plus: float = 0.0  # > 0: debiased correction (Chuang et al.) on the tri-factor logits, [0, 1)
+    renormalize: bool = False  # True: cosine of sqrt(w) * I and sqrt(w) * T (as the top-m embedding scores)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.renormalize, bool):
+            raise ValueError(f"renormalize must be a bool, got {self.renormalize!r}")
         self.dec_weight = non_negative("dec_weight", self.dec_weight)
         self.tau_plus = tau_plus_value(self.tau_plus)
 
@@ -101,6 +104,10 @@ class TriCLLoss(PairLoss):
 
     def terms(self, image, text, scale, importance):
         logits = (image * (importance * scale)) @ text.t()  # (B, B)
+        if self.config.renormalize:  # divide by ||sqrt(w) I_i|| ||sqrt(w) T_j||
+            image_norm = (image.square() @ importance).sqrt()  # (B,)
+            text_norm = (text.square() @ importance).sqrt()  # (B,)
+            logits = logits / image_norm[:, None] / text_norm[None, :]
         if self.config.tau_plus > 0:
             contrastive = debiased_infonce(logits, scale, self.config.tau_plus)
         else:

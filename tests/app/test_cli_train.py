@@ -61,6 +61,7 @@ def test_eval_json_has_the_spec_keys_and_the_compact_curve(trained, capsys):
         (["train", "--train-data", "/no/such.jsonl", "--out", "/tmp/x"], "no such data source"),
         (["train", "--train-data", "x", "--out", "y", "--epochs", "zero"], "invalid int value"),
         (["eval", "--run", "r", "--data", "d", "--dims", "4,a"], "--dims"),
+        (["train", "--train-data", "x", "--out", "y", "--text-max-length", "1"], "--text-max-length must be >= 2"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):

@@ -31,7 +31,7 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_registry_has_the_eight_objectives():
     assert sorted(ALL) == available_losses()
     assert loss_options("debiased") == {"tau_plus": 0.1}
-    assert loss_options("tricl") == {"dec_weight": 1.0, "tau_plus": 0.0}
+    assert loss_options("tricl") == {"dec_weight": 1.0, "tau_plus": 0.0, "renormalize": False}
     assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard"}
 
 
@@ -119,6 +119,26 @@ def test_tricl_with_unit_importance_and_no_decorrelation_is_infonce_or_debiased(
     base = build_loss("debiased", tau_plus=tau) if tau else build_loss("infonce")
     want = base(image, text, 30.0)["contrastive_loss"]
     torch.testing.assert_close(tri["contrastive_loss"], want, rtol=1e-14, atol=1e-14)
+
+
+def test_tricl_renormalize_is_the_cosine_of_weighted_features_and_ignores_the_scale_of_w():
+    image, text, w = _features(9, 5, dtype=torch.float64)
+    loss = build_loss("tricl", dec_weight=0.0, renormalize=True)
+    got = loss(image, text, 20.0, w)["contrastive_loss"]
+    logits = torch.empty(9, 9, dtype=torch.float64)
+    for i in range(9):  # a slow loop: cosine of sqrt(w) * I_i and sqrt(w) * T_j
+        for j in range(9):
+            a, b = w.sqrt() * image[i], w.sqrt() * text[j]
+            logits[i, j] = 20.0 * (a @ b) / (a.norm() * b.norm())
+    labels = torch.arange(9)
+    want = 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(loss(image, text, 20.0, 7.0 * w)["contrastive_loss"], got, rtol=1e-12, atol=1e-12)
+    ones = torch.ones(5, dtype=torch.float64)  # unit w on unit features: the plain tri-factor logits
+    plain = build_loss("tricl", dec_weight=0.0)(image, text, 20.0, ones)["contrastive_loss"]
+    torch.testing.assert_close(loss(image, text, 20.0, ones)["contrastive_loss"], plain, rtol=1e-12, atol=1e-12)
+    got.backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
 
 
 @pytest.mark.parametrize("name", ALL)

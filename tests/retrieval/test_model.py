@@ -7,7 +7,7 @@ import torch
 from PIL import Image
 
 from retrieval.errors import UserError
-from retrieval.model import IMPORTANCE_FORMS, MAX_LOGIT_SCALE, ModelConfig, build_model
+from retrieval.model import IMPORTANCE_FORMS, MAX_LOGIT_SCALE, ModelConfig, build_model, initial_theta
 
 
 @pytest.fixture(scope="module")
@@ -79,3 +79,23 @@ def test_open_clip_architecture_from_scratch():
     assert model.embed_dim == 8
     z = model.encode_text(["hello"])
     assert z.shape == (1, 8)
+
+
+def test_text_max_length_truncates_lite_captions_and_is_refused_elsewhere():
+    model = build_model(ModelConfig(preset="lite", embed_dim=8, text_max_length=12))
+    tokens = model.tokenize(["word " * 100, "short"])
+    assert tokens["input_ids"].shape == (2, 12)
+    assert model.text_tower.max_length == 12
+    with pytest.raises(UserError, match="lite preset"):
+        build_model(ModelConfig(preset="tiny", text_max_length=12))
+
+
+def test_importance_spread_starts_w_as_a_geometric_ramp():
+    w = torch.nn.functional.softplus(initial_theta(5, spread=100.0))
+    torch.testing.assert_close(w, torch.tensor([1.0, 10**-0.5, 0.1, 10**-1.5, 0.01]), rtol=1e-5, atol=0)
+    torch.testing.assert_close(torch.nn.functional.softplus(initial_theta(4)), torch.ones(4))
+    model = build_model(ModelConfig(preset="tiny", embed_dim=8, importance="softplus_mean1", importance_spread=10.0))
+    w = model.importance()
+    assert torch.isclose(w.mean(), torch.tensor(1.0)) and bool((w[:-1] > w[1:]).all())
+    with pytest.raises(UserError, match="spread must be >= 1"):
+        initial_theta(4, spread=0.5)

@@ -31,3 +31,13 @@ def test_caches_equal_the_towers_and_are_reused(shapes_data, tmp_path):
     image_tower_outputs(model, pairs, "cpu")
     text_tower_outputs(model, pairs, "cpu")
     assert [f.stat().st_mtime_ns for f in files] == stamp  # read, not rewritten
+
+
+def test_text_cache_key_includes_the_caption_length_cap(shapes_data, tmp_path):
+    pairs = load_pairs(str(shapes_data / "val.jsonl"))
+    outputs = {}
+    for cap in (4, 64):
+        model = build_model(ModelConfig(preset="lite", embed_dim=8, text_max_length=cap)).eval()
+        outputs[cap] = text_tower_outputs(model, pairs, "cpu")["features"]
+    assert len(list((tmp_path / "cache" / "features").iterdir())) == 2  # one file per cap, no stale read
+    assert not torch.allclose(outputs[4], outputs[64])  # 4 tokens cut the shapes captions short
