@@ -237,9 +237,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--text-max-length", type=int, default=None, help="lite: caption tokens kept (default 256; 64 saves memory)"
     )
-    p.add_argument("--importance", default="softplus", help="how w is made from theta: softplus, softplus_mean1")
     p.add_argument(
-        "--importance-spread", type=float, default=1.0, help="w starts as a ramp from 1 to 1/SPREAD (1: all ones)"
+        "--importance", default="softplus_mean1", help="how w is made from theta: softplus_mean1 (default), softplus"
+    )
+    p.add_argument(
+        "--importance-spread",
+        type=float,
+        default=None,
+        help="w starts as a ramp from 1 to 1/SPREAD (default: 100 for tricl; 1: all ones, the paper)",
     )
     p.add_argument("--importance-lr-scale", type=float, default=1.0, help="theta's lr as a multiple of --lr")
     p.add_argument("--importance-block", action="store_true", help="one Adam second moment for all of theta")

@@ -22,9 +22,13 @@ from pathlib import Path
 from training.evaluate import evaluate_run
 from training.train import TrainConfig, train
 
-# name -> TrainConfig overrides. "naive" is a straight port of the paper's loss.
+# Every variant starts from the paper's importance (w = softplus(theta), all ones at the start).
+PAPER = dict(importance="softplus", importance_spread=1.0)
+
+# name -> TrainConfig overrides of PAPER. "naive" is a straight port of the paper's loss.
 VARIANTS: dict[str, dict] = {
     "infonce": dict(loss="infonce"),
+    "infonce_mlp": dict(loss="infonce", head="mlp"),
     "naive": dict(loss="tricl", loss_options={"dec_weight": 1.0}),
     "dec10": dict(loss="tricl", loss_options={"dec_weight": 10.0}),
     "mean1": dict(loss="tricl", importance="softplus_mean1", loss_options={"dec_weight": 1.0}),
@@ -33,9 +37,15 @@ VARIANTS: dict[str, dict] = {
     "mean1_lr100_dec10": dict(
         loss="tricl", importance="softplus_mean1", importance_lr_scale=100.0, loss_options={"dec_weight": 10.0}
     ),
-    "block": dict(loss="tricl", importance_block=True, importance_lr_scale=10.0),
-    "mean1_block": dict(loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=10.0),
-    "mean1_block100": dict(loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=100.0),
+    "block": dict(loss="tricl", importance_block=True, importance_lr_scale=10.0, loss_options={"dec_weight": 1.0}),
+    "mean1_block": dict(
+        loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=10.0,
+        loss_options={"dec_weight": 1.0},
+    ),
+    "mean1_block100": dict(
+        loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=100.0,
+        loss_options={"dec_weight": 1.0},
+    ),
     "mean1_block100_dec10": dict(
         loss="tricl", importance="softplus_mean1", importance_block=True, importance_lr_scale=100.0,
         loss_options={"dec_weight": 10.0},
@@ -46,6 +56,20 @@ VARIANTS: dict[str, dict] = {
     ),
     "mean1_spread100_dec10": dict(
         loss="tricl", importance="softplus_mean1", importance_spread=100.0, loss_options={"dec_weight": 10.0}
+    ),
+    "mean1_spread10_dec10": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=10.0, loss_options={"dec_weight": 10.0}
+    ),
+    "mean1_spread1000_dec10": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=1000.0, loss_options={"dec_weight": 10.0}
+    ),
+    "mean1_spread100_dec10_mlp": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=100.0, head="mlp", loss_options={"dec_weight": 10.0}
+    ),
+    "naive_mlp": dict(loss="tricl", head="mlp", loss_options={"dec_weight": 1.0}),
+    "mean1_dec10_mlp": dict(loss="tricl", importance="softplus_mean1", head="mlp", loss_options={"dec_weight": 10.0}),
+    "mean1_spread100_mlp": dict(
+        loss="tricl", importance="softplus_mean1", importance_spread=100.0, head="mlp", loss_options={"dec_weight": 1.0}
     ),
     "mean1_spread100_lr100_dec10": dict(
         loss="tricl", importance="softplus_mean1", importance_spread=100.0, importance_lr_scale=100.0,
@@ -97,7 +121,7 @@ def run_variant(cfg: AblationConfig, name: str) -> dict:
                 lock_image=cfg.lock,
                 lock_text=cfg.lock,
                 seed=cfg.seed,
-                **VARIANTS[name],
+                **{**PAPER, **VARIANTS[name]},
             )
         )
     return evaluate_run(str(run), str(data / "val.jsonl"), dims=cfg.dims)

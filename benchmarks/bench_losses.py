@@ -25,9 +25,9 @@ from retrieval.losses import build_loss
 OBJECTIVES: list[tuple[str, str, dict]] = [
     ("infonce", "infonce", {}),
     ("debiased (tau_plus=0.1)", "debiased", {}),
-    ("tricl (dec_weight=1)", "tricl", {}),
+    ("tricl (dec_weight=1)", "tricl", {"dec_weight": 1.0}),
     ("tricl (dec_weight=0)", "tricl", {"dec_weight": 0.0}),
-    ("tricl (dec_weight=1, tau_plus=0.1)", "tricl", {"tau_plus": 0.1}),
+    ("tricl (dec_weight=1, tau_plus=0.1)", "tricl", {"dec_weight": 1.0, "tau_plus": 0.1}),
     ("hard_negative", "hard_negative", {}),
     ("align_uniform", "align_uniform", {}),
     ("contrastive", "contrastive", {}),

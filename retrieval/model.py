@@ -37,7 +37,7 @@ class ModelConfig:
     pretrained: str | None = None  # open_clip pretrained tag (weights must be reachable)
     embed_dim: int | None = None  # D, the embedding size after the heads (None: per preset)
     head: str = "linear"  # projection head: linear or mlp
-    importance: str = "softplus"  # how w is made from theta: see IMPORTANCE_FORMS
+    importance: str = "softplus_mean1"  # how w is made from theta: see IMPORTANCE_FORMS
     importance_spread: float = 1.0  # w starts as a geometric ramp from 1 down to 1/spread (1: all ones)
     init_temperature: float = 0.07  # initial 1 / logit scale (CLIP)
     image_size: int | None = None  # input resolution (None: per preset)

@@ -45,8 +45,8 @@ class TrainConfig:
     embed_dim: int | None = None  # D (None: per preset)
     head: str = "linear"  # projection heads: linear or mlp
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256; 64 bounds memory when the text tower trains)
-    importance: str = "softplus"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
-    importance_spread: float = 1.0  # w starts as a ramp from 1 to 1/spread (retrieval.model.initial_theta)
+    importance: str = "softplus_mean1"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
+    importance_spread: float | None = None  # w starts as a ramp 1 ... 1/spread (None: DEFAULT_SPREAD if trained, else 1)
     importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
     tower_lr_scale: float = 1.0  # unlocked towers' learning rate = lr * this (pretrained towers: < 1)
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
@@ -72,6 +72,7 @@ class TrainConfig:
 
 
 DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4}  # other (open_clip) models: 5e-4
+DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -85,23 +86,24 @@ def train(cfg: TrainConfig) -> dict:
 
     train_pairs = load_pairs(cfg.train_data, cfg.data)
     val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
+    try:
+        loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
+    except (KeyError, ValueError, TypeError) as err:
+        raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
+    trains_importance = getattr(loss_fn, "needs_importance", False)
     model_cfg = ModelConfig(
         preset=cfg.model,
         pretrained=cfg.pretrained,
         embed_dim=cfg.embed_dim,
         head=cfg.head,
         importance=cfg.importance,
-        importance_spread=cfg.importance_spread,
+        importance_spread=_importance_spread(cfg.importance_spread, trains_importance),
         text_max_length=cfg.text_max_length,
     )
     model = build_model(model_cfg).to(device)
     model.lock(image=cfg.lock_image, text=cfg.lock_text)
-    try:
-        loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
-    except (KeyError, ValueError, TypeError) as err:
-        raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
-    if not getattr(loss_fn, "needs_importance", False):
-        model.theta.requires_grad_(False)  # w stays 1: the objective does not see it
+    if not trains_importance:
+        model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
 
     source = BatchSource(model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers)
     steps_per_epoch = source.batches_per_epoch()
@@ -289,6 +291,13 @@ def _validate(cfg: TrainConfig) -> None:
     for path in (cfg.train_data, cfg.val_data):
         if path and not path.startswith("hf:") and not _source_exists(path):
             raise UserError(f"no such data source: {path}")
+
+
+def _importance_spread(spread: float | None, trains_importance: bool) -> float:
+    """The initial ramp of w: a model whose objective ignores w keeps w = 1 (plain cosine)."""
+    if spread is None:
+        return DEFAULT_SPREAD if trains_importance else 1.0
+    return spread
 
 
 def _source_exists(path: str) -> bool:

@@ -31,7 +31,7 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_registry_has_the_eight_objectives():
     assert sorted(ALL) == available_losses()
     assert loss_options("debiased") == {"tau_plus": 0.1}
-    assert loss_options("tricl") == {"dec_weight": 1.0, "tau_plus": 0.0, "renormalize": False}
+    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False}
     assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard"}
 
 

@@ -44,6 +44,14 @@ def test_run_writes_weights_config_and_one_evaluation_per_epoch(shapes_data, tmp
     assert config["loss"] == "tricl" and model.embed_dim == 32
     saved = load_file(str(run / "model.safetensors"))
     assert torch.equal(saved["theta"], model.theta.detach())
+    assert config["model"]["importance"] == "softplus_mean1" and config["model"]["importance_spread"] == 100.0
+
+
+def test_objectives_that_ignore_w_keep_it_at_one(shapes_data, tmp_path):
+    train(_cfg(shapes_data, tmp_path / "run", loss="infonce", max_steps=2))
+    model, config = ckpt.load_run(tmp_path / "run")
+    assert config["model"]["importance_spread"] == 1.0
+    assert torch.equal(model.importance().detach(), torch.ones(32))  # the compact "importance" order is the identity
 
 
 def test_resume_after_a_crash_equals_an_uninterrupted_run(shapes_data, tmp_path, monkeypatch):
