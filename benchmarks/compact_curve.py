@@ -32,6 +32,7 @@ class CurveConfig:
     data: str  # validation data
     dims: list[int] = field(default_factory=list)  # m values (empty: D/32 ... D/2 and D)
     png: str | None = None  # where to write the plot
+    title: str = ""  # plot title (default: the data path)
 
 
 def default_dims(dim: int) -> list[int]:
@@ -82,10 +83,12 @@ def plot(results: dict[str, dict], dims: list[int], path: str, title: str) -> No
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=120)
-    styles = {"tricl": "-", "infonce": "--"}
+    styles = {"tricl": "-", "infonce": "--"}  # line style per run, colour per ordering
+    colours = dict(zip(ORDERINGS, ("tab:blue", "tab:orange", "tab:green", "tab:red")))
     for name, result in results.items():
         for ordering, values in curves(result, dims).items():
-            ax.plot(dims, values, styles.get(name, ":"), marker="o", ms=3, label=f"{name} {ordering}")
+            style = styles.get(name, ":")
+            ax.plot(dims, values, style, color=colours[ordering], marker="o", ms=3, label=f"{name} {ordering}")
     ax.set_xscale("log", base=2)
     ax.set_xticks(dims, [str(m) for m in dims])
     ax.set_xlabel("m (dimensions kept)")
@@ -114,7 +117,7 @@ def run(cfg: CurveConfig) -> dict:
     for statement, met, values in goal_checks(results["tricl"], results["infonce"], dim):
         print(f"{'MET ' if met else 'NOT MET'}  {statement}: {values}")
     if cfg.png:
-        plot(results, dims, cfg.png, f"compact curve, D = {dim} ({Path(cfg.data).parent.name})")
+        plot(results, dims, cfg.png, f"{cfg.title or cfg.data}: t2i recall@10, D = {dim}")
         print(f"plot: {cfg.png}")
     return results
 
@@ -126,10 +129,11 @@ def main(argv=None) -> int:
     p.add_argument("--data", required=True)
     p.add_argument("--dims", default="", help="comma-separated m values (default: D/32 ... D)")
     p.add_argument("--png", default=None)
+    p.add_argument("--title", default="", help="plot title (default: the data path)")
     p.add_argument("--json", default=None, help="also write both evaluations here")
     ns = p.parse_args(argv)
     dims = [int(x) for x in ns.dims.split(",") if x.strip()]
-    results = run(CurveConfig(tricl=ns.tricl, infonce=ns.infonce, data=ns.data, dims=dims, png=ns.png))
+    results = run(CurveConfig(tricl=ns.tricl, infonce=ns.infonce, data=ns.data, dims=dims, png=ns.png, title=ns.title))
     if ns.json:
         Path(ns.json).write_text(json.dumps(results, default=float))
     return 0
