@@ -1,9 +1,11 @@
 """Evaluation of a dual encoder on paired data: the metrics of the SPEC.
 
 ``evaluate`` embeds every image and every caption of a PairSet once, then
-computes recall@{1,5,10} both ways (any caption of an image counts), align /
-uniform on the (image, first caption) pairs, class mAP where records carry
-labels, the importance spectrum, and the compact curve for ``dims``.
+computes recall@{1,5,10} both ways (any caption of an image counts) and class mAP
+(where records carry labels) with the model's own score (the cosine of
+``sqrt(w) * z``: what a full-dimension index serves), align / uniform on the
+(image, first caption) pairs of the plain embeddings, the importance spectrum,
+and the compact curve for ``dims``.
 ``evaluate_run`` is ``triclip eval``: the same on a saved run.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from retrieval.compact import compact_curve
+from retrieval.compact import compact_curve, importance_order, topm_embed
 from retrieval.data import DataConfig, PairDataset, collate_pairs, load_pairs
 from retrieval.errors import UserError
 from retrieval.metrics import align_uniform, class_map, retrieval_recall
@@ -73,19 +75,34 @@ def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict |
     """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts)."""
     image_emb, text_emb, text_to_image, keep = embed_pairs(model, pairs, device, batch_size, cache)
     first_caption = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(text_to_image).cumsum(0)[:-1]])
-    result = dict(retrieval_recall(image_emb, text_emb, text_to_image))
-    result.update(align_uniform(image_emb, text_emb[first_caption]))
+    w = model.importance().detach().float().cpu()
+    image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
+    result = dict(retrieval_recall(image_scored, text_scored, text_to_image))
+    result.update(align_uniform(image_emb, text_emb[first_caption]))  # Wang & Isola: on the encoder's output
     labels = [pairs.records[i].label for i in keep.tolist()]
     if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
         ids = _label_ids(labels)
-        result["class_map"] = float(class_map(text_emb[first_caption], image_emb, ids, ids))  # text -> image
-    w = model.importance().detach().float().cpu()
+        result["class_map"] = float(class_map(text_scored[first_caption], image_scored, ids, ids))  # text -> image
     result["importance"] = _spectrum(w)
     result["logit_scale"] = float(model.logit_scale().detach())
     D = image_emb.shape[1]
     dims = [m for m in dims if m <= D] or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
     result["compact"] = compact_curve(image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS)
     return result
+
+
+def model_score_embeddings(image_emb: torch.Tensor, text_emb: torch.Tensor, w: torch.Tensor):
+    """Embeddings whose inner product is the model's retrieval score.
+
+    That is the cosine of ``sqrt(w) * z``: the tri-factor similarity, re-normalised, exactly
+    what an index of all D dimensions serves (the top-m embedding at m = D). With ``w = 1``
+    (every objective but ``tricl``) it is the plain cosine. Shapes: (N, D), (M, D), (D,).
+    """
+    if bool((w == w[0]).all()):
+        return image_emb, text_emb  # uniform w: the cosine itself
+    order = importance_order(w)
+    dim = image_emb.shape[1]
+    return topm_embed(image_emb, w, order, dim), topm_embed(text_emb, w, order, dim)
 
 
 def _label_ids(labels) -> torch.Tensor:

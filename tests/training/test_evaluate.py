@@ -1,0 +1,31 @@
+"""Evaluation scores retrieval with the model's own similarity (the tri-factor one for tricl)."""
+
+import torch
+
+from retrieval.data import load_pairs
+from retrieval.model import ModelConfig, build_model
+from training.evaluate import embed_pairs, evaluate
+
+
+def _t2i_recall_at_10(scores: torch.Tensor, text_to_image: torch.Tensor) -> float:
+    """Slow reference: for each caption, is its image among the 10 best-scored images?"""
+    hits = 0
+    for t in range(scores.shape[0]):
+        top = sorted(range(scores.shape[1]), key=lambda i: -float(scores[t, i]))[:10]
+        hits += int(text_to_image[t]) in top
+    return hits / scores.shape[0]
+
+
+def test_recall_uses_the_weighted_cosine_and_matches_the_full_index(shapes_data):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(preset="tiny", embed_dim=16, importance_spread=100.0)).eval()
+    pairs = load_pairs(str(shapes_data / "val.jsonl"))
+    result = evaluate(model, pairs, "cpu", dims=[4, 16])
+    image, text, text_to_image, _ = embed_pairs(model, pairs, "cpu")
+    w = model.importance().detach()
+    scores = (text * w) @ image.t()  # tri-factor similarity (M, N)
+    scores = scores / (text.square() @ w).sqrt()[:, None] / (image.square() @ w).sqrt()[None, :]
+    assert abs(result["t2i_r10"] - _t2i_recall_at_10(scores, text_to_image)) < 1e-9
+    assert abs(result["t2i_r10"] - result["compact"]["importance"][16]) < 1e-9  # the index at m = D
+    plain = _t2i_recall_at_10(text @ image.t(), text_to_image)
+    assert abs(result["compact"]["first"][16] - plain) < 1e-9  # baselines stay on the plain cosine
