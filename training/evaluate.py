@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch
 from tqdm.auto import tqdm
 
-from retrieval.compact import compact_curve, importance_order, topm_embed
+from retrieval.compact import compact_curve, topm_embed
 from retrieval.data import DataConfig, PairDataset, collate_pairs, load_pairs
 from retrieval.errors import UserError
 from retrieval.metrics import align_uniform, class_map, retrieval_recall
@@ -100,9 +100,8 @@ def model_score_embeddings(image_emb: torch.Tensor, text_emb: torch.Tensor, w: t
     """
     if bool((w == w[0]).all()):
         return image_emb, text_emb  # uniform w: the cosine itself
-    order = importance_order(w)
-    dim = image_emb.shape[1]
-    return topm_embed(image_emb, w, order, dim), topm_embed(text_emb, w, order, dim)
+    every = torch.arange(image_emb.shape[1])  # all D dimensions: their order does not change a score
+    return topm_embed(image_emb, w, every, len(every)), topm_embed(text_emb, w, every, len(every))
 
 
 def _label_ids(labels) -> torch.Tensor:
