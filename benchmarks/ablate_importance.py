@@ -85,6 +85,23 @@ VARIANTS: dict[str, dict] = {
     ),
 }
 
+# Nested top-m terms (Matryoshka-style, on the importance order: nested_loss) on top of the ramp default.
+_DEFAULT_MLP = VARIANTS["mean1_spread100_dec10_mlp"]
+
+
+def _nested(base: dict, **options) -> dict:
+    return {**base, "loss_options": {**base["loss_options"], **options}}
+
+
+VARIANTS.update(
+    nested4_mlp=_nested(_DEFAULT_MLP, nested=4),  # m = D/2 ... D/16, weight 1 each: the training default
+    nested4_w025_mlp=_nested(_DEFAULT_MLP, nested=4, nested_weight=0.25),
+    nested5_w02_mlp=_nested(_DEFAULT_MLP, nested=5, nested_weight=0.2),
+    nested4_w025=_nested(VARIANTS["mean1_spread100_dec10"], nested=4, nested_weight=0.25),  # linear heads
+    nested4_flat_w025_mlp={**_nested(_DEFAULT_MLP, nested=4, nested_weight=0.25), "importance_spread": 1.0},
+    nested4_flat_mlp={**_nested(_DEFAULT_MLP, nested=4), "importance_spread": 1.0},  # no ramp: w starts flat
+)
+
 
 @dataclass
 class AblationConfig:
@@ -121,10 +138,18 @@ def run_variant(cfg: AblationConfig, name: str) -> dict:
                 lock_image=cfg.lock,
                 lock_text=cfg.lock,
                 seed=cfg.seed,
-                **{**PAPER, **VARIANTS[name]},
+                **_overrides(name),
             )
         )
     return evaluate_run(str(run), str(data / "val.jsonl"), dims=cfg.dims)
+
+
+def _overrides(name: str) -> dict:
+    """TrainConfig fields of a variant: PAPER, then the variant; tricl without nesting unless it says so."""
+    out = {**PAPER, **VARIANTS[name]}
+    if out["loss"] == "tricl":
+        out["loss_options"] = {"nested": 0, **out.get("loss_options", {})}
+    return out
 
 
 def table(results: dict[str, dict], dims: list[int]) -> str:

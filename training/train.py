@@ -17,7 +17,7 @@ import math
 import os
 import time
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -73,6 +73,8 @@ class TrainConfig:
 
 DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4}  # other (open_clip) models: 5e-4
 DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
+# Objective options the trainer adds unless given: tricl trains its top-m scores too (README: the ablation).
+DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}}
 
 
 def train(cfg: TrainConfig) -> dict:
@@ -86,6 +88,7 @@ def train(cfg: TrainConfig) -> dict:
 
     train_pairs = load_pairs(cfg.train_data, cfg.data)
     val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
+    cfg = replace(cfg, loss_options={**DEFAULT_LOSS_OPTIONS.get(cfg.loss, {}), **cfg.loss_options})  # to config.json
     try:
         loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
     except (KeyError, ValueError, TypeError) as err:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from retrieval.compact import importance_order, topm_embed
 from retrieval.errors import UserError
 from retrieval.losses import LossConfigError, available_losses, build_loss, loss_options
 from retrieval.losses.tricl import decorrelation
@@ -31,7 +32,9 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_registry_has_the_eight_objectives():
     assert sorted(ALL) == available_losses()
     assert loss_options("debiased") == {"tau_plus": 0.1}
-    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False}
+    assert loss_options("tricl") == {
+        "dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, "nested": 0, "nested_weight": 1.0,
+    }  # fmt: skip
     assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard"}
 
 
@@ -139,6 +142,28 @@ def test_tricl_renormalize_is_the_cosine_of_weighted_features_and_ignores_the_sc
     torch.testing.assert_close(loss(image, text, 20.0, ones)["contrastive_loss"], plain, rtol=1e-12, atol=1e-12)
     got.backward()
     assert w.grad is not None and w.grad.abs().sum() > 0
+
+
+def test_tricl_nested_term_scores_what_the_compact_index_serves():
+    """The nested term at m is InfoNCE on compact.topm_embed in the importance order."""
+    image, text, w = _features(9, 8, dtype=torch.float64)
+    got = build_loss("tricl", dec_weight=0.0, nested=2)(image, text, 20.0, w)["nested_loss"]
+    order = importance_order(w.detach())
+    labels = torch.arange(9)
+    terms = []
+    for m in (4, 2):
+        logits = 20.0 * topm_embed(image, w, order, m) @ topm_embed(text, w, order, m).t()
+        terms.append(0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)))
+    torch.testing.assert_close(got, sum(terms), rtol=1e-12, atol=1e-12)
+    got.backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0
+    assert "nested_loss" not in build_loss("tricl")(image, text, 20.0, w)
+
+
+@pytest.mark.parametrize("opts", [{"nested": -1}, {"nested": 1.5}, {"nested": True}, {"nested_weight": -1.0}])
+def test_tricl_rejects_bad_nested_options(opts):
+    with pytest.raises(ValueError, match="nested"):
+        build_loss("tricl", **opts)
 
 
 @pytest.mark.parametrize("name", ALL)

@@ -73,6 +73,27 @@ def ref_tricl(image, text, s, w, dec_weight, tau_plus):
     return contrastive + dec_weight * 0.5 * (ref_decorrelation(image) + ref_decorrelation(text))
 
 
+def ref_top_m(z, w, keep):
+    """Rows of ``sqrt(w) * z`` restricted to ``keep``, each divided by its norm."""
+    rows = []
+    for k in range(len(z)):
+        v = torch.stack([z[k, d] * torch.sqrt(w[d]) for d in keep])
+        rows.append(v / torch.sqrt(sum(x * x for x in v)))
+    return torch.stack(rows)
+
+
+def ref_nested(image, text, s, w, levels, weight):
+    """Sum over m = D/2 ... D/2**levels (m >= 1) of InfoNCE on the top-m embedding (largest w first)."""
+    d = image.shape[1]
+    ranked = sorted(range(d), key=lambda j: (-float(w[j].detach()), j))
+    terms = []
+    for k in range(1, levels + 1):
+        if d >> k >= 1:
+            keep = ranked[: d >> k]
+            terms.append(ref_infonce(ref_top_m(image, w, keep), ref_top_m(text, w, keep), s))
+    return weight * sum(terms)
+
+
 def ref_align_uniform(image, text, alpha, t, align_weight=1.0, unif_weight=1.0):
     """Wang & Isola 2020: E||x - y||^alpha and log E exp(-t||x - x'||^2) over distinct pairs."""
     b = len(image)
@@ -138,6 +159,11 @@ CASES = [
     ("tricl", {"dec_weight": 1.0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 1.0, 0.0)),
     ("tricl", {"dec_weight": 0.0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.0, 0.0)),
     ("tricl", {"dec_weight": 0.5, "tau_plus": 0.2}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.5, 0.2)),
+    (
+        "tricl",
+        {"dec_weight": 0.5, "nested": 1, "nested_weight": 0.7},
+        lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.5, 0.0) + ref_nested(i, t, s, w, 1, 0.7),
+    ),
     ("hard_negative", {"beta": 1.0, "tau_plus": 0.1}, lambda i, t, s, w, b: ref_debiased(i, t, s, 0.1, beta=1.0)),
     ("hard_negative", {"beta": 0.5, "tau_plus": 0.0}, lambda i, t, s, w, b: ref_debiased(i, t, s, 0.0, beta=0.5)),
     ("align_uniform", {}, lambda i, t, s, w, b: ref_align_uniform(i, t, 2.0, 2.0)),
@@ -245,6 +271,20 @@ def test_low_precision_inputs_match_reference(case, dtype):
     bias = loss.bias.detach().double() if name == "sigmoid" else None
     slow = ref(*as64, bias)
     torch.testing.assert_close(fast.double(), slow, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dim,levels", [(16, 3), (8, 3), (12, 2), (4, 5)])
+def test_tricl_nested_terms_match_reference_loop(dim, levels):
+    """Deeper nesting (m down to 1 on D=8), a D that does not halve evenly (12 -> 6, 3), and
+    more levels than D allows (4 -> 2, 1: stops at one dimension)."""
+    image, text, s, w = _inputs(6, dim, 9.0, seed=dim + levels)
+    opts = {"dec_weight": 0.0, "nested": levels, "nested_weight": 2.0}
+    fast, _ = _fast("tricl", opts, image, text, s, w)
+    slow = ref_tricl(image, text, s, w, 0.0, 0.0) + ref_nested(image, text, s, w, levels, 2.0)
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+    leaves = [image, text, s, w]
+    for got, want in zip(_grads(fast, leaves), _grads(slow, leaves)):
+        torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-10)
 
 
 def test_reference_loops_agree_with_textbook_forms():

@@ -45,11 +45,20 @@ def test_run_writes_weights_config_and_one_evaluation_per_epoch(shapes_data, tmp
     saved = load_file(str(run / "model.safetensors"))
     assert torch.equal(saved["theta"], model.theta.detach())
     assert config["model"]["importance"] == "softplus_mean1" and config["model"]["importance_spread"] == 100.0
+    assert config["loss_options"] == {"nested": 4} == config["train"]["loss_options"]  # the trainer's default
+
+
+def test_given_loss_options_override_the_trainers_default(shapes_data, tmp_path):
+    cfg = _cfg(shapes_data, tmp_path / "run", max_steps=1, val_data=None, loss_options={"nested": 0, "dec_weight": 1})
+    train(cfg)
+    assert cfg.loss_options == {"nested": 0, "dec_weight": 1}  # the caller's config is not modified
+    assert ckpt.read_config(tmp_path / "run")["loss_options"] == {"nested": 0, "dec_weight": 1}
 
 
 def test_objectives_that_ignore_w_keep_it_at_one(shapes_data, tmp_path):
     train(_cfg(shapes_data, tmp_path / "run", loss="infonce", max_steps=2))
     model, config = ckpt.load_run(tmp_path / "run")
+    assert config["loss_options"] == {}
     assert config["model"]["importance_spread"] == 1.0
     assert torch.equal(model.importance().detach(), torch.ones(32))  # the compact "importance" order is the identity
 
