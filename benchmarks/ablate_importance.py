@@ -97,7 +97,8 @@ VARIANTS.update(
     nested4_mlp=_nested(_DEFAULT_MLP, nested=4),  # m = D/2 ... D/16, weight 1 each: the training default
     nested4_w025_mlp=_nested(_DEFAULT_MLP, nested=4, nested_weight=0.25),
     nested5_w02_mlp=_nested(_DEFAULT_MLP, nested=5, nested_weight=0.2),
-    nested4_w025=_nested(VARIANTS["mean1_spread100_dec10"], nested=4, nested_weight=0.25),  # linear heads
+    nested4=_nested(VARIANTS["mean1_spread100_dec10"], nested=4),  # linear heads
+    nested4_w025=_nested(VARIANTS["mean1_spread100_dec10"], nested=4, nested_weight=0.25),
     nested4_flat_w025_mlp={**_nested(_DEFAULT_MLP, nested=4, nested_weight=0.25), "importance_spread": 1.0},
     nested4_flat_mlp={**_nested(_DEFAULT_MLP, nested=4), "importance_spread": 1.0},  # no ramp: w starts flat
 )

@@ -36,7 +36,7 @@ def test_train_writes_the_run_files(trained):
     evals = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [e["epoch"] for e in evals] == [1, 2]
     config = json.loads((run / "config.json").read_text())
-    assert config["loss"] == "tricl" and config["loss_options"] == {"dec_weight": 0.5}
+    assert config["loss"] == "tricl" and config["loss_options"] == {"nested": 4, "dec_weight": 0.5}
 
 
 def test_eval_json_has_the_spec_keys_and_the_compact_curve(trained, capsys):
