@@ -233,7 +233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 5%% of training)")
     p.add_argument("--grad-clip", type=float, default=1.0)
     p.add_argument("--embed-dim", type=int, default=None, help="embedding dimension D (default: per preset)")
-    p.add_argument("--head", default="linear", choices=["linear", "mlp"], help="projection heads")
+    p.add_argument("--head", choices=["linear", "mlp"], help="projection heads (default: mlp for lite, else linear)")
     p.add_argument(
         "--text-max-length", type=int, default=None, help="lite: caption tokens kept (default 256; 64 saves memory)"
     )

@@ -22,8 +22,8 @@ from pathlib import Path
 from training.evaluate import evaluate_run
 from training.train import TrainConfig, train
 
-# Every variant starts from the paper's importance (w = softplus(theta), all ones at the start).
-PAPER = dict(importance="softplus", importance_spread=1.0)
+# Every variant starts from the paper's importance (w = softplus(theta), all ones at the start), linear heads.
+PAPER = dict(importance="softplus", importance_spread=1.0, head="linear")
 
 # name -> TrainConfig overrides of PAPER. "naive" is a straight port of the paper's loss.
 VARIANTS: dict[str, dict] = {

@@ -43,7 +43,7 @@ class TrainConfig:
     model: str = "tiny"  # preset: tiny, lite, or an open_clip architecture
     pretrained: str | None = None  # open_clip pretrained tag
     embed_dim: int | None = None  # D (None: per preset)
-    head: str = "linear"  # projection heads: linear or mlp
+    head: str | None = None  # projection heads: linear or mlp (None: DEFAULT_HEAD of the preset, else linear)
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256; 64 bounds memory when the text tower trains)
     importance: str = "softplus_mean1"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
     importance_spread: float | None = None  # w starts as a ramp 1 ... 1/spread (None: DEFAULT_SPREAD if trained, else 1)
@@ -72,6 +72,7 @@ class TrainConfig:
 
 
 DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4}  # other (open_clip) models: 5e-4
+DEFAULT_HEAD = {"lite": "mlp"}  # pretrained towers: MLP heads beat linear ones for every objective (README ablation)
 DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
 # Objective options the trainer adds unless given: tricl trains its top-m scores too (README: the ablation).
 DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}}
@@ -98,7 +99,7 @@ def train(cfg: TrainConfig) -> dict:
         preset=cfg.model,
         pretrained=cfg.pretrained,
         embed_dim=cfg.embed_dim,
-        head=cfg.head,
+        head=cfg.head or DEFAULT_HEAD.get(cfg.model, "linear"),
         importance=cfg.importance,
         importance_spread=_importance_spread(cfg.importance_spread, trains_importance),
         text_max_length=cfg.text_max_length,

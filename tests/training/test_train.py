@@ -153,3 +153,18 @@ def test_locked_towers_train_only_heads_and_reuse_the_cache(shapes_data, tmp_pat
     monkeypatch.setattr(DualEncoder, "image_features", no_tower)
     monkeypatch.setattr(DualEncoder, "text_features", no_tower)
     train(_cfg(shapes_data, tmp_path / "run2", lock_image=True, lock_text=True, max_steps=3))
+
+
+@pytest.mark.parametrize("model,head", [("lite", "mlp"), ("tiny", "linear")])
+def test_default_heads_per_preset(shapes_data, tmp_path, model, head):
+    """lite gets MLP heads by default (README ablation), every other preset linear ones."""
+    lines = (shapes_data / "train.jsonl").read_text().splitlines()[:8]
+    images = shapes_data / "images"
+    small = tmp_path / "small.jsonl"  # 8 records, image paths made absolute
+    small.write_text("".join(json.dumps({**json.loads(x), "image": str(images.parent / json.loads(x)["image"])}) + "\n" for x in lines))
+    cfg = _cfg(shapes_data, tmp_path / "run", model=model, train_data=str(small), val_data=None, embed_dim=16,
+               batch_size=4, max_steps=1, lock_image=True, lock_text=True)  # fmt: skip
+    train(cfg)
+    model_obj, config = ckpt.load_run(tmp_path / "run")
+    assert config["model"]["head"] == head
+    assert isinstance(model_obj.image_head, torch.nn.Linear) == (head == "linear")
