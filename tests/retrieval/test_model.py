@@ -45,7 +45,7 @@ def test_logit_scale_init_and_clamp(tiny):
     assert math.isclose(float(tiny.logit_scale().detach()), 1 / 0.07, rel_tol=1e-5)
     with torch.no_grad():
         tiny.logit_scale_param.fill_(10.0)
-    assert float(tiny.logit_scale()) == MAX_LOGIT_SCALE
+    assert float(tiny.logit_scale().detach()) == MAX_LOGIT_SCALE
     with torch.no_grad():
         tiny.logit_scale_param.fill_(math.log(1 / 0.07))
 
