@@ -216,8 +216,8 @@ def _train_step(step_module, batch, optimizer, model: DualEncoder, grad_clip: fl
         terms = step_module(batch.image, batch.text, batch.image_is_features, batch.text_is_features)
     loss = sum(terms.values())
     if not torch.isfinite(loss):
-        values = {k: float(v) for k, v in terms.items()}
-        raise UserError(f"loss became {float(loss)} ({values}); stopping without writing a checkpoint (lower --lr?)")
+        values = {k: float(v.detach()) for k, v in terms.items()}
+        raise UserError(f"loss became {float(loss.detach())} ({values}); stopping without writing a checkpoint (lower --lr?)")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     if grad_clip > 0:
