@@ -71,10 +71,19 @@ def topm_embed(z: torch.Tensor, importance: torch.Tensor | None, order: torch.Te
     """
     dim = _check_feats(z)
     _check_m(m, dim)
-    keep = order[:m]  # (m,)
+    w = None if importance is None else _check_importance(importance, dim)
+    return weighted_top(z, w, order[:m])
+
+
+def weighted_top(z: torch.Tensor, w: torch.Tensor | None, keep: torch.Tensor) -> torch.Tensor:
+    """``sqrt(w) * z`` restricted to the ``keep`` dimensions, rows L2-normalised; no checks.
+
+    The maths of :func:`topm_embed`, differentiable in ``z`` and ``w`` (the training loss
+    uses it on a hot path). Shapes: z (N, D), w (D,) or None, keep (m,) -> (N, m).
+    """
     picked = z[:, keep]  # (N, m)
-    if importance is not None:
-        picked = picked * _check_importance(importance, dim)[keep].sqrt().to(z)  # (N, m)
+    if w is not None:
+        picked = picked * w[keep].sqrt().to(z)  # (N, m)
     return F.normalize(picked, dim=-1)
 
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
+from retrieval.compact import weighted_top
 from retrieval.losses.base import PairLoss, non_negative, tau_plus_value
 from retrieval.losses.infonce import debiased_infonce, symmetric_infonce
 from retrieval.losses.registry import register_loss
@@ -72,29 +72,27 @@ def nested_prefixes(dim: int, levels: int) -> list[int]:
 
 
 def top_m_infonce(
-    image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, importance: torch.Tensor, m: int
+    image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, importance: torch.Tensor, keep: torch.Tensor
 ) -> torch.Tensor:
     """Symmetric InfoNCE on the top-m embedding: what a compact index serves at ``m``.
 
-    Keeps the ``m`` dimensions of largest ``w`` (ties: lowest index first), weights them by
+    Keeps the ``keep`` dimensions (the first m of the importance order), weights them by
     ``sqrt(w)``, re-normalises each row and scores with ``s * cosine`` (SPEC, "Compact
-    features"). The order is taken from ``w`` without gradient; ``w`` still gets gradients
-    through the weights of the kept dimensions.
+    features"; :func:`retrieval.compact.weighted_top`). ``w`` gets gradients through the
+    weights of the kept dimensions, not through the order.
 
     Args:
         image: image features. Shape: (B, D).
         text: text features. Shape: (B, D).
         scale: logit scale ``s``. Shape: ().
         importance: ``w``. Shape: (D,).
-        m: number of kept dimensions, 1 <= m <= D.
+        keep: the kept dimensions. Shape: (m,).
 
     Returns:
         Scalar.
     """
-    keep = torch.argsort(importance.detach(), descending=True, stable=True)[:m]  # (m,)
-    root = importance[keep].sqrt()  # (m,)
-    a = F.normalize(image[:, keep] * root, dim=1)  # (B, m)
-    b = F.normalize(text[:, keep] * root, dim=1)  # (B, m)
+    a = weighted_top(image, importance, keep)  # (B, m)
+    b = weighted_top(text, importance, keep)  # (B, m)
     return symmetric_infonce(scale * a @ b.t())
 
 
@@ -161,7 +159,10 @@ class TriCLLoss(PairLoss):
         else:
             out["decorrelation_loss"] = contrastive.new_zeros(())
         if self.config.nested > 0:
+            order = torch.argsort(importance.detach(), descending=True, stable=True)  # as compact.importance_order
             prefixes = nested_prefixes(image.shape[1], self.config.nested)
-            nested = sum((top_m_infonce(image, text, scale, importance, m) for m in prefixes), contrastive.new_zeros(()))
+            nested = sum(
+                (top_m_infonce(image, text, scale, importance, order[:m]) for m in prefixes), contrastive.new_zeros(())
+            )
             out["nested_loss"] = self.config.nested_weight * nested
         return out
