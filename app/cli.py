@@ -192,7 +192,7 @@ def cmd_app(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from training.demo import run_demo
+    from app.demo import run_demo
 
     run_demo(workdir=ns.workdir)
     return 0

@@ -60,7 +60,7 @@ from retrieval.errors import UserError
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training.batches import BatchSource
-from training.cache import cache_dir
+from retrieval.cache import cache_dir
 from training.train import DEFAULT_LR, _lr_scale, _make_optimizer, _StepModule, _train_step
 
 

@@ -21,7 +21,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.checkpoint import read_config
+from retrieval.run import read_config
 from training.evaluate import ORDERINGS, evaluate_run
 
 

@@ -53,10 +53,11 @@ def main(argv=None) -> int:
 
     from retrieval.metrics import retrieval_ranks
     from training import checkpoint as ckpt
-    from training.evaluate import embed_pairs, model_score_embeddings
+    from retrieval.embed import embed_pairs
+    from training.evaluate import model_score_embeddings
 
     model, _ = ckpt.load_run(ns.run)
-    image, text, owner, keep = embed_pairs(model, pairs, "cpu")
+    image, text, owner, keep, _ = embed_pairs(model, pairs, "cpu")
     image, text = model_score_embeddings(image, text, model.importance().detach())
     _, ranks = retrieval_ranks(image, text, owner)  # (M,)
     sizes = group_sizes([c for i in keep.tolist() for c in pairs.records[i].captions])

@@ -29,12 +29,13 @@ import numpy as np
 import torch
 
 from index import faiss_index as fi
-from index.embed import embed_records, embed_texts, pick_device
 from index.store import FORMAT, IMAGE_INDEX, IndexContents, is_index_dir, load_contents, write_contents
+from retrieval.cache import locked_tower_outputs
 from retrieval.compact import ORDERINGS, CompactTransform, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
+from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
-from training.checkpoint import load_run, run_fingerprint
+from retrieval.run import load_run, run_fingerprint
 
 
 @dataclass
@@ -73,11 +74,13 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     if not todo.records:
         return _summary(cfg, old.manifest, 0, already, pairs.skipped, started)
 
-    image_emb, keep, bad = embed_records(model, todo, device, cfg.batch_size, cfg.workers)  # (N, D)
+    # one embedding path (retrieval.embed); a locked tower's outputs come from the cache training wrote
+    cache = locked_tower_outputs(model, todo, device, workers=cfg.workers)
+    image_emb, text_emb, _, keep, bad = embed_pairs(model, todo, device, cfg.batch_size, cache, cfg.workers)  # (N, D)
     records = [todo.records[i] for i in keep.tolist()]
     captions = [(row, c, text) for row, r in enumerate(records) for c, text in enumerate(r.captions)]
     need_text = old.text_index is not None if old is not None else cfg.text_index
-    text_emb = embed_texts(model, [text for _, _, text in captions], device) if need_text else None  # (T, D)
+    text_emb = text_emb if need_text else None  # (T, D), rows in the order of ``captions``
     transform = (
         CompactTransform.from_dict(old.manifest["transform"])
         if old is not None

@@ -18,18 +18,17 @@ from __future__ import annotations
 import numbers
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from index import faiss_index as fi
-from index.embed import embed_image_files, embed_texts, pick_device
 from index.store import IndexContents, load_contents, read_manifest
 from retrieval.compact import CompactTransform
+from retrieval.embed import embed_image_files, embed_texts, pick_device
 from retrieval.errors import UserError
-from training.checkpoint import MODEL, load_run, read_config, run_fingerprint
+from retrieval.run import load_run, read_config, run_fingerprint
 
 TARGETS = ("image", "text")
 
@@ -132,6 +131,4 @@ class Searcher:
 def _fingerprint(run: str) -> str:
     """The run's fingerprint; UserError when the run (or its weights) is missing."""
     read_config(run)  # UserError: not a run
-    if not (Path(run) / MODEL).is_file():
-        raise UserError(f"{run} has no {MODEL} yet")
-    return run_fingerprint(run)
+    return run_fingerprint(run)  # UserError: no weights

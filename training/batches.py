@@ -4,7 +4,7 @@
 in a fixed order drawn from ``(seed, e)`` (captions: ``retrieval.data.pick_caption``): the global batch b is
 ``perm[b*G:(b+1)*G]`` and rank r takes slice r of it, so K ranks see exactly the
 batches of one process with a K times larger batch. A locked tower's input is
-replaced by its cached output (``training.cache``): no image is decoded when the
+replaced by its cached output (``retrieval.cache``): no image is decoded when the
 image tower is locked.
 """
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.data import PairDataset, collate_pairs
-from training.cache import locked_tower_outputs
+from retrieval.cache import locked_tower_outputs
 
 
 @dataclass

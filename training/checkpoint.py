@@ -12,7 +12,6 @@ mid-write leaves the previous checkpoint whole.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,11 +22,9 @@ from safetensors.torch import load_file, save_file
 
 from retrieval.errors import UserError
 from retrieval.io import atomic_path, write_json_atomic
-from retrieval.model import DualEncoder, ModelConfig, build_model
+from retrieval.model import DualEncoder
+from retrieval.run import CONFIG, METRICS, MODEL, load_run, read_config, run_fingerprint  # noqa: F401 (re-exported)
 
-CONFIG = "config.json"
-MODEL = "model.safetensors"
-METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint"
 
 
@@ -101,36 +98,6 @@ def _unflatten_optimizer(tensors: dict[str, torch.Tensor], meta: dict) -> dict:
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
     return {"state": state, "param_groups": meta["param_groups"]}
-
-
-# ---------------------------------------------------------------------------- reading runs
-
-
-def read_config(run: str | os.PathLike) -> dict:
-    path = Path(run) / CONFIG
-    if not path.exists():
-        raise UserError(f"{run} is not a triclip run (no {CONFIG})")
-    return json.loads(path.read_text())
-
-
-def load_run(run: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[DualEncoder, dict]:
-    """Rebuild the model of a run from its config and weights; eval mode."""
-    config = read_config(run)
-    weights = Path(run) / MODEL
-    if not weights.exists():
-        raise UserError(f"{run} has no {MODEL} yet")
-    model = build_model(ModelConfig(**config["model"]))
-    model.load_state_dict(load_file(str(weights)))
-    return model.to(device).eval(), config
-
-
-def run_fingerprint(run: str | os.PathLike) -> str:
-    """A short hash of the run's weights: two runs with the same fingerprint embed identically."""
-    digest = hashlib.sha256()
-    with open(Path(run) / MODEL, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
 
 
 def append_metrics(run: Path, record: dict) -> None:

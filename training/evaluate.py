@@ -12,68 +12,20 @@ and the compact curve for ``dims``.
 from __future__ import annotations
 
 import torch
-from tqdm.auto import tqdm
 
+from retrieval.cache import locked_tower_outputs
 from retrieval.compact import compact_curve, topm_embed
-from retrieval.data import DataConfig, PairDataset, collate_pairs, load_pairs
-from retrieval.errors import UserError
+from retrieval.data import DataConfig, load_pairs
+from retrieval.embed import embed_pairs, pick_device
 from retrieval.metrics import align_uniform, class_map, retrieval_recall
-from training.cache import locked_tower_outputs
-from training.checkpoint import load_run
+from retrieval.run import load_run
 
 ORDERINGS = ("importance", "first", "random", "pca")
 
 
-@torch.no_grad()
-def embed_pairs(model, pairs, device, batch_size: int = 256, cache: dict | None = None, workers: int = 0):
-    """Embed all images and all captions of ``pairs``.
-
-    Returns:
-        image_emb (N', D), text_emb (M, D), text_to_image (M,) long into the N' kept
-        images, keep (N',) long: the record index of each kept image (records whose
-        image fails to decode are dropped with their captions).
-    """
-    model.eval()
-    cache = cache or {}
-    if cache.get("image") is not None:
-        keep = cache["image"]["valid"].nonzero().squeeze(1)
-        image_emb = _project_rows(model.project_image, cache["image"]["features"][keep], device, batch_size)
-    else:
-        image_emb, keep = _embed_images(model, pairs, device, batch_size, workers)
-    if cache.get("text") is not None:
-        offsets = cache["text"]["offsets"]
-        rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in keep.tolist()])
-        text_emb = _project_rows(model.project_text, cache["text"]["features"][rows], device, batch_size)
-    else:
-        captions = [c for i in keep.tolist() for c in pairs.records[i].captions]
-        text_emb = torch.cat(
-            [model.encode_text(captions[s : s + batch_size]).float().cpu() for s in range(0, len(captions), batch_size)]
-        )
-    counts = torch.tensor([len(pairs.records[i].captions) for i in keep.tolist()])
-    text_to_image = torch.repeat_interleave(torch.arange(len(keep)), counts)
-    return image_emb, text_emb, text_to_image, keep
-
-
-def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torch.Tensor:
-    return torch.cat([project(feats[s : s + batch_size].to(device)).float().cpu() for s in range(0, len(feats), batch_size)])
-
-
-def _embed_images(model, pairs, device, batch_size: int, workers: int):
-    dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
-    embs, keep = [], []
-    for batch in tqdm(loader, desc="embedding images", unit="batch", leave=False):
-        if batch is not None:
-            keep.append(batch["index"])
-            embs.append(model.encode_image(batch["image"].to(device)).float().cpu())
-    if not embs:
-        raise UserError("no image of the evaluation data could be decoded")
-    return torch.cat(embs), torch.cat(keep)
-
-
 def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None) -> dict:
     """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts)."""
-    image_emb, text_emb, text_to_image, keep = embed_pairs(model, pairs, device, batch_size, cache)
+    image_emb, text_emb, text_to_image, keep, _ = embed_pairs(model, pairs, device, batch_size, cache)
     first_caption = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(text_to_image).cumsum(0)[:-1]])
     w = model.importance().detach().float().cpu()
     image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
@@ -122,11 +74,9 @@ def _spectrum(w: torch.Tensor) -> dict:
 
 def evaluate_run(run: str, data: str, dims=(), data_config: DataConfig | None = None, device: str | None = None) -> dict:
     """``triclip eval``: load the run, read ``data``, return the metrics (plus ``compact``)."""
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    model, config = load_run(run, dev)
+    dev = pick_device(device)
+    model, _ = load_run(run, dev)  # towers locked as trained
     pairs = load_pairs(data, data_config or DataConfig())
-    train_cfg = config.get("train", {})
-    model.lock(image=bool(train_cfg.get("lock_image")), text=bool(train_cfg.get("lock_text")))  # as trained
     result = evaluate(model, pairs, dev, dims=dims, cache=locked_tower_outputs(model, pairs, dev))
     if pairs.skipped:
         result["skipped"] = dict(pairs.skipped)

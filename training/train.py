@@ -30,7 +30,7 @@ from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
-from training.cache import locked_tower_outputs
+from retrieval.cache import locked_tower_outputs
 from training.evaluate import evaluate
 from training.optim import AdamW
 

@@ -4,7 +4,8 @@ import torch
 
 from retrieval.data import load_pairs
 from retrieval.model import ModelConfig, build_model
-from training.evaluate import embed_pairs, evaluate
+from retrieval.embed import embed_pairs
+from training.evaluate import evaluate
 
 
 def _t2i_recall_at_10(scores: torch.Tensor, text_to_image: torch.Tensor) -> float:
@@ -21,7 +22,7 @@ def test_recall_uses_the_weighted_cosine_and_matches_the_full_index(shapes_data)
     model = build_model(ModelConfig(preset="tiny", embed_dim=16, importance_spread=100.0)).eval()
     pairs = load_pairs(str(shapes_data / "val.jsonl"))
     result = evaluate(model, pairs, "cpu", dims=[4, 16])
-    image, text, text_to_image, _ = embed_pairs(model, pairs, "cpu")
+    image, text, text_to_image, _, _ = embed_pairs(model, pairs, "cpu")
     w = model.importance().detach()
     scores = (text * w) @ image.t()  # tri-factor similarity (M, N)
     scores = scores / (text.square() @ w).sqrt()[:, None] / (image.square() @ w).sqrt()[None, :]

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from retrieval.data.builtin import prepare
-from training.checkpoint import METRICS
+from retrieval.run import METRICS, load_run
 from training.evaluate import evaluate_run
 from training.train import TrainConfig, train
 
@@ -72,13 +72,8 @@ def _table(result: dict) -> str:
 
 
 def _index_and_search(run: Path, data: Path, out: Path) -> dict:
-    try:
-        from index.build import IndexBuildConfig, build_index
-        from index.search import Searcher
-    except ImportError:
-        print("[4/4] indexing is not available yet")
-        return {}
-    from training.checkpoint import load_run
+    from index.build import IndexBuildConfig, build_index
+    from index.search import Searcher
 
     model, _ = load_run(run)
     m = max(1, model.embed_dim // 4)

@@ -12,12 +12,14 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from collections import Counter
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
+from retrieval.errors import UserError
 from retrieval.io import atomic_path
 
 
@@ -42,10 +44,10 @@ def _key(*parts: str) -> str:
 
 @torch.no_grad()
 def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int = 0) -> dict[str, torch.Tensor]:
-    """``{"features": (N, F_img), "valid": (N,) bool}`` for every record of ``pairs``.
+    """``{"features": (N, F_img), "valid": (N,) bool, "bad": (N,) int8}`` for every record of ``pairs``.
 
-    Records whose image fails to decode get ``valid = False`` (and are counted in
-    ``pairs.skipped`` by the dataset).
+    Records whose image fails to decode get ``valid = False`` and ``bad = k + 1`` for
+    reason ``REASONS[k]`` (see :func:`skipped_images`).
     """
     from retrieval.data import PairDataset, collate_pairs
 
@@ -68,8 +70,8 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
         feats[idx] = out
         valid[idx] = True
     if feats is None:
-        raise RuntimeError("no image could be decoded")
-    result = {"features": feats, "valid": valid}
+        raise UserError(f"no image of {pairs.source or 'the data'} could be decoded; skipped: {dict(dataset.skipped)}")
+    result = {"features": feats, "valid": valid, "bad": dataset._bad.clone()}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
@@ -102,6 +104,17 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
+
+
+def skipped_images(cached: dict[str, torch.Tensor]) -> Counter:
+    """The records a cached image pass could not decode, by reason."""
+    from retrieval.data.reasons import REASONS
+
+    bad = cached.get("bad")
+    if bad is None:  # a cache written before reasons were kept
+        return Counter({"corrupt_image": int((~cached["valid"].bool()).sum())}) - Counter()
+    totals = torch.bincount(bad.long(), minlength=len(REASONS) + 1).tolist()
+    return Counter({reason: n for reason, n in zip(REASONS, totals[1:]) if n})
 
 
 def locked_tower_outputs(model, pairs, device, workers: int = 0) -> dict:

@@ -1,0 +1,54 @@
+"""Dependencies point one way (SPEC "Layout"): retrieval <- training, index <- app.
+
+Read from the source with ``ast`` (every ``import`` / ``from ... import``, lazy ones
+inside functions included), so a backwards import anywhere fails here.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("retrieval", "training", "index", "app")
+ALLOWED = {
+    "retrieval": {"retrieval"},
+    "training": {"retrieval", "training"},
+    "index": {"retrieval", "index"},
+    "app": set(PACKAGES),  # the CLI's train / eval commands and the demo call training
+}
+# app modules that serve search (the Gradio app, the CLI's search path) read runs through the library only
+SERVING = ("app/gradio_app.py", "app/loadtest.py")
+
+
+def _imported_packages(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names & set(PACKAGES)
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_imports_point_one_way(package):
+    wrong = {
+        str(f.relative_to(ROOT)): sorted(_imported_packages(f) - ALLOWED[package])
+        for f in (ROOT / package).rglob("*.py")
+    }
+    assert {f: w for f, w in wrong.items() if w} == {}
+
+
+def test_serving_modules_never_import_training():
+    for name in SERVING:
+        path = ROOT / name
+        if path.exists():
+            assert "training" not in _imported_packages(path), name
+
+
+def test_a_backwards_import_is_caught(tmp_path):
+    bad = tmp_path / "x.py"
+    bad.write_text("def f():\n    from training.train import train\n")
+    assert _imported_packages(bad) == {"training"}
