@@ -192,9 +192,9 @@ def cmd_app(ns: argparse.Namespace) -> int:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from app.demo import run_demo
+    from app.demo import DemoConfig, run_demo
 
-    run_demo(workdir=ns.workdir)
+    run_demo(DemoConfig(workdir=ns.workdir, host=ns.host, port=ns.port, serve=not ns.no_serve))
     return 0
 
 
@@ -300,8 +300,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=int, default=7860)
     p.set_defaults(func=cmd_app)
 
-    p = sub.add_parser("demo", help="the whole pipeline on the built-in default data")
-    p.add_argument("--workdir", default="demo")
+    p = sub.add_parser("demo", help="openclipart -> lite on locked, cached towers -> index at several m -> the app")
+    p.add_argument("--workdir", default="demo", help="where the data, run and index go (default: demo)")
+    p.add_argument("--host", default="127.0.0.1", help="the app's address (default: 127.0.0.1)")
+    p.add_argument("--port", type=int, default=7860, help="the app's port (default: 7860)")
+    p.add_argument("--no-serve", action="store_true", help="build everything, do not start the app")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -1,59 +1,102 @@
-"""``triclip demo``: the whole pipeline on the built-in ``shapes`` data, on the CPU in minutes.
+"""``triclip demo``: from nothing to a search app over real clip art, on a CPU in minutes.
 
-1. prepare 3,000 ``shapes`` records (``WORKDIR/data``),
-2. train the ``tiny`` preset with the tri-factor objective (``WORKDIR/run``),
-3. evaluate it, with the compact curve (importance order against the baselines),
-4. index the validation images at the top D/4 dimensions and answer two queries.
+1. data: the Debian ``openclipart`` packages (installed with apt-get when run as root,
+   else the command to run is printed), thumbnails and manifests in ``WORKDIR/data``;
+2. train ``lite`` (offline EfficientNet-Lite0 + MiniLM) with the default objective on
+   locked towers: their outputs are computed once and cached, then only the heads,
+   the logit scale and the importance train (``WORKDIR/run``);
+3. evaluate on the validation split, with the compact curve (recall@10 against m);
+4. index every image (train + validation) at several m in one folder (``WORKDIR/index``),
+   reusing the cached tower outputs;
+5. serve the search app (``triclip app``) until Ctrl-C.
 
-Each step is skipped when its output is already there, so a second run is quick.
+Each step is skipped when its output is already there, so a second run serves at once.
 """
 
 from __future__ import annotations
 
-import json
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval.data.builtin import prepare
-from retrieval.run import METRICS, load_run
-from training.evaluate import evaluate_run
-from training.train import TrainConfig, train
-
-DEMO_QUERIES = ("a red circle", "two small blue squares")
+from retrieval.run import METRICS, MODEL
 
 
-def run_demo(workdir: str = "demo", num: int = 3000, epochs: int = 6) -> dict:
-    work = Path(workdir)
-    data, run = work / "data", work / "run"
+@dataclass
+class DemoConfig:
+    workdir: str = "demo"  # everything the demo writes lives here
+    host: str = "127.0.0.1"  # the app's address (127.0.0.1: this machine only)
+    port: int = 7860  # the app's port
+    epochs: int = 40  # heads-only epochs over the cached tower outputs (~28 steps each)
+    batch_size: int = 256  # training batch
+    lr: float = 1e-3  # heads' peak learning rate (locked towers)
+    embed_dim: int = 256  # D
+    dims: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])  # the m's of the index folder
+    serve: bool = True  # start the app at the end (False: build everything and return)
+
+
+def run_demo(cfg: DemoConfig) -> dict:
+    """Run the steps above; returns what was built (paths and the validation metrics)."""
+    started = time.perf_counter()
+    work = Path(cfg.workdir)
+    data, run, index = work / "data", work / "run", work / "index"
+    _step(1, f"openclipart data in {data}")
     if not (data / "val.jsonl").exists():
-        print(f"[1/4] preparing {num} shapes records in {data}")
-        prepare("shapes", str(data), num=num, seed=0)
-    else:
-        print(f"[1/4] data already in {data}")
-    if not _finished(run, epochs):
-        print(f"[2/4] training tiny + tricl for {epochs} epochs in {run}")
-        cfg = TrainConfig(
-            train_data=str(data / "train.jsonl"),
-            val_data=str(data / "val.jsonl"),
-            out=str(run),
-            model="tiny",
-            loss="tricl",
-            epochs=epochs,
-            batch_size=64,
-            resume=(run / "config.json").exists(),
-        )
-        train(cfg)
-    else:
-        print(f"[2/4] run already trained in {run}")
-    print("[3/4] evaluating (t2i recall@10 of the compact embeddings per ordering)")
-    result = evaluate_run(str(run), str(data / "val.jsonl"), dims=[4, 8, 16, 32])
-    print(_table(result))
-    result["search"] = _index_and_search(run, data, work / "index")
+        prepare("openclipart", str(data))
+    _step(2, f"training lite (locked, cached towers) in {run}")
+    if not _trained(run, cfg.epochs):
+        _train(cfg, data, run)
+    _step(3, "validation recall@10 (t2i) against m")
+    metrics = _evaluate(cfg, data, run)
+    _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")
+    if not (index / "CURRENT").exists() and not (index / "manifest.json").exists():
+        _index(cfg, data, run, index)
+    print(f"demo ready in {time.perf_counter() - started:.0f} s")
+    result = {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}
+    if cfg.serve:
+        from app.gradio_app import serve
+
+        _step(5, f"serving http://{cfg.host}:{cfg.port}/ (Ctrl-C stops)")
+        serve(str(index), host=cfg.host, port=cfg.port)
     return result
 
 
-def _finished(run: Path, epochs: int) -> bool:
+def _step(n: int, text: str) -> None:
+    print(f"[{n}/5] {text}", flush=True)
+
+
+def _trained(run: Path, epochs: int) -> bool:
     path = run / METRICS
-    return path.exists() and len(path.read_text().splitlines()) >= epochs
+    return (run / MODEL).exists() and path.exists() and len(path.read_text().splitlines()) >= epochs
+
+
+def _train(cfg: DemoConfig, data: Path, run: Path) -> None:
+    from training.train import TrainConfig, train
+
+    train(
+        TrainConfig(
+            train_data=str(data / "train.jsonl"),
+            val_data=str(data / "val.jsonl"),
+            out=str(run),
+            model="lite",
+            embed_dim=cfg.embed_dim,
+            epochs=cfg.epochs,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            lock_image=True,
+            lock_text=True,
+            resume=(run / "checkpoint").exists(),
+        )
+    )
+
+
+def _evaluate(cfg: DemoConfig, data: Path, run: Path) -> dict:
+    from training.evaluate import evaluate_run
+
+    result = evaluate_run(str(run), str(data / "val.jsonl"), dims=[m for m in cfg.dims if m < cfg.embed_dim])
+    print(_table(result))
+    return {k: result[k] for k in ("t2i_r1", "t2i_r10", "i2t_r1", "i2t_r10", "align", "uniform", "compact")}
 
 
 def _table(result: dict) -> str:
@@ -71,21 +114,10 @@ def _table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def _index_and_search(run: Path, data: Path, out: Path) -> dict:
+def _index(cfg: DemoConfig, data: Path, run: Path, index: Path) -> None:
     from index.build import IndexBuildConfig, build_index
-    from index.search import Searcher
 
-    model, _ = load_run(run)
-    m = max(1, model.embed_dim // 4)
-    if not (out / "manifest.json").exists():
-        print(f"[4/4] indexing the validation images at m={m} of D={model.embed_dim} in {out}")
-        build_index(IndexBuildConfig(run=str(run), data=str(data / "val.jsonl"), out=str(out), dims=m, factory="Flat"))
-    searcher = Searcher.load(str(out))
-    hits = {}
-    for query, found in zip(DEMO_QUERIES, searcher.search_text(list(DEMO_QUERIES), k=3)):
-        hits[query] = found
-        print(f"  {query!r}:")
-        for hit in found:
-            print(f"    {hit['score']:.3f}  {hit['caption']}  ({hit['image']})")
-    print(f"next: triclip search --index {out} --text 'three large green triangles' --json")
-    return json.loads(json.dumps(hits, default=str))
+    for i, split in enumerate(("train", "val")):
+        build_index(
+            IndexBuildConfig(run=str(run), data=str(data / f"{split}.jsonl"), out=str(index), dims=cfg.dims, add=i > 0)
+        )
