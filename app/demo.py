@@ -34,6 +34,7 @@ class DemoConfig:
     embed_dim: int = 256  # D
     dims: list[int] = field(default_factory=lambda: [16, 32, 64, 128, 256])  # the m's of the index folder
     serve: bool = True  # start the app at the end (False: build everything and return)
+    num: int | None = None  # cap on openclipart records (None: all 8,121; tests use a few hundred)
 
 
 def run_demo(cfg: DemoConfig) -> dict:
@@ -43,7 +44,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     data, run, index = work / "data", work / "run", work / "index"
     _step(1, f"openclipart data in {data}")
     if not (data / "val.jsonl").exists():
-        prepare("openclipart", str(data))
+        prepare("openclipart", str(data), num=cfg.num)
     _step(2, f"training lite (locked, cached towers) in {run}")
     if not _trained(run, cfg.epochs):
         _train(cfg, data, run)
