@@ -154,6 +154,27 @@ def cmd_eval(ns: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- index / search / app
 
 
+def cmd_embed(ns: argparse.Namespace) -> int:
+    from retrieval.shards import EmbedConfig, embed_to_shards
+
+    cfg = EmbedConfig(
+        run=ns.run,
+        data=ns.data,
+        out=ns.out,
+        shard_size=ns.shard_size,
+        dtype=ns.dtype,
+        text=not ns.no_text,
+        batch_size=ns.batch_size,
+        workers=ns.workers,
+        device=ns.device,
+        data_config=_data_config(ns),
+    )
+    summary = embed_to_shards(cfg)
+    if summary["rank"] == 0:  # under torchrun: one summary, from rank 0
+        _print_json(summary)
+    return 0
+
+
 def cmd_index_build(ns: argparse.Namespace) -> int:
     from index.build import IndexBuildConfig, build_index
 
@@ -188,7 +209,10 @@ def cmd_search(ns: argparse.Namespace) -> int:
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
-    raise UserError("`triclip app` is not yet available")
+    from app.gradio_app import serve
+
+    serve(ns.index, host=ns.host, port=ns.port, run=ns.run, device=ns.device)
+    return 0
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
@@ -270,6 +294,19 @@ def build_parser() -> argparse.ArgumentParser:
     _data_args(p)
     p.set_defaults(func=cmd_eval)
 
+    p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
+    p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run; under torchrun write --run-dir")
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", required=True, help="embeddings folder; a re-run resumes it")
+    p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk")
+    p.add_argument("--no-text", action="store_true", help="embed the images only, not the captions")
+    p.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 64 on the CPU")
+    p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
+    p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
+    _data_args(p)
+    p.set_defaults(func=cmd_embed)
+
     index = sub.add_parser("index", help="build FAISS indexes")
     isub = index.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
     p = isub.add_parser("build", help="embed a data source and index it")
@@ -298,6 +335,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--index", required=True)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
+    p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_app)
 
     p = sub.add_parser("demo", help="openclipart -> lite on locked, cached towers -> index at several m -> the app")

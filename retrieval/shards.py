@@ -1,0 +1,338 @@
+"""``triclip embed``: a data source embedded into numbered shards, resumable, one rank per shard.
+
+The folder (SPEC "Embeddings")::
+
+    EMB/manifest.json              run, fingerprint, data fingerprint, shard size, D, dtype, the
+                                   compact transform (importance order, sqrt(w), sign fix)
+    EMB/shard-00000/image.npy      (n, D) compact image vectors: sqrt(w)-weighted, importance order,
+                                   sign fix, unit rows; the top-m embedding is a re-normalised prefix
+    EMB/shard-00000/text.npy       (T, D) the same for every caption of those images
+    EMB/shard-00000/text_rows.npy  (T, 2) int64: caption t is caption text_rows[t, 1] of image row text_rows[t, 0]
+    EMB/shard-00000/meta.jsonl     one line per image row: {"id", "image", "captions", "label"}
+    EMB/shard-00000/shard.json     counts, records covered, skipped images (written last)
+
+Shard ``s`` holds records ``s * shard_size`` to ``(s + 1) * shard_size`` of the source, in
+source order, minus the images that do not decode. A shard is built in a temporary folder
+and renamed into place, so it is either complete or absent: a re-run skips the shards that
+exist and a killed job resumes. Under ``torchrun`` rank ``r`` of ``W`` takes shards
+``r, r + W, r + 2W, ...``; rank 0 writes the manifest first (the other ranks wait at a
+barrier), so every rank applies the same transform. The sign fix is anchored on the first
+``anchor_rows`` images of the source, the same for any number of ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from tqdm.auto import tqdm
+
+from retrieval.compact import CompactTransform, make_transform
+from retrieval.data import DataConfig, PairSet, load_pairs
+from retrieval.embed import embed_pairs, embed_records, pick_device
+from retrieval.errors import UserError
+from retrieval.io import write_json_atomic
+from retrieval.run import load_run, run_fingerprint
+
+FORMAT = "triclip-embeddings/1"  # manifest["format"]
+MANIFEST = "manifest.json"
+SHARD_INFO = "shard.json"
+IMAGE, TEXT, TEXT_ROWS, META = "image.npy", "text.npy", "text_rows.npy", "meta.jsonl"
+DTYPES = ("float32", "float16")
+
+
+@dataclass
+class EmbedConfig:
+    """What ``triclip embed`` was asked to do."""
+
+    run: str  # run directory (triclip train --out)
+    data: str  # data source (any format retrieval.data accepts)
+    out: str  # embeddings folder (created; resumed when it holds this run's shards)
+    shard_size: int = 200_000  # records per shard
+    dtype: str = "float32"  # vectors on disk: float32 or float16 (half the size)
+    text: bool = True  # also embed every caption (image->text search, nprobe tuning)
+    batch_size: int | None = None  # per forward pass (None: 256 on a GPU, 64 on the CPU)
+    workers: int | None = None  # image-decoding processes per rank (None: GPU: cores / local ranks, max 8; CPU: 0)
+    device: str | None = None  # torch device (None: this rank's GPU when present, else the CPU)
+    data_config: DataConfig | None = None  # how to read data (None: the format's defaults)
+    anchor_rows: int = 64  # the sign fix's anchors: the first images of the source
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+def embed_to_shards(cfg: EmbedConfig) -> dict:
+    """Embed ``cfg.data`` into shards under ``cfg.out`` (this rank's share); returns a summary.
+
+    Works alone or under ``torchrun`` (``WORLD_SIZE`` > 1 starts a process group: NCCL on
+    GPUs, gloo on the CPU). Every rank returns the summary of the whole folder.
+    """
+    started = time.perf_counter()
+    _validate(cfg)
+    rank, world, owned = _init_distributed()
+    try:
+        pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
+        device = _device(cfg.device)
+        model, run_config = load_run(cfg.run, device)
+        fingerprint = run_fingerprint(cfg.run)
+        num_shards = math.ceil(len(pairs.records) / cfg.shard_size)
+        out = Path(cfg.out)
+        if rank == 0:
+            _prepare_folder(cfg, out, model, run_config, fingerprint, pairs, num_shards, device)
+        _barrier(world)
+        manifest = read_manifest(out)
+        transform = CompactTransform.from_dict(manifest["transform"])
+        batch = cfg.batch_size or (256 if device.type == "cuda" else 64)
+        workers = _workers(cfg.workers, device)
+        mine = list(range(rank, num_shards, world))
+        todo = [s for s in mine if not (out / shard_name(s) / SHARD_INFO).is_file()]
+        bar = tqdm(todo, desc=f"rank {rank}/{world} shards", unit="shard", position=rank, disable=None)
+        for s in bar:
+            _write_shard(out, s, pairs, cfg, model, transform, device, batch, workers, rank)
+        _barrier(world)
+        summary = summarize(out)
+        summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
+        summary["seconds"] = round(time.perf_counter() - started, 2)
+        return summary
+    finally:
+        if owned:
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- reading
+
+
+def read_manifest(emb: str | os.PathLike) -> dict:
+    """The manifest of an embeddings folder; UserError when missing or foreign."""
+    path = Path(emb) / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{emb} is not a triclip embeddings folder (no {MANIFEST})")
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"cannot read {path}: {err}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+        raise UserError(f"{path} has an unknown format (expected {FORMAT})")
+    return manifest
+
+
+def finished_shards(emb: str | os.PathLike) -> list[int]:
+    """Numbers of the shards written completely, ascending."""
+    manifest = read_manifest(emb)
+    return [s for s in range(manifest["num_shards"]) if (Path(emb) / shard_name(s) / SHARD_INFO).is_file()]
+
+
+def check_complete(emb: str | os.PathLike) -> dict:
+    """The manifest, after checking every shard is there; UserError naming the missing ones."""
+    manifest = read_manifest(emb)
+    done = set(finished_shards(emb))
+    missing = [s for s in range(manifest["num_shards"]) if s not in done]
+    if missing:
+        listed = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
+        raise UserError(f"{emb} is incomplete: shards {listed} missing; run `triclip embed` again to finish them")
+    return manifest
+
+
+def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool = True) -> dict:
+    """One shard: ``{"image" (n, D), "text" (T, D) | None, "text_rows" (T, 2) | None, "meta", "info"}``.
+
+    Vectors are memory-mapped (``mmap``) in the dtype they were written in.
+    """
+    folder = Path(emb) / shard_name(index)
+    info_path = folder / SHARD_INFO
+    if not info_path.is_file():
+        raise UserError(f"{folder} is missing or unfinished")
+    info = json.loads(info_path.read_text(encoding="utf-8"))
+    mode = "r" if mmap else None
+    with open(folder / META, encoding="utf-8") as fh:
+        meta = [json.loads(line) for line in fh if line.strip()]
+    has_text = text and info.get("text_count") is not None
+    return {
+        "image": np.load(folder / IMAGE, mmap_mode=mode),
+        "text": np.load(folder / TEXT, mmap_mode=mode) if has_text else None,
+        "text_rows": np.load(folder / TEXT_ROWS) if has_text else None,
+        "meta": meta,
+        "info": info,
+    }
+
+
+def summarize(emb: str | os.PathLike) -> dict:
+    """Counts over the finished shards of a folder."""
+    manifest = read_manifest(emb)
+    infos = [json.loads((Path(emb) / shard_name(s) / SHARD_INFO).read_text()) for s in finished_shards(emb)]
+    skipped = Counter(manifest.get("skipped", {}))
+    for info in infos:
+        skipped.update(info.get("skipped", {}))
+    text_counts = [i["text_count"] for i in infos if i.get("text_count") is not None]
+    return {
+        "embeddings": str(Path(emb).absolute()),
+        "shards": manifest["num_shards"],
+        "finished": len(infos),
+        "count": sum(i["count"] for i in infos),
+        "text_count": sum(text_counts) if manifest.get("text") else None,
+        "dim": manifest["dim"],
+        "dtype": manifest["dtype"],
+        "fingerprint": manifest["fingerprint"],
+        "skipped": dict(skipped),
+    }
+
+
+# ---------------------------------------------------------------------------- setup
+
+
+def _validate(cfg: EmbedConfig) -> None:
+    if cfg.shard_size < 1:
+        raise UserError(f"--shard-size must be >= 1, got {cfg.shard_size}")
+    if cfg.dtype not in DTYPES:
+        raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
+    if cfg.batch_size is not None and cfg.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    if cfg.workers is not None and cfg.workers < 0:
+        raise UserError(f"--workers must be >= 0, got {cfg.workers}")
+    if cfg.anchor_rows < 1:
+        raise UserError(f"anchor_rows must be >= 1, got {cfg.anchor_rows}")
+    out = Path(cfg.out)
+    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file()):
+        raise UserError(f"{out} exists and is not a triclip embeddings folder; refusing to write into it")
+
+
+def _init_distributed() -> tuple[int, int, bool]:
+    """``(rank, world, owned)``: joins torchrun's process group when ``WORLD_SIZE`` > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, False
+    if dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size(), False
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return dist.get_rank(), dist.get_world_size(), True
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        dist.barrier()
+
+
+def _device(name: str | None) -> torch.device:
+    if name is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())  # this rank's GPU (set in _init_distributed)
+    return pick_device(name)
+
+
+def _workers(workers: int | None, device: torch.device) -> int:
+    if workers is not None:
+        return workers
+    if device.type != "cuda":
+        return 0  # the CPU is busy with the model already
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, min(8, (os.cpu_count() or 1) // local_ranks))
+
+
+def _prepare_folder(cfg, out: Path, model, run_config, fingerprint: str, pairs: PairSet, num_shards, device) -> None:
+    """Rank 0: check a folder being resumed, or write the manifest of a new one."""
+    for leftover in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shards
+        shutil.rmtree(leftover, ignore_errors=True)
+    if (out / MANIFEST).is_file():
+        old = read_manifest(out)
+        mine = {"fingerprint": fingerprint, "data_fingerprint": pairs.fingerprint, "shard_size": cfg.shard_size,
+                "dtype": cfg.dtype, "text": cfg.text}
+        for key, value in mine.items():
+            if old.get(key) != value:
+                raise UserError(
+                    f"{out} holds embeddings with {key}={old.get(key)!r}, not {value!r}; use a new --out to start over"
+                )
+        return
+    anchors = PairSet(pairs.records[: cfg.anchor_rows], Counter(), pairs.source, pairs.max_pixels)
+    anchor_emb, _, _ = embed_records(model, anchors, device, min(64, cfg.anchor_rows))  # (a, D)
+    dim = int(anchor_emb.shape[1])
+    importance = model.importance().detach().float().cpu()  # (D,)
+    transform = make_transform("importance", dim, dim, importance).with_signs_from(anchor_emb)
+    data = os.path.abspath(cfg.data) if os.path.exists(cfg.data) else cfg.data
+    write_json_atomic(out / MANIFEST, {
+        "format": FORMAT,
+        "run": os.path.abspath(cfg.run),
+        "fingerprint": fingerprint,
+        "model": run_config.get("model"),
+        "data": data,
+        "data_fingerprint": pairs.fingerprint,
+        "records": len(pairs.records),
+        "shard_size": cfg.shard_size,
+        "num_shards": num_shards,
+        "dim": dim,
+        "dtype": cfg.dtype,
+        "text": cfg.text,
+        "importance": importance[transform.keep].tolist(),  # w in index order (descending)
+        "transform": transform.to_dict(),
+        "anchor_rows": cfg.anchor_rows,
+        "skipped": dict(pairs.skipped),  # records the source reader left out
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    })
+
+
+# ---------------------------------------------------------------------------- one shard
+
+
+def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, device, batch: int, workers: int, rank):
+    """Embed records of shard ``s`` and rename the finished folder into place."""
+    started = time.perf_counter()
+    lo, hi = s * cfg.shard_size, min(len(pairs.records), (s + 1) * cfg.shard_size)
+    part = PairSet(pairs.records[lo:hi], Counter(), pairs.source, pairs.max_pixels)
+    try:
+        emb = embed_pairs(model, part, device, batch, None, workers)
+        image, text, text_to_image, keep, skipped = emb
+    except UserError:  # no image of this shard decodes: an empty shard, counted
+        image, text, text_to_image = torch.zeros(0, transform.dim), torch.zeros(0, transform.dim), torch.zeros(0)
+        keep, skipped = torch.zeros(0, dtype=torch.long), Counter(_shard_reasons(part))
+    records = [part.records[i] for i in keep.tolist()]
+    caption_no = [c for r in records for c in range(len(r.captions))]
+    text_rows = np.stack([text_to_image.long().numpy(), np.array(caption_no, dtype=np.int64)], 1).reshape(-1, 2)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{shard_name(s)}.tmp-", dir=out))
+    try:
+        np.save(tmp / IMAGE, transform(image).numpy().astype(cfg.dtype))  # (n, D)
+        if cfg.text:
+            np.save(tmp / TEXT, transform(text).numpy().astype(cfg.dtype))  # (T, D)
+            np.save(tmp / TEXT_ROWS, text_rows.astype(np.int64))  # (T, 2)
+        with open(tmp / META, "w", encoding="utf-8") as fh:
+            for r in records:
+                row = {"id": r.key, "image": r.path, "captions": list(r.captions), "label": r.label}
+                fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        info = {
+            "shard": s,
+            "records": [lo, hi],
+            "count": len(records),
+            "text_count": len(caption_no) if cfg.text else None,
+            "skipped": dict(skipped),
+            "rank": rank,
+            "seconds": round(time.perf_counter() - started, 2),
+        }
+        (tmp / SHARD_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+        if (out / shard_name(s)).exists():  # a folder without shard.json: not ours to keep
+            shutil.rmtree(out / shard_name(s))
+        os.replace(tmp, out / shard_name(s))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _shard_reasons(part: PairSet) -> Counter:
+    """Why each image of a shard with no decodable image failed."""
+    from retrieval.data import BadRecord
+
+    reasons: Counter = Counter()
+    for r in part.records:
+        try:
+            r.open_image(part.max_pixels)
+        except BadRecord as bad:
+            reasons[bad.reason] += 1
+    return reasons
