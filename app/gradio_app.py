@@ -1,0 +1,393 @@
+"""``triclip app``: a Gradio search page over an index folder.
+
+    app = build_app(Searcher.load("INDEX"))   # gr.Blocks; or serve("INDEX", host, port)
+
+Text -> image, image -> image (upload, or click a result: "more like this", which
+searches with the stored vector of that image), image -> text when the index holds
+captions. A radio picks m among the folder's pruned indexes and shows the recall@10
+measured at that m; "funnel" shortlists at m and re-ranks at full D. Changing m or
+the funnel re-runs the last query, so results and latency can be compared. A plot
+shows the importance spectrum (w in index order).
+
+Every search is a named API endpoint (``gradio_client``): ``search_text``,
+``search_image``, ``more_like_this``, ``image_to_text``. Each returns its results and
+a Markdown status line; bad input (empty or huge query, a file that is not an image,
+a decompression bomb, an unknown id) gives a message there and a warning toast, never
+a traceback, and the app keeps serving.
+
+Private by default: bound to 127.0.0.1, no share link, analytics and version checks
+off, system fonts only (nothing is fetched from outside hosts), no server-side
+rendering process. Gallery images are served straight from the index's image folders.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when gradio is imported: no telemetry
+
+import logging  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import gradio as gr  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from retrieval.errors import UserError  # noqa: E402
+
+log = logging.getLogger("triclip.app")
+
+ENDPOINTS = ("search_text", "search_image", "more_like_this", "image_to_text")
+SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]  # no web fonts: nothing fetched from outside
+MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "monospace"]
+CAPTION_CHARS = 90  # a gallery label shows this much of a caption
+
+
+@dataclass
+class AppConfig:
+    """How ``triclip app`` serves an index."""
+
+    index: str  # index folder (triclip index build --out)
+    host: str = "127.0.0.1"  # address to bind (127.0.0.1: this machine only)
+    port: int = 7860  # port to bind
+    k: int = 12  # results per query by default
+    concurrency: int = 4  # searches running at once; more wait in the queue (the model is shared)
+    max_query_chars: int = 1000  # longer text queries are cut here (the text tower reads ~256 tokens anyway)
+    queue_size: int = 512  # requests waiting at most; beyond this the queue answers "full"
+
+
+class SearchApp:
+    """The app's search functions over one loaded :class:`index.search.Searcher`.
+
+    Each public method is one API endpoint; it returns plain values for the Gradio
+    outputs and turns every failure into a status message.
+    """
+
+    def __init__(self, searcher, cfg: AppConfig):
+        self.searcher = searcher
+        self.cfg = cfg
+        self.dims: list[int] = list(searcher.dims)  # ascending, last == D
+        self.dim: int = int(searcher.dim)
+        manifest = searcher.manifest
+        self.recall: dict[int, float | None] = {
+            int(m): v for m, v in (manifest.get("recall") or {}).items()
+        }  # t2i recall@10 measured at m
+        self.importance: list[float] = list(manifest.get("importance") or [])  # w in index order
+        self.has_text: bool = bool(searcher.has_text)
+
+    # -- endpoints: (gallery, status, ids) or (rows, status)
+
+    def search_text(self, query: str, m: int, funnel: bool, k: int):
+        """Text -> image."""
+        text = (query or "").strip()
+        note = ""
+        if len(text) > self.cfg.max_query_chars:
+            text, note = text[: self.cfg.max_query_chars], f" (query cut to its first {self.cfg.max_query_chars:,} characters)"
+        if not text:
+            return self._fail("Type a query first: the text is empty.")
+        shown = text if len(text) <= 60 else text[:57] + "..."
+        return self._gallery(lambda **kw: self.searcher.search_text([text], **kw), m, funnel, k, f"“{shown}”", note)
+
+    def search_image(self, image: str | None, m: int, funnel: bool, k: int):
+        """Image -> image, for an uploaded image file."""
+        if not image:
+            return self._fail("Upload an image first.")
+        search = _explained(image, lambda **kw: self.searcher.search_image([image], **kw))
+        return self._gallery(search, m, funnel, k, "the uploaded image")
+
+    def more_like_this(self, image_id: str, m: int, funnel: bool, k: int):
+        """Image -> image for an indexed image, by its id (its stored vector: no re-embedding)."""
+        image_id = (image_id or "").strip()
+        if not image_id:
+            return self._fail("Click a result first (or give an image id).")
+        return self._gallery(lambda **kw: self.searcher.search_ids([image_id], **kw), m, funnel, k, f"image {image_id}")
+
+    def image_to_text(self, image: str | None, m: int, funnel: bool, k: int):
+        """Image -> text: the indexed captions nearest to an uploaded image."""
+        if not self.has_text:
+            return _empty_rows(), self._message("This index holds no caption vectors (built without the text index).")
+        if not image:
+            return _empty_rows(), self._message("Upload an image first.")
+        try:
+            search = _explained(image, lambda **kw: self.searcher.search_image([image], target="text", **kw))
+            hits, ms, where = self._run(search, m, funnel, k)
+        except UserError as err:
+            return _empty_rows(), self._message(str(err))
+        rows = pd.DataFrame(
+            [[round(h["score"], 4), h["caption"], h["id"]] for h in hits], columns=["score", "caption", "image id"]
+        )
+        return rows, f"**{len(hits)} captions** for the uploaded image · {where} · {ms:.1f} ms"
+
+    # -- the shared path
+
+    def _gallery(self, search, m, funnel, k, what: str, note: str = ""):
+        try:
+            hits, ms, where = self._run(search, m, funnel, k)
+        except UserError as err:
+            return self._fail(str(err))
+        items = [(h["image"], f"{h['score']:.3f} · {_short(h['caption'])}") for h in hits]
+        status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}"
+        return items, status, [h["id"] for h in hits]
+
+    def _run(self, search, m, funnel, k) -> tuple[list[dict], float, str]:
+        """Call ``search(k=, m=, funnel=)``; returns (hits of the one query, milliseconds, a description)."""
+        m, k = self._check_m(m), self._check_k(k)
+        use_funnel = bool(funnel) and m < self.dim
+        kwargs = {"k": k, "m": None if (use_funnel or m == self.dim) else m, "funnel": m if use_funnel else None}
+        started = time.perf_counter()
+        try:
+            hits = search(**kwargs)[0]
+        except UserError:
+            raise
+        except Exception as err:  # a bug, not the user's input: keep serving, log the traceback here
+            log.exception("search failed")
+            raise UserError(f"search failed: {type(err).__name__}: {err}") from None
+        ms = (time.perf_counter() - started) * 1000
+        return hits, ms, self._describe(m, use_funnel)
+
+    def _describe(self, m: int, funnel: bool) -> str:
+        recall = self.recall.get(m)
+        measured = f" (recall@10 {recall:.3f})" if recall is not None else ""
+        if funnel:
+            return f"funnel: shortlist at m = {m}{measured}, re-rank at D = {self.dim}"
+        return f"m = {m}{' = D' if m == self.dim else ''}{measured}"
+
+    def _check_m(self, m) -> int:
+        if m is None or m == "":
+            return self.dim
+        try:
+            m = int(m)
+        except (TypeError, ValueError):
+            raise UserError(f"m must be one of {self.dims}, got {m!r}") from None
+        if m not in self.dims:
+            raise UserError(f"m must be one of {self.dims}, got {m}")
+        return m
+
+    @staticmethod
+    def _check_k(k) -> int:
+        try:
+            k = int(k)
+        except (TypeError, ValueError):
+            raise UserError(f"k must be a whole number, got {k!r}") from None
+        if not 1 <= k <= 100:
+            raise UserError(f"k must be between 1 and 100, got {k}")
+        return k
+
+    def _fail(self, message: str):
+        return [], self._message(message), []
+
+    @staticmethod
+    def _message(message: str) -> str:
+        gr.Warning(message)  # a toast in the page; a log line for API clients
+        return f"⚠️ {message}"
+
+    # -- what the page shows besides results
+
+    def m_choices(self) -> list[tuple[str, int]]:
+        """Radio choices: (label with the measured recall, m)."""
+        out = []
+        for m in self.dims:
+            label = f"{m} = D" if m == self.dim else str(m)
+            if self.recall.get(m) is not None:
+                label += f" · R@10 {self.recall[m]:.3f}"
+            out.append((label, m))
+        return out
+
+    def spectrum(self) -> pd.DataFrame:
+        """The importance w against its rank (index order), for the plot."""
+        return pd.DataFrame({"dimension (index order)": range(len(self.importance)), "importance w": self.importance})
+
+
+BAD_IMAGE = {  # the data layer's reasons, for people
+    "corrupt_image": "is not an image that can be read (or it is damaged)",
+    "decompression_bomb": "has too many pixels to decode safely (decompression-bomb guard)",
+    "missing_file": "did not arrive (upload it again)",
+}
+
+
+def _explained(path: str, search):
+    """``search`` with an unreadable upload's message naming the file, not Gradio's cache path."""
+
+    def wrapped(**kw):
+        try:
+            return search(**kw)
+        except UserError as err:
+            text = str(err)
+            for reason, meaning in BAD_IMAGE.items():
+                if reason in text:
+                    raise UserError(f"The uploaded file {Path(path).name} {meaning}.") from None
+            raise UserError(text.replace(str(path), Path(path).name)) from None
+
+    return wrapped
+
+
+def _short(caption: str) -> str:
+    caption = " ".join((caption or "").split())
+    return caption if len(caption) <= CAPTION_CHARS else caption[: CAPTION_CHARS - 1] + "…"
+
+
+def _empty_rows() -> pd.DataFrame:
+    return pd.DataFrame([], columns=["score", "caption", "image id"])
+
+
+class QueryImage(gr.Image):
+    """``gr.Image`` that hands the uploaded file's path to the app without decoding it.
+
+    ``gr.Image`` opens every upload with Pillow before the app sees it, so a file that is
+    not an image, or a decompression bomb, fails inside Gradio with a generic error. Here
+    the path goes straight to the Searcher, whose guarded decode turns it into a message.
+    Gradio has already checked that the path lies in its upload folder.
+    """
+
+    is_template = True  # rendered by the frontend's Image component
+
+    def preprocess(self, payload):
+        if payload is None:
+            return None
+        if payload.path is None:  # a data: URL (pasted image): Gradio decodes it to a file
+            try:
+                return super().preprocess(payload)
+            except Exception:
+                return "<unreadable pasted image>"
+        return str(payload.path)
+
+
+def build_app(searcher, cfg: AppConfig) -> gr.Blocks:
+    """The page and its API endpoints over a loaded Searcher."""
+    app = SearchApp(searcher, cfg)
+    run_name = Path(searcher.manifest.get("run", "")).name or "?"
+    with gr.Blocks(title="triclip search", analytics_enabled=False) as blocks:
+        gr.Markdown(
+            f"## triclip search · {len(searcher):,} images · D = {app.dim} · run `{run_name}`\n"
+            "Search by text or by image; click a result for more like it. "
+            "Pick m to search a pruned index (its measured text→image recall@10 is shown)."
+        )
+        ids = gr.State([])  # ids of the gallery's results, in order (for clicks)
+        last = gr.State(None)  # the last query: ("text", str) | ("image", path) | ("id", str), re-run when m changes
+        with gr.Row():
+            with gr.Column(scale=3):
+                with gr.Tab("Text → image"):
+                    with gr.Row():
+                        query = gr.Textbox(
+                            label="query", placeholder="e.g. a red apple", scale=5, max_lines=2, elem_id="query"
+                        )
+                        search_btn = gr.Button("Search", variant="primary", scale=1, elem_id="search")
+                with gr.Tab("Image → image / text"):
+                    with gr.Row():
+                        image = QueryImage(
+                            label="query image", type="filepath", sources=["upload", "clipboard"], height=180,
+                            elem_id="query-image",
+                        )
+                        with gr.Column():
+                            image_btn = gr.Button("Similar images", variant="primary", elem_id="image-search")
+                            text_btn = gr.Button("Captions (image → text)", visible=app.has_text, elem_id="image-to-text")
+                    captions = gr.Dataframe(
+                        value=_empty_rows(), label="nearest captions", visible=app.has_text, interactive=False,
+                        elem_id="captions",
+                    )
+                status = gr.Markdown("Results appear below.", elem_id="status")
+                gallery = gr.Gallery(
+                    label="results (click one: more like this)", columns=6, height="auto", allow_preview=False,
+                    object_fit="contain", elem_id="results",
+                )
+                clicked = gr.Textbox(label="more like this: image id", elem_id="clicked-id", max_lines=1)
+            with gr.Column(scale=1, min_width=260):
+                m = gr.Radio(app.m_choices(), value=app.dim, label="m: dimensions searched", elem_id="m")
+                funnel = gr.Checkbox(False, label="funnel: shortlist at m, re-rank at full D", elem_id="funnel")
+                k = gr.Slider(1, 100, value=cfg.k, step=1, label="results k", elem_id="k")
+                gr.LinePlot(
+                    app.spectrum(), x="dimension (index order)", y="importance w", label="importance spectrum",
+                    height=220, elem_id="spectrum",
+                )
+
+        knobs = [m, funnel, k]
+        shown = [gallery, status, ids]
+        search_btn.click(app.search_text, [query] + knobs, shown, api_name="search_text").then(
+            lambda q: ("text", q), query, last, api_visibility="private"
+        )
+        query.submit(app.search_text, [query] + knobs, shown, api_visibility="private").then(
+            lambda q: ("text", q), query, last, api_visibility="private"
+        )
+        image_btn.click(app.search_image, [image] + knobs, shown, api_name="search_image").then(
+            lambda p: ("image", p), image, last, api_visibility="private"
+        )
+        image.upload(app.search_image, [image] + knobs, shown, api_visibility="private").then(
+            lambda p: ("image", p), image, last, api_visibility="private"
+        )
+        text_btn.click(app.image_to_text, [image] + knobs, [captions, status], api_name="image_to_text")
+        clicked.submit(app.more_like_this, [clicked] + knobs, shown, api_name="more_like_this").then(
+            lambda i: ("id", i), clicked, last, api_visibility="private"
+        )
+        gallery.select(_clicked_id, ids, clicked, api_visibility="private").then(
+            app.more_like_this, [clicked] + knobs, shown, api_visibility="private"
+        ).then(lambda i: ("id", i), clicked, last, api_visibility="private")
+
+        def rerun(previous, m_value, funnel_value, k_value):
+            """Re-run the last query when m, the funnel or k change."""
+            if not previous:
+                return gr.skip(), gr.skip(), gr.skip()
+            kind, value = previous
+            fn = {"text": app.search_text, "image": app.search_image, "id": app.more_like_this}[kind]
+            return fn(value, m_value, funnel_value, k_value)
+
+        for knob in (m, funnel):
+            knob.change(rerun, [last] + knobs, shown, api_visibility="private")
+        k.release(rerun, [last] + knobs, shown, api_visibility="private")
+    blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
+    return blocks
+
+
+def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
+    """The id of the clicked gallery result."""
+    return ids[evt.index] if ids and 0 <= evt.index < len(ids) else ""
+
+
+def image_roots(searcher) -> list[str]:
+    """The folders holding the indexed images (served to the browser, nothing else)."""
+    dirs = sorted({os.path.dirname(os.path.abspath(row["image"])) for row in searcher.contents.meta})
+    roots: list[str] = []
+    for d in dirs:  # sorted: a folder comes right before the folders inside it
+        if not roots or not (d == roots[-1] or d.startswith(roots[-1].rstrip(os.sep) + os.sep)):
+            roots.append(d)
+    return roots
+
+
+def theme() -> gr.themes.Base:
+    """Gradio's default look with system fonts (the default theme loads Google fonts)."""
+    return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
+
+
+def launch(blocks: gr.Blocks, roots: list[str], host: str, port: int, block: bool = True):
+    """Start the server (``block=False``: return once it answers, for tests)."""
+    gr.set_static_paths(roots)  # served in place, never copied into Gradio's cache
+    return blocks.launch(
+        server_name=host,
+        server_port=port,
+        share=False,
+        inbrowser=False,
+        allowed_paths=roots,
+        ssr_mode=False,  # no Node server process
+        mcp_server=False,
+        theme=theme(),
+        show_error=False,  # our messages go to the status line; no tracebacks in the page
+        max_file_size="50mb",
+        prevent_thread_lock=not block,
+        quiet=not block,
+    )
+
+
+def serve(index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None = None, device: str | None = None):
+    """Load the index and serve the app until Ctrl-C."""
+    from index.search import Searcher
+
+    searcher = Searcher.load(index, run=run, device=device)
+    cfg = AppConfig(index=index, host=host, port=port)
+    blocks = build_app(searcher, cfg)
+    print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+    try:
+        launch(blocks, image_roots(searcher), host, port, block=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        blocks.close()
