@@ -1,24 +1,33 @@
-"""``triclip index build``: embed a data source, keep the top-m dimensions, index them in FAISS.
+"""``triclip index build``: embed a data source once, index it at several m in one folder.
 
 Steps: load the run and the data; embed every image (and every caption, for
-image->text search) in batches; map the embeddings through the compact transform
-of ``retrieval.compact`` (``importance`` ordering by default: the top-m dimensions
-of ``sqrt(w) * z``, re-normalised, with the sign fix anchored on the first indexed
-images); build the FAISS index (``index.faiss_index``; ``auto`` picks Flat / HNSW32 /
-IVF-PQ by size and memory); write the directory atomically (``index.store``).
+image->text search) in batches, reusing the locked-tower cache; map the embeddings
+through the compact transform of ``retrieval.compact`` at m = D (``importance``
+ordering by default: ``sqrt(w) * z`` in importance order, re-normalised, with the
+sign fix anchored on the first indexed images), so that the top-m embedding of any
+m is the re-normalised prefix of the stored vector; build one FAISS index per m
+(``index.faiss_index``; ``auto`` picks Flat / HNSW32 / IVF-PQ by size and memory);
+write a new version of the folder under the writer lock (``index.store``).
 
 ``add=True`` appends the records of ``data`` that are not indexed yet (same image
-location and captions) to an existing index, with the run, transform and factory
-recorded in its manifest; a different run or m is refused.
+location and captions) with the run, transform, dims and factories recorded in the
+manifest; a different run, dims or factory is refused. The embedding runs without
+the lock; only the append and the write hold it, against the version that is live
+then, so concurrent ``--add`` writers all land.
 
-The manifest records what a query needs to be embedded the same way:
+The manifest records what a query needs to be embedded the same way, and what the
+app shows:
 
-    format, run, fingerprint, model, ordering, m, dim, transform (CompactTransform.to_dict),
-    factory, text_factory, factory_option, metric, count, text_count, sources, skipped, created
+    format, run, fingerprint, model, ordering, dim (D), dims (ascending, last = D),
+    transform (CompactTransform.to_dict at m = D), importance (w in index order),
+    recall ({str(m): t2i recall@10 or None}, from the run's last evaluation), recall_source,
+    factories / text_factories ({str(m): factory}), factory_option, metric, count,
+    text_count (None without a caption index), sources, skipped, created, updated
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections import Counter
@@ -29,13 +38,23 @@ import numpy as np
 import torch
 
 from index import faiss_index as fi
-from index.store import FORMAT, IMAGE_INDEX, IndexContents, is_index_dir, load_contents, write_contents
+from index.store import (
+    FORMAT,
+    IndexContents,
+    current_version,
+    image_index_name,
+    is_empty_dir,
+    is_index_dir,
+    load_contents,
+    write_version,
+    writer_lock,
+)
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import ORDERINGS, CompactTransform, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
-from retrieval.run import load_run, run_fingerprint
+from retrieval.run import METRICS, load_run, run_fingerprint
 
 
 @dataclass
@@ -44,9 +63,9 @@ class IndexBuildConfig:
 
     run: str  # run directory (triclip train --out)
     data: str  # data source to index (any format retrieval.data accepts)
-    out: str  # index directory to write
-    dims: int | None = None  # m: dimensions kept (None: all D; with add: the index's m)
-    factory: str = "auto"  # FAISS index-factory string, or auto (index.faiss_index.auto_factory)
+    out: str  # index folder to write
+    dims: list[int] | int | None = None  # m's indexed besides D, which always is (None: D only; with add: the index's)
+    factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
     add: bool = False  # append to the existing index at out instead of building a new one
     batch_size: int = 64  # images per embedding batch
     device: str | None = None  # torch device (None: cuda when available, else cpu)
@@ -55,116 +74,140 @@ class IndexBuildConfig:
     ordering: str = "importance"  # compact ordering (retrieval.compact.ORDERINGS); pca fits on this data
     seed: int = 0  # seed of the random ordering and of index training
     workers: int = 0  # DataLoader worker processes decoding images
+    lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
 
 
 def build_index(cfg: IndexBuildConfig) -> dict:
-    """Build (or extend) the index directory ``cfg.out``; returns a JSON-able summary."""
+    """Build (or extend) the index folder ``cfg.out``; returns a JSON-able summary."""
     started = time.perf_counter()
-    _validate(cfg)
-    old = load_contents(cfg.out) if cfg.add else None
+    dims = _validate(cfg)
+    base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
     device = pick_device(cfg.device)
     model, run_config = load_run(cfg.run, device)
     fingerprint = run_fingerprint(cfg.run)
-    if old is not None:
-        _check_same_run(old.manifest, cfg, fingerprint)
+    if base is not None:
+        _check_same_run(base.manifest, cfg, dims, fingerprint)
     else:
-        _check_new_index(cfg, model.embed_dim)  # before the (long) embedding
-    todo, already = _new_records(pairs, old)
+        _check_new_index(cfg, dims, model.embed_dim)  # before the (long) embedding
+    todo, already = _new_records(pairs, base.meta if base is not None else [])
     if not todo.records:
-        return _summary(cfg, old.manifest, 0, already, pairs.skipped, started)
+        return _summary(cfg, base.manifest, 0, already, pairs.skipped, started)
 
     # one embedding path (retrieval.embed); a locked tower's outputs come from the cache training wrote
     cache = locked_tower_outputs(model, todo, device, workers=cfg.workers)
     image_emb, text_emb, _, keep, bad = embed_pairs(model, todo, device, cfg.batch_size, cache, cfg.workers)  # (N, D)
     records = [todo.records[i] for i in keep.tolist()]
-    captions = [(row, c, text) for row, r in enumerate(records) for c, text in enumerate(r.captions)]
-    need_text = old.text_index is not None if old is not None else cfg.text_index
-    text_emb = text_emb if need_text else None  # (T, D), rows in the order of ``captions``
+    need_text = base.manifest["text_count"] is not None if base is not None else cfg.text_index
     transform = (
-        CompactTransform.from_dict(old.manifest["transform"])
-        if old is not None
-        else _new_transform(cfg, model, image_emb, text_emb)
+        CompactTransform.from_dict(base.manifest["transform"])
+        if base is not None
+        else _new_transform(cfg, model, image_emb, text_emb if need_text else None)
     )
-    vectors = transform(image_emb).numpy()  # (N, m)
-    text_vectors = transform(text_emb).numpy() if text_emb is not None else None  # (T, m)
-    meta = _meta_rows(records, old.meta if old is not None else [])
-    contents = (
-        _extend(old, vectors, text_vectors, captions, meta)
-        if old is not None
-        else _fresh(cfg, vectors, text_vectors, captions, meta)
-    )
+    vectors = transform(image_emb).numpy()  # (N, D) full-D compact vectors
+    text_vectors = transform(text_emb).numpy() if need_text else None  # (T, D), record then caption order
     skipped = pairs.skipped + bad
-    contents.manifest = _manifest(cfg, contents, run_config, fingerprint, transform, pairs, len(records), skipped, old)
-    write_contents(cfg.out, contents)
-    return _summary(cfg, contents.manifest, len(records), already, skipped, started)
+    if base is None:
+        fresh = _fresh(cfg, dims, vectors, text_vectors, records)  # FAISS training happens before the lock
+        with writer_lock(cfg.out, cfg.lock_timeout):
+            fresh.manifest = _manifest(cfg, fresh, run_config, fingerprint, transform, model, pairs, len(records), skipped, None)
+            write_version(cfg.out, fresh)
+        return _summary(cfg, fresh.manifest, len(records), already, skipped, started)
+    with writer_lock(cfg.out, cfg.lock_timeout):
+        live = load_contents(cfg.out)  # the version that is live now: another writer may have added to it
+        if live.manifest["transform"] != base.manifest["transform"] or live.manifest["dims"] != base.manifest["dims"]:
+            raise UserError(f"the index {cfg.out} was rebuilt by another process during this --add; run it again")
+        added = _extend(live, vectors, text_vectors, records)
+        live.manifest = _manifest(cfg, live, run_config, fingerprint, transform, model, pairs, added, skipped, live.manifest)
+        write_version(cfg.out, live)
+    return _summary(cfg, live.manifest, added, already + len(records) - added, skipped, started)
 
 
 # ---------------------------------------------------------------------------- checks
 
 
-def _validate(cfg: IndexBuildConfig) -> None:
-    if cfg.dims is not None and cfg.dims < 1:
-        raise UserError(f"--dims must be >= 1, got {cfg.dims}")
+def _validate(cfg: IndexBuildConfig) -> list[int] | None:
+    """Checks that need no model; returns the requested m's (sorted, unique) or None."""
+    dims = [cfg.dims] if isinstance(cfg.dims, int) else cfg.dims
+    if dims is not None:
+        dims = sorted(set(int(m) for m in dims))
+        if not dims or dims[0] < 1:
+            raise UserError(f"--dims must be positive integers, got {cfg.dims}")
     if cfg.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {cfg.batch_size}")
     if cfg.ordering not in ORDERINGS:
         raise UserError(f"unknown ordering {cfg.ordering!r}; choose from {sorted(ORDERINGS)}")
     if not cfg.factory.strip():
         raise UserError("--factory must be a FAISS factory string or auto")
+    if cfg.lock_timeout < 0:
+        raise UserError(f"--lock-timeout must be >= 0, got {cfg.lock_timeout}")
     out = Path(cfg.out)
     if cfg.add and not is_index_dir(out):
         raise UserError(f"--add needs an existing index at {out}")
-    if out.exists() and not is_index_dir(out) and (out.is_file() or any(out.iterdir())):
+    if out.is_file() or (out.is_dir() and not is_index_dir(out) and not is_empty_dir(out)):
         raise UserError(f"{out} exists and is not a triclip index; refusing to overwrite it")
+    return dims
 
 
-def _check_new_index(cfg: IndexBuildConfig, dim: int) -> None:
-    m = dim if cfg.dims is None else cfg.dims
-    if m > dim:
-        raise UserError(f"--dims {m} exceeds the model's embedding dimension D={dim}")
+def _check_new_index(cfg: IndexBuildConfig, dims: list[int] | None, dim: int) -> None:
+    if dims and dims[-1] > dim:
+        raise UserError(f"--dims {dims[-1]} exceeds the model's embedding dimension D={dim}")
     if cfg.factory != "auto":
-        try:
-            fi.new_index(m, cfg.factory)
-        except ValueError as err:
-            raise UserError(f"--factory: {err}") from None
+        for m in _all_dims(dims, dim):
+            try:
+                fi.new_index(m, cfg.factory)
+            except ValueError as err:
+                raise UserError(f"--factory: {err}") from None
 
 
-def _check_same_run(manifest: dict, cfg: IndexBuildConfig, fingerprint: str) -> None:
+def _all_dims(dims: list[int] | None, dim: int) -> list[int]:
+    return sorted(set(dims or []) | {dim})
+
+
+def _check_same_run(manifest: dict, cfg: IndexBuildConfig, dims: list[int] | None, fingerprint: str) -> None:
     if manifest["fingerprint"] != fingerprint:
         raise UserError(
             f"--add: run {cfg.run} (fingerprint {fingerprint}) differs from the run the index was built with"
             f" ({manifest['run']}, fingerprint {manifest['fingerprint']})"
         )
-    if cfg.dims is not None and cfg.dims != manifest["m"]:
-        raise UserError(f"--add: the index keeps m={manifest['m']} dimensions, not --dims {cfg.dims}")
-    if cfg.factory != "auto" and cfg.factory != manifest["factory"]:
-        raise UserError(f"--add: the index was built with --factory {manifest['factory']}, not {cfg.factory}")
+    if dims is not None and _all_dims(dims, manifest["dim"]) != manifest["dims"]:
+        raise UserError(f"--add: the index holds m = {manifest['dims']}, not --dims {','.join(map(str, dims))}")
+    if cfg.factory != "auto" and cfg.factory != manifest.get("factory_option"):
+        raise UserError(f"--add: the index was built with --factory {manifest.get('factory_option')}, not {cfg.factory}")
 
 
-def _new_records(pairs: PairSet, old: IndexContents | None) -> tuple[PairSet, int]:
+def _key(image: str, captions) -> tuple:
+    return image, tuple(captions)
+
+
+def _new_records(pairs: PairSet, meta: list[dict]) -> tuple[PairSet, int]:
     """The records not indexed yet (same image location and captions), and how many were."""
-    if old is None:
+    if not meta:
         return pairs, 0
-    seen = {(row["image"], tuple(row["captions"])) for row in old.meta}
-    fresh = [r for r in pairs.records if (r.path, tuple(r.captions)) not in seen]
+    seen = {_key(row["image"], row["captions"]) for row in meta}
+    fresh = [r for r in pairs.records if _key(r.path, r.captions) not in seen]
     return PairSet(fresh, Counter(), pairs.source, pairs.max_pixels), len(pairs.records) - len(fresh)
 
 
 # ---------------------------------------------------------------------------- parts
 
 
-def _new_transform(
-    cfg: IndexBuildConfig, model, image_emb: torch.Tensor, text_emb: torch.Tensor | None
-) -> CompactTransform:
+def _new_transform(cfg: IndexBuildConfig, model, image_emb: torch.Tensor, text_emb: torch.Tensor | None):
+    """The transform at m = D: every dimension, ordered and weighted; signs anchored on the images."""
     dim = int(image_emb.shape[1])
-    m = dim if cfg.dims is None else cfg.dims
     w = model.importance().detach().float().cpu()  # (D,)
     joint = image_emb if text_emb is None else torch.cat([image_emb, text_emb])  # PCA fit data
     if cfg.ordering == "pca" and len(joint) < 2:
         raise UserError("--ordering pca needs at least 2 embeddings to fit on")
-    transform = make_transform(cfg.ordering, dim, m, w, cfg.seed, pca_feats=joint if cfg.ordering == "pca" else None)
+    transform = make_transform(cfg.ordering, dim, dim, w, cfg.seed, pca_feats=joint if cfg.ordering == "pca" else None)
     return transform.with_signs_from(image_emb)  # anchors: the indexed images, in data order
+
+
+def prefix(vectors: np.ndarray, m: int) -> np.ndarray:
+    """The top-m embedding from full-D compact vectors: the first m dims, re-normalised. (N, D) -> (N, m)."""
+    part = np.ascontiguousarray(vectors[:, :m], dtype=np.float32)  # (N, m)
+    norms = np.linalg.norm(part, axis=1, keepdims=True)  # (N, 1)
+    return part / np.maximum(norms, 1e-12)
 
 
 def _meta_rows(records: list, existing: list[dict]) -> list[dict]:
@@ -181,58 +224,119 @@ def _meta_rows(records: list, existing: list[dict]) -> list[dict]:
     return rows
 
 
-def _text_rows(captions: list[tuple[int, int, str]], offset: int) -> np.ndarray:
-    return np.array([(row + offset, c) for row, c, _ in captions], dtype=np.int64).reshape(-1, 2)  # (T, 2)
+def _text_rows(meta: list[dict], offset: int) -> np.ndarray:
+    """(T, 2) image row and caption number of every caption of ``meta``, in order."""
+    rows = [(offset + i, c) for i, row in enumerate(meta) for c in range(len(row["captions"]))]
+    return np.array(rows, dtype=np.int64).reshape(-1, 2)
 
 
-def _make(vectors: np.ndarray, factory: str, seed: int):
+def _make(vectors: np.ndarray, factory: str, m: int, seed: int):
     try:
-        return fi.build(vectors, factory, seed=seed, progress=True)
+        return fi.build(prefix(vectors, m), factory, seed=seed, progress=True)
     except ValueError as err:
-        raise UserError(f"--factory: {err}") from None
+        raise UserError(f"--factory at m={m}: {err}") from None
 
 
-def _fresh(cfg: IndexBuildConfig, vectors: np.ndarray, text_vectors, captions, meta) -> IndexContents:
-    m = vectors.shape[1]
-    factory = fi.auto_factory(len(vectors), m) if cfg.factory == "auto" else cfg.factory
-    contents = IndexContents({"factory": factory}, _make(vectors, factory, cfg.seed), meta)
+def _factory(cfg: IndexBuildConfig, n: int, m: int) -> str:
+    return fi.auto_factory(n, m) if cfg.factory == "auto" else cfg.factory
+
+
+def _fresh(cfg: IndexBuildConfig, dims, vectors: np.ndarray, text_vectors, records) -> IndexContents:
+    all_dims = _all_dims(dims, vectors.shape[1])
+    meta = _meta_rows(records, [])
+    factories = {m: _factory(cfg, len(vectors), m) for m in all_dims}
+    contents = IndexContents({}, meta, vectors, {m: _make(vectors, factories[m], m, cfg.seed) for m in all_dims})
+    contents.manifest = {"factories": {str(m): f for m, f in factories.items()}, "text_factories": None}
     if text_vectors is not None:
-        text_factory = fi.auto_factory(len(text_vectors), m) if cfg.factory == "auto" else cfg.factory
-        contents.text_index = _make(text_vectors, text_factory, cfg.seed)
-        contents.text_rows = _text_rows(captions, 0)
-        contents.manifest["text_factory"] = text_factory
+        text_factories = {m: _factory(cfg, len(text_vectors), m) for m in all_dims}
+        contents.text_vectors = text_vectors
+        contents.text_rows = _text_rows(meta, 0)
+        contents.text_indexes = {m: _make(text_vectors, text_factories[m], m, cfg.seed) for m in all_dims}
+        contents.manifest["text_factories"] = {str(m): f for m, f in text_factories.items()}
     return contents
 
 
-def _extend(old: IndexContents, vectors: np.ndarray, text_vectors, captions, meta) -> IndexContents:
-    offset = len(old.meta)
-    fi.add_vectors(old.image_index, vectors, progress=True)
-    old.meta = old.meta + meta
-    if old.text_index is not None and text_vectors is not None:
-        fi.add_vectors(old.text_index, text_vectors, progress=True)
-        old.text_rows = np.concatenate([old.text_rows, _text_rows(captions, offset)])
-    return old
+def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> int:
+    """Append the records ``live`` lacks (another writer may have added some meanwhile); returns how many."""
+    seen = {_key(row["image"], row["captions"]) for row in live.meta}
+    rows = [i for i, r in enumerate(records) if _key(r.path, r.captions) not in seen]
+    if not rows:
+        return 0
+    meta = _meta_rows([records[i] for i in rows], live.meta)
+    vectors = vectors[rows]  # (n, D)
+    for m, index in live.image_indexes.items():
+        fi.add_vectors(index, prefix(vectors, m), progress=True)
+    offset = len(live.meta)
+    live.vectors = np.concatenate([live.vectors, vectors])
+    live.meta = live.meta + meta
+    if live.text_vectors is not None:
+        starts = np.cumsum([0] + [len(r.captions) for r in records])  # caption rows of each record
+        picked = text_vectors[np.concatenate([np.arange(starts[i], starts[i + 1]) for i in rows])]  # (t, D)
+        for m, index in live.text_indexes.items():
+            fi.add_vectors(index, prefix(picked, m), progress=True)
+        live.text_vectors = np.concatenate([live.text_vectors, picked])
+        live.text_rows = np.concatenate([live.text_rows, _text_rows(meta, offset)])
+    return len(rows)
 
 
-def _manifest(cfg, contents, run_config, fingerprint, transform, pairs, added, skipped, old) -> dict:
-    previous = old.manifest if old is not None else {}
+def run_recall(run: str, ordering: str, dims: list[int]) -> dict[str, float | None]:
+    """t2i recall@10 per m from the run's last evaluation with a compact curve (None where absent).
+
+    The curve of the index's ordering gives m < D; at m = D the ``importance`` ordering's
+    score is the model's own score, i.e. the evaluation's ``t2i_r10``. A missing or damaged
+    ``metrics.jsonl`` gives None everywhere (the recall is informative, not needed to search).
+    """
+    record = None
+    try:
+        lines = (Path(run) / METRICS).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        lines = []
+    for line in reversed(lines):
+        try:
+            candidate = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(candidate, dict) and isinstance(candidate.get("compact"), dict):
+            record = candidate
+            break
+    out: dict[str, float | None] = {str(m): None for m in dims}
+    if record is None:
+        return out
+    curve = record["compact"].get(ordering) or {}
+    for m in dims:
+        value = curve.get(str(m)) if isinstance(curve, dict) else None
+        if value is None and m == dims[-1] and ordering == "importance":
+            value = record.get("t2i_r10")
+        out[str(m)] = float(value) if isinstance(value, (int, float)) else None
+    return out
+
+
+def _manifest(cfg, contents, run_config, fingerprint, transform, model, pairs, added, skipped, previous) -> dict:
+    previous = previous or {}
     data = os.path.abspath(cfg.data) if os.path.exists(cfg.data) else cfg.data
     source = {"data": data, "fingerprint": pairs.fingerprint, "added": added}
+    dims = contents.dims
+    w = model.importance().detach().float().cpu()  # (D,)
+    importance = w[transform.keep] if transform.keep is not None else w.sort(descending=True).values
+    run = previous.get("run", os.path.abspath(cfg.run))
     return {
         "format": FORMAT,
-        "run": previous.get("run", os.path.abspath(cfg.run)),
+        "run": run,
         "fingerprint": fingerprint,
         "model": run_config.get("model"),
         "ordering": transform.ordering,
-        "m": transform.m,
         "dim": transform.dim,
+        "dims": dims,
         "transform": transform.to_dict(),
-        "factory": contents.manifest.get("factory", previous.get("factory")),
-        "text_factory": contents.manifest.get("text_factory", previous.get("text_factory")),
+        "importance": [round(float(v), 6) for v in importance],
+        "recall": run_recall(cfg.run, transform.ordering, dims),
+        "recall_source": os.path.join(os.path.abspath(cfg.run), METRICS),
+        "factories": previous.get("factories", contents.manifest.get("factories")),
+        "text_factories": previous.get("text_factories", contents.manifest.get("text_factories")),
         "factory_option": previous.get("factory_option", cfg.factory),
         "metric": "inner_product",
-        "count": int(contents.image_index.ntotal),
-        "text_count": None if contents.text_index is None else int(contents.text_index.ntotal),
+        "count": len(contents.meta),
+        "text_count": None if contents.text_vectors is None else int(len(contents.text_vectors)),
         "sources": previous.get("sources", []) + [source],
         "skipped": dict(Counter(previous.get("skipped", {})) + Counter(dict(skipped))),
         "created": previous.get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
@@ -241,18 +345,23 @@ def _manifest(cfg, contents, run_config, fingerprint, transform, pairs, added, s
 
 
 def _summary(cfg, manifest: dict, added: int, already: int, skipped: Counter, started: float) -> dict:
-    size = os.path.getsize(os.path.join(cfg.out, IMAGE_INDEX))
+    out = Path(cfg.out)
+    try:
+        size = os.path.getsize(out / current_version(out) / image_index_name(manifest["dims"][0]))
+    except (OSError, UserError):
+        size = 0
     return {
         "index": os.path.abspath(cfg.out),
         "count": manifest["count"],
         "added": added,
         "already_indexed": already,
         "text_count": manifest["text_count"],
-        "m": manifest["m"],
+        "dims": manifest["dims"],
         "dim": manifest["dim"],
         "ordering": manifest["ordering"],
-        "factory": manifest["factory"],
-        "bytes_per_vector": round(size / max(1, manifest["count"]), 1),  # index file / vectors
+        "factories": manifest["factories"],
+        "recall": manifest["recall"],
+        f"bytes_per_vector_m{manifest['dims'][0]}": round(size / max(1, manifest["count"]), 1),
         "fingerprint": manifest["fingerprint"],
         "skipped": dict(skipped),
         "seconds": round(time.perf_counter() - started, 2),

@@ -18,7 +18,8 @@ vectors, so scores are cosine similarities. FAISS: https://github.com/facebookre
   with PQ32 (m/2) at nprobe 16; pass ``--factory IVF{nlist},PQ{m/2}`` when recall matters
   more than memory.
 
-Run-time settings (:class:`SearchParams`): IVF visits ``min(nlist, max(8, nlist // 32))``
+Run-time settings (:class:`SearchParams`, passed per call as ``faiss.SearchParameters*``, never
+set on the shared index): IVF visits ``min(nlist, max(8, nlist // 32))``
 lists, HNSW keeps ``max(64, 2k)`` candidates.
 
 With a GPU and faiss-gpu, Flat and IVF indexes are moved to the GPU to build and search
@@ -179,12 +180,39 @@ def build(
     work = to_device(index, gpu)
     if not work.is_trained:
         sample = train_sample(vectors, index, seed)
-        ivf = _ivf_or_none(index)
-        if len(sample) < (ivf.nlist if ivf is not None else 1):
-            raise ValueError(f"{factory} needs at least {ivf.nlist} vectors to train, got {len(sample)}")
-        work.train(sample)
+        need, why = min_train_vectors(index)
+        if len(sample) < need:
+            raise ValueError(
+                f"{factory} needs at least {need} training vectors ({why}), got {len(vectors)};"
+                " use fewer lists / codes or Flat / HNSW32"
+            )
+        try:
+            work.train(sample)
+        except RuntimeError as err:
+            raise ValueError(f"{factory}: FAISS could not train it: {_last_line(err)}") from None
     add_vectors(work, vectors, progress)
     return to_cpu(work)
+
+
+def min_train_vectors(index: faiss.Index) -> tuple[int, str]:
+    """Fewest training vectors FAISS accepts for ``index`` (one per k-means centroid) and why."""
+    need, why = 1, "no training"
+    ivf = _ivf_or_none(index)
+    if ivf is not None:
+        need, why = ivf.nlist, f"one per IVF list: {ivf.nlist} lists"
+    inner = faiss.downcast_index(ivf) if ivf is not None else faiss.downcast_index(index)
+    storage = getattr(inner, "storage", None)  # HNSW over PQ codes
+    pq = getattr(inner, "pq", None)
+    if pq is None and storage is not None:
+        pq = getattr(faiss.downcast_index(storage), "pq", None)
+    if pq is not None and pq.ksub > need:
+        need, why = int(pq.ksub), f"one per PQ centroid: {pq.ksub} per sub-quantizer"
+    return need, why
+
+
+def _last_line(err: Exception) -> str:
+    text = str(err).strip()
+    return text.splitlines()[-1].split("failed: ")[-1] if text else "rejected by FAISS"
 
 
 def _ivf_or_none(index: faiss.Index):
@@ -232,29 +260,36 @@ def to_cpu(index: faiss.Index) -> faiss.Index:
 # ---------------------------------------------------------------------------- searching
 
 
-def apply_search_params(index: faiss.Index, k: int, params: SearchParams | None = None) -> None:
-    """Set nprobe / efSearch on the index (or the IVF / HNSW inside a wrapper)."""
+def search_parameters(index: faiss.Index, k: int, params: SearchParams | None = None):
+    """Per-call ``faiss.SearchParameters`` for ``index`` (``None`` for exact indexes).
+
+    Passed to ``index.search(x, k, params=...)``: nothing is set on the (shared) index, so
+    concurrent searches with different settings cannot race. Wrappers (``IndexPreTransform``,
+    ``IndexRefine``) get their wrapper parameters around the inner index's.
+    """
     params = params or SearchParams()
+    index = faiss.downcast_index(index)
+    if isinstance(index, faiss.IndexPreTransform):
+        inner = search_parameters(index.index, k, params)
+        return None if inner is None else _keep(faiss.SearchParametersPreTransform(index_params=inner), inner)
+    if isinstance(index, faiss.IndexRefine):
+        inner = search_parameters(index.base_index, k, params)
+        return None if inner is None else _keep(faiss.IndexRefineSearchParameters(base_index_params=inner), inner)
+    if isinstance(index, faiss.IndexHNSW):
+        return faiss.SearchParametersHNSW(efSearch=params.ef_search or max(64, 2 * k))
     ivf = _ivf_or_none(index)
     if ivf is None and hasattr(index, "nprobe"):  # a GPU IVF index
         ivf = index
     if ivf is not None:
         nlist = ivf.nlist if hasattr(ivf, "nlist") else ivf.getNumLists()
-        ivf.nprobe = params.nprobe or min(nlist, max(8, nlist // 32))
-    hnsw = _hnsw_or_none(index)
-    if hnsw is not None:
-        hnsw.hnsw.efSearch = params.ef_search or max(64, 2 * k)
+        return faiss.SearchParametersIVF(nprobe=params.nprobe or min(nlist, max(8, nlist // 32)))
+    return None
 
 
-def _hnsw_or_none(index: faiss.Index):
-    index = faiss.downcast_index(index)
-    while True:
-        if isinstance(index, faiss.IndexHNSW):
-            return index
-        inner = getattr(index, "index", None) or getattr(index, "base_index", None)
-        if inner is None:
-            return None
-        index = faiss.downcast_index(inner)
+def _keep(outer, inner):
+    """Hold a Python reference to ``inner`` on ``outer`` (SWIG does not own nested parameters)."""
+    outer._inner = inner
+    return outer
 
 
 def search(
@@ -278,8 +313,7 @@ def search(
     k = min(int(k), int(index.ntotal))
     if k == 0:
         return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
-    apply_search_params(index, k, params)
-    scores, ids = index.search(queries, k)
+    scores, ids = index.search(queries, k, params=search_parameters(index, k, params))
     return scores, ids
 
 

@@ -1,48 +1,72 @@
 """``triclip search`` and its Python API: load the model and the index once, answer many queries.
 
-    searcher = Searcher.load("INDEX")                       # the run recorded in the manifest
-    hits = searcher.search_text(["a red circle", ...], k=10)  # list (per query) of hit lists
-    hits = searcher.search_image(["query.png"], k=10)
+    s = Searcher.load("INDEX")                         # the run recorded in the manifest
+    s.search_text(["a red circle", ...], k=10)          # list (per query) of hit lists, at m = D
+    s.search_text(["a red circle"], k=10, m=32)         # the pruned index at m = 32
+    s.search_text(["a red circle"], k=10, funnel=32)    # shortlist at m = 32, re-rank at D
+    s.search_image(["query.png", pil_image], k=10)      # files or PIL images
+    s.search_ids(["img_0007"], k=10)                    # "more like this": an indexed image's stored vector
 
 A hit is ``{"id", "image", "caption", "score"}``, best first; ``score`` is the inner
-product of the compact embeddings (cosine). Queries are embedded in batches with
-the transform stored in the manifest (same ordering, weights and signs as the
-index). ``target="image"`` (default) searches the image vectors (text->image,
-image->image); ``target="text"`` searches the caption vectors (image->text,
-text->text) when the index has them. A run whose weights differ from the ones
-the index was built with (its fingerprint) is refused.
+product of the compact embeddings at the m searched (cosine; at D for a funnel).
+Queries are embedded once at D with the transform stored in the manifest (same
+ordering, weights and signs as the index); the query at m is the re-normalised
+prefix. ``target="image"`` (default) searches the image vectors (text->image,
+image->image); ``target="text"`` the caption vectors (image->text, text->text) when
+the index has them.
+
+Funnel search is the adaptive retrieval of Matryoshka Representation Learning
+(Kusupati et al. 2022, https://arxiv.org/abs/2205.13147): the m-dimensional index
+returns ``k * shortlist_factor`` candidates, whose full-D stored vectors are then
+scored exactly.
+
+Thread safety: many threads may search one Searcher at once. FAISS CPU searches are
+const and get their ``nprobe`` / ``efSearch`` per call (``faiss.SearchParameters*``);
+the model (tokenizer included) runs under a lock, as do GPU indexes.
 """
 
 from __future__ import annotations
 
 import numbers
 import os
-from dataclasses import dataclass
+import threading
+import time
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from index import faiss_index as fi
-from index.store import IndexContents, load_contents, read_manifest
+from index.build import prefix
+from index.store import IndexContents, load_contents
 from retrieval.compact import CompactTransform
-from retrieval.embed import embed_image_files, embed_texts, pick_device
+from retrieval.data import DEFAULT_MAX_PIXELS
+from retrieval.embed import embed_pil_images, embed_texts, load_query_image, pick_device
 from retrieval.errors import UserError
 from retrieval.run import load_run, read_config, run_fingerprint
 
 TARGETS = ("image", "text")
+MAX_QUERY_CHARS = 10_000  # longer text queries are refused (the text tower truncates far earlier)
+SHORTLIST_FACTOR = 10  # funnel candidates per wanted hit
+RERANK_CHUNK = 256  # queries re-ranked at once (bounds the (Q, C, D) gather)
 
 
 @dataclass
 class Searcher:
-    """A loaded model + index pair. Build with :meth:`load`."""
+    """A loaded model + index folder version. Build with :meth:`load`."""
 
-    contents: IndexContents  # the index files, in memory
+    contents: IndexContents  # the index version, in memory
     model: torch.nn.Module  # the run's dual encoder, eval mode
-    transform: CompactTransform  # (N, D) -> (N, m), as the index was built
+    transform: CompactTransform  # (N, D) -> (N, D) full compact embedding, as the index was built
     device: torch.device  # where the model runs
     batch_size: int = 64  # queries embedded per batch
-    params: fi.SearchParams | None = None  # nprobe / efSearch overrides
+    shortlist_factor: int = SHORTLIST_FACTOR  # funnel: candidates = k * shortlist_factor
+    params: fi.SearchParams | None = None  # nprobe / efSearch overrides, passed per call
+    timings: dict = field(default_factory=dict)  # seconds spent loading: index_load, model_load
+    _model_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _faiss_lock: threading.Lock | None = field(default=None, repr=False)  # set when an index is on a GPU
+    _rows: dict = field(default_factory=dict, repr=False)  # id -> image row
 
     @classmethod
     def load(
@@ -52,80 +76,236 @@ class Searcher:
         device: str | None = None,
         gpu: bool | None = None,
     ) -> "Searcher":
-        """Open ``index_dir`` with ``run`` (default: the run recorded in its manifest).
+        """Open the live version of ``index_dir`` with ``run`` (default: the run in its manifest).
 
         ``gpu``: search Flat / IVF indexes on the GPU (``None``: when faiss sees one).
 
         Raises:
-            UserError: no index there, the run is missing, or its fingerprint differs
-                from the index's.
+            UserError: no index there, a damaged index, the run is missing, or its
+                fingerprint differs from the index's.
         """
-        manifest = read_manifest(index_dir)
-        run = os.fspath(run) if run is not None else manifest["run"]
+        t0 = time.perf_counter()
+        contents = load_contents(index_dir)
+        manifest = contents.manifest
+        t1 = time.perf_counter()
+        run = os.fspath(run) if run is not None else manifest.get("run", "")
         fingerprint = _fingerprint(run)
         if fingerprint != manifest["fingerprint"]:
             raise UserError(
                 f"run {run} (fingerprint {fingerprint}) is not the run index {index_dir} was built with"
-                f" ({manifest['run']}, fingerprint {manifest['fingerprint']}); rebuild the index or pass that --run"
+                f" ({manifest.get('run')}, fingerprint {manifest['fingerprint']}); rebuild the index or pass that --run"
             )
         dev = pick_device(device)
         model, _ = load_run(run, dev)
-        contents = load_contents(index_dir)
-        contents.image_index = fi.to_device(contents.image_index, gpu)
-        if contents.text_index is not None:
-            contents.text_index = fi.to_device(contents.text_index, gpu)
-        return cls(contents, model, CompactTransform.from_dict(manifest["transform"]), dev)
+        transform = _transform(manifest, index_dir, int(model.embed_dim))
+        searcher = cls(contents, model, transform, dev)
+        searcher.timings = {"index_load": t1 - t0, "model_load": time.perf_counter() - t1}
+        searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
+        searcher._to_device(gpu)
+        return searcher
+
+    def _to_device(self, gpu: bool | None) -> None:
+        for table in (self.contents.image_indexes, self.contents.text_indexes):
+            for m, index in table.items():
+                table[m] = fi.to_device(index, gpu)
+                if table[m] is not index:
+                    self._faiss_lock = threading.Lock()  # GPU indexes are not safe to search concurrently
+
+    # -- what the index holds
+
+    @property
+    def manifest(self) -> dict:
+        return self.contents.manifest
+
+    @property
+    def dims(self) -> list[int]:
+        """The m's with an index, ascending; the last is D."""
+        return list(self.contents.manifest["dims"])
+
+    @property
+    def dim(self) -> int:
+        """D, the full dimension."""
+        return int(self.contents.manifest["dim"])
+
+    @property
+    def has_text(self) -> bool:
+        """True when the index holds caption vectors (image->text search)."""
+        return self.contents.text_vectors is not None
 
     def __len__(self) -> int:
-        return int(self.contents.image_index.ntotal)
+        return len(self.contents.meta)
 
-    # -- embedding queries
+    # -- embedding queries (full D)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """Compact query embeddings of texts. Shape: (Q, m)."""
-        if isinstance(texts, str):
+        """Full-D compact query embeddings of texts. Shape: (Q, D)."""
+        if isinstance(texts, str) or not isinstance(texts, Sequence):
             raise UserError("search_text expects a list of strings")
-        return self.transform(embed_texts(self.model, list(texts), self.device, self.batch_size)).numpy()
+        for text in texts:
+            if not isinstance(text, str):
+                raise UserError(f"a text query must be a string, got {type(text).__name__}")
+            if not text.strip():
+                raise UserError("empty text query")
+            if len(text) > MAX_QUERY_CHARS:
+                raise UserError(f"text query too long: {len(text)} characters (at most {MAX_QUERY_CHARS})")
+        with self._model_lock:
+            emb = embed_texts(self.model, list(texts), self.device, self.batch_size)  # (Q, D)
+        return self.transform(emb).numpy()
 
-    def embed_images(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
-        """Compact query embeddings of image files. Shape: (Q, m)."""
-        if isinstance(paths, (str, os.PathLike)):
-            raise UserError("search_image expects a list of paths")
-        return self.transform(embed_image_files(self.model, paths, self.device, self.batch_size)).numpy()
+    def embed_images(self, images: Sequence) -> np.ndarray:
+        """Full-D compact query embeddings of image files or PIL images. Shape: (Q, D)."""
+        if isinstance(images, (str, os.PathLike)) or not isinstance(images, Sequence):
+            raise UserError("search_image expects a list of image paths or PIL images")
+        decoded = [_as_rgb(image) for image in images]
+        with self._model_lock:
+            emb = embed_pil_images(self.model, decoded, self.device, self.batch_size)  # (Q, D)
+        return self.transform(emb).numpy()
+
+    def vectors_of(self, ids: Sequence[str], target: str = "image") -> np.ndarray:
+        """Stored full-D vectors of indexed images, by id (no re-embedding). Shape: (Q, D)."""
+        if isinstance(ids, str) or not isinstance(ids, Sequence):
+            raise UserError("search_ids expects a list of ids")
+        rows = []
+        for rid in ids:
+            if rid not in self._rows:
+                raise UserError(f"unknown id {rid!r}: no indexed image has it")
+            rows.append(self._rows[rid])
+        return self.contents.vectors[rows]
 
     # -- searching
 
-    def search_text(self, texts: Sequence[str], k: int = 10, target: str = "image") -> list[list[dict]]:
+    def search_text(self, texts, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None):
         """Top-k hits for each text query (text->image by default)."""
-        return self.search_vectors(self.embed_texts(texts), k, target)
+        return self.search_vectors(self.embed_texts(texts), k, m, target, funnel)
 
-    def search_image(self, paths: Sequence[str | os.PathLike], k: int = 10, target: str = "image") -> list[list[dict]]:
-        """Top-k hits for each query image file (image->image by default, image->text with target="text")."""
-        return self.search_vectors(self.embed_images(paths), k, target)
+    def search_image(self, images, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None):
+        """Top-k hits for each query image, a path or a PIL image (image->image; image->text with target="text")."""
+        return self.search_vectors(self.embed_images(images), k, m, target, funnel)
 
-    def search_vectors(self, queries: np.ndarray, k: int = 10, target: str = "image") -> list[list[dict]]:
-        """Top-k hits for compact query vectors (Q, m)."""
-        if not isinstance(k, numbers.Integral) or isinstance(k, bool) or k < 1:
-            raise UserError(f"-k must be a positive integer, got {k!r}")
+    def search_ids(self, ids, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None):
+        """Top-k hits for indexed images given by id ("more like this"; the image itself ranks first)."""
+        return self.search_vectors(self.vectors_of(ids), k, m, target, funnel)
+
+    def search_vectors(
+        self, queries: np.ndarray, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None
+    ) -> list[list[dict]]:
+        """Top-k hits for full-D compact query vectors.
+
+        Args:
+            queries: full-D compact vectors (as :meth:`embed_texts` returns). Shape: (Q, D).
+            k: hits per query.
+            m: the index searched (None: D); ignored with ``funnel``.
+            target: ``image`` or ``text`` (the caption vectors).
+            funnel: shortlist at m = ``funnel`` (``k * shortlist_factor`` candidates), re-rank at D.
+
+        Returns:
+            One list of hits per query, best first.
+        """
+        k = _check_k(k)
         if target not in TARGETS:
-            raise UserError(f"unknown search target {target!r}; choose from {TARGETS}")
-        index = self.contents.image_index if target == "image" else self.contents.text_index
-        if index is None:
+            raise UserError(f"unknown search target {target!r}; choose from {list(TARGETS)}")
+        if target == "text" and not self.has_text:
             raise UserError("this index has no caption vectors (built without the text index)")
-        if len(queries) == 0:
-            return []
-        scores, ids = fi.search(index, queries, int(k), self.params)  # (Q, k'), (Q, k')
+        indexes = self.contents.image_indexes if target == "image" else self.contents.text_indexes
+        vectors = self.contents.vectors if target == "image" else self.contents.text_vectors
+        queries = np.asarray(queries, dtype=np.float32)
+        if queries.ndim != 2 or queries.shape[1] != self.dim:
+            raise UserError(f"query vectors must have shape (Q, {self.dim}), got {queries.shape}")
+        if len(queries) == 0 or len(vectors) == 0:
+            return [[] for _ in queries]
+        if funnel is not None:
+            small = self._check_m(funnel, "funnel")
+            wanted = min(len(vectors), k * max(1, int(self.shortlist_factor)))
+            _, candidates = self._search(indexes[small], prefix(queries, small), wanted)  # (Q, C)
+            scores, ids = rerank(vectors, queries, candidates, k)  # (Q, k), exact at D
+        else:
+            m = self.dim if m is None else self._check_m(m, "m")
+            scores, ids = self._search(indexes[m], prefix(queries, m), k)
         return [self._hits(s, i, target) for s, i in zip(scores, ids)]
+
+    def _check_m(self, m, what: str) -> int:
+        if isinstance(m, bool) or not isinstance(m, numbers.Integral) or int(m) not in self.contents.image_indexes:
+            raise UserError(f"{what}={m!r} is not indexed here; choose from {self.dims}")
+        return int(m)
+
+    def _search(self, index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        if self._faiss_lock is None:
+            return fi.search(index, queries, k, self.params)
+        with self._faiss_lock:
+            return fi.search(index, queries, k, self.params)
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray, target: str) -> list[dict]:
         hits = []
         for score, vid in zip(scores.tolist(), ids.tolist()):
-            if vid < 0:  # approximate index found fewer than k
+            if vid < 0:  # an approximate index found fewer than k
                 continue
             row, caption = (vid, 0) if target == "image" else map(int, self.contents.text_rows[vid])
             meta = self.contents.meta[row]
             hits.append({"id": meta["id"], "image": meta["image"], "caption": meta["captions"][caption], "score": score})
         return hits
+
+
+def rerank(vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Exact top-k of each query among its candidates, on full-D vectors.
+
+    Args:
+        vectors: the stored full-D vectors. Shape: (N, D).
+        queries: full-D queries. Shape: (Q, D).
+        candidates: row ids per query, -1 for none. Shape: (Q, C).
+        k: hits kept.
+
+    Returns:
+        ``(scores (Q, k'), ids (Q, k'))`` best first, k' = min(k, C); missing ones are -inf / -1.
+    """
+    k = min(k, candidates.shape[1])
+    out_s = np.full((len(queries), k), -np.inf, np.float32)
+    out_i = np.full((len(queries), k), -1, np.int64)
+    for s in range(0, len(queries), RERANK_CHUNK):
+        cand = candidates[s : s + RERANK_CHUNK]  # (q, C)
+        valid = cand >= 0
+        scores = np.einsum("qcd,qd->qc", vectors[np.where(valid, cand, 0)], queries[s : s + RERANK_CHUNK])  # (q, C)
+        scores = np.where(valid, scores, -np.inf)
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (q, k)
+        out_s[s : s + len(cand)] = np.take_along_axis(scores, top, axis=1)
+        out_i[s : s + len(cand)] = np.where(np.take_along_axis(valid, top, axis=1), np.take_along_axis(cand, top, axis=1), -1)
+    return out_s, out_i
+
+
+def _check_k(k) -> int:
+    if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
+        raise UserError(f"-k must be a positive integer, got {k!r}")
+    return int(k)
+
+
+def _as_rgb(image):
+    """A query image as RGB PIL: decoded from a path with the data layer's checks, or a PIL image checked here."""
+    from PIL import Image
+
+    from retrieval.data.images import to_rgb
+
+    if isinstance(image, (str, os.PathLike)):
+        return load_query_image(image)
+    if not isinstance(image, Image.Image):
+        raise UserError(f"not an image: {type(image).__name__} (give a path or a PIL image)")
+    width, height = image.size
+    if width * height > DEFAULT_MAX_PIXELS:
+        raise UserError(f"query image too large: {width}x{height} pixels (at most {DEFAULT_MAX_PIXELS})")
+    if width < 1 or height < 1:
+        raise UserError("empty query image")
+    return to_rgb(image)
+
+
+def _transform(manifest: dict, index_dir, dim: int) -> CompactTransform:
+    try:
+        transform = CompactTransform.from_dict(manifest["transform"])
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"index {index_dir} is damaged: bad transform in the manifest ({err})") from None
+    if not transform.dim == transform.m == manifest["dim"] == dim:
+        raise UserError(
+            f"index {index_dir} is of dimension {manifest['dim']} (transform {transform.dim} -> {transform.m}),"
+            f" the run embeds in {dim}; rebuild the index"
+        )
+    return transform
 
 
 def _fingerprint(run: str) -> str:

@@ -1,25 +1,40 @@
-"""The index directory: its files, reading them, and replacing them all at once.
+"""The index folder: versions behind an atomic pointer, one writer at a time, checked reads.
 
-    INDEX/index.faiss     image vectors (row i = line i of meta.jsonl)
-    INDEX/text.faiss      caption vectors, optional (image->text and text->text search)
-    INDEX/text_rows.npy   (T, 2) int64: caption vector t is caption text_rows[t, 1] of image row text_rows[t, 0]
-    INDEX/meta.jsonl      one line per image row: {"id", "image", "captions", "label"}
-    INDEX/manifest.json   run, fingerprint, compact transform, factory, counts (written last)
+    INDEX/CURRENT                 name of the live version, e.g. "v000003" (replaced atomically)
+    INDEX/.lock                   writers hold an exclusive ``fcntl.flock`` on it
+    INDEX/v000003/manifest.json   run, fingerprint, transform, dims, counts, ... (written last)
+    INDEX/v000003/meta.jsonl      one line per image row: {"id", "image", "captions", "label"}
+    INDEX/v000003/vectors.npy     (N, D) float32: the full-D compact vectors (unit rows)
+    INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
+    INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
 
-A write builds a complete new directory beside ``INDEX`` and swaps it in with
-``os.replace``; the old one is removed only after the swap, so a crash leaves
-either the old index or the new one (or, between the two renames, the old one
-under ``.INDEX.old-*``), never a mixture.
+A writer (:func:`writer_lock`) stages a complete version in ``INDEX/.tmp-*``, renames it
+to the next ``vNNNNNN``, then points ``CURRENT`` at it (temporary file + ``os.replace``)
+and removes the other versions. A reader reads ``CURRENT`` once and loads that folder,
+so it sees one consistent version; if a writer removed it meanwhile, it reads again.
+
+Recovery after a crash, at the next read or write: staging folders are removed (by
+whoever gets the lock); a ``CURRENT`` that is missing or names a missing or incomplete
+folder falls back to the newest complete version (one with a manifest); a complete
+version that ``CURRENT`` never pointed to (a crash between the rename and the pointer)
+is dropped. The first layout (format 1: ``manifest.json`` at the top, one m) is refused
+with a "rebuild" message.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
 import shutil
+import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import faiss
 import numpy as np
@@ -27,107 +42,370 @@ import numpy as np
 from index import faiss_index as fi
 from retrieval.errors import UserError
 
-IMAGE_INDEX = "index.faiss"
-TEXT_INDEX = "text.faiss"
-TEXT_ROWS = "text_rows.npy"
-META = "meta.jsonl"
+CURRENT = "CURRENT"
+LOCK = ".lock"
+TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
-FORMAT = 1  # manifest["format"]; bumped when the layout changes
+META = "meta.jsonl"
+VECTORS = "vectors.npy"
+TEXT_VECTORS = "text_vectors.npy"
+TEXT_ROWS = "text_rows.npy"
+FORMAT = 2  # manifest["format"]; 1 was one m per folder, manifest at the top
+OLD_FILES = ("manifest.json", "index.faiss", "text.faiss", "text_rows.npy", "meta.jsonl")  # format 1
+VERSION_RE = re.compile(r"^v(\d{6,})$")
+READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
+
+
+def image_index_name(m: int) -> str:
+    return f"image.m{m}.faiss"
+
+
+def text_index_name(m: int) -> str:
+    return f"text.m{m}.faiss"
 
 
 @dataclass
 class IndexContents:
-    """Everything an index directory holds, in memory."""
+    """One version of an index folder, in memory."""
 
-    manifest: dict  # see build.py for the keys
-    image_index: faiss.Index  # image vectors, row i = meta[i]
+    manifest: dict  # see index/build.py for the keys
     meta: list[dict]  # {"id", "image", "captions", "label"} per image row
-    text_index: faiss.Index | None = None  # caption vectors, or None
+    vectors: np.ndarray  # (N, D) float32 full-D compact vectors, unit rows
+    image_indexes: dict[int, faiss.Index]  # m -> index over normalize(vectors[:, :m]), row i = meta[i]
+    text_vectors: np.ndarray | None = None  # (T, D) caption vectors, or None without a caption index
     text_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (T, 2) image row, caption no.
+    text_indexes: dict[int, faiss.Index] = field(default_factory=dict)  # m -> caption index (empty: none)
+    version: str | None = None  # the folder it was read from, e.g. "v000003"
+
+    @property
+    def dims(self) -> list[int]:
+        return sorted(self.image_indexes)
+
+
+# ---------------------------------------------------------------------------- locating versions
+
+
+def _versions(root: Path) -> list[str]:
+    """Version folder names under ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    names = [p.name for p in root.iterdir() if VERSION_RE.match(p.name) and p.is_dir()]
+    return sorted(names, key=lambda n: int(n[1:]))
+
+
+def _complete(root: Path, name: str) -> bool:
+    return (root / name / MANIFEST).is_file()
+
+
+def _read_pointer(root: Path) -> str | None:
+    try:
+        name = (root / CURRENT).read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return name if VERSION_RE.match(name) else None
+
+
+def current_version(root: str | os.PathLike) -> str:
+    """The live version's folder name (with the crash fallbacks of the module docstring)."""
+    root = Path(root)
+    name = _read_pointer(root)
+    if name is not None and _complete(root, name):
+        return name
+    complete = [n for n in _versions(root) if _complete(root, n)]
+    if complete:
+        return complete[-1]
+    if (root / MANIFEST).is_file():
+        raise UserError(f"{root} is an index in an older format (format 1, one m per folder); rebuild it")
+    raise UserError(f"{root} is not a triclip index (no {CURRENT} and no complete version folder)")
 
 
 def is_index_dir(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds a manifest (an index directory written by triclip)."""
-    return (Path(path) / MANIFEST).is_file()
+    """True when ``path`` holds a triclip index (any format)."""
+    path = Path(path)
+    if (path / MANIFEST).is_file():
+        return True
+    return _read_pointer(path) is not None or any(_complete(path, n) for n in _versions(path))
+
+
+def is_empty_dir(path: str | os.PathLike) -> bool:
+    """True when ``path`` holds nothing but what a failed writer may leave (the lock, staging folders)."""
+    return all(p.name == LOCK or p.name.startswith(TMP_PREFIX) for p in Path(path).iterdir())
+
+
+# ---------------------------------------------------------------------------- the writer lock
+
+
+@contextlib.contextmanager
+def writer_lock(root: str | os.PathLike, timeout: float = 600.0) -> Iterator[None]:
+    """Hold the exclusive writer lock of the index folder ``root`` (created if needed).
+
+    Waits up to ``timeout`` seconds for another writer, then raises UserError. On entry
+    the folder is recovered (staging leftovers and stale versions removed).
+    """
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        _acquire(fd, root, timeout)
+        recover(root)
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _acquire(fd: int, root: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise UserError(
+                    f"another triclip process is writing the index {root} (lock {root / LOCK} held for over"
+                    f" {timeout:.0f} s); try again when it has finished"
+                ) from None
+            if not told:
+                print(f"waiting for another writer of {root} to finish ...", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(0.05)
+
+
+def recover(root: Path) -> None:
+    """Clean up after crashed writers; call only while holding the lock."""
+    for p in root.iterdir():
+        if p.name.startswith(TMP_PREFIX):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    try:
+        live = current_version(root)
+    except UserError:
+        return  # nothing complete yet (or the old format)
+    if _read_pointer(root) != live:
+        _point_at(root, live)
+    for name in _versions(root):
+        if name != live:
+            shutil.rmtree(root / name, ignore_errors=True)
+
+
+def _try_recover(root: Path) -> None:
+    """A reader's cleanup: only when no writer holds the lock, and only where it may write."""
+    try:
+        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        recover(root)
+    except OSError:  # BlockingIOError: a writer is at work; PermissionError: read-only folder
+        pass
+    finally:
+        os.close(fd)
+
+
+def _point_at(root: Path, name: str) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "current-", dir=root)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(name + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, root / CURRENT)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# ---------------------------------------------------------------------------- writing
+
+
+def write_version(root: str | os.PathLike, contents: IndexContents) -> str:
+    """Stage every file, rename to the next version, point CURRENT at it; hold :func:`writer_lock`.
+
+    Returns:
+        The new version's folder name.
+    """
+    root = Path(root).absolute()
+    tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
+    try:
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a version folder follows the umask
+        _write_files(tmp, contents)
+        numbers = [int(n[1:]) for n in _versions(root)]
+        pointer = _read_pointer(root)
+        name = f"v{max(numbers + [int(pointer[1:]) if pointer else 0]) + 1:06d}"
+        os.rename(tmp, root / name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    _point_at(root, name)
+    for old in _versions(root):
+        if old != name:
+            shutil.rmtree(root / old, ignore_errors=True)
+    for old in OLD_FILES:  # a fresh build over a format-1 folder replaces it
+        (root / old).unlink(missing_ok=True)
+    contents.version = name
+    return name
+
+
+def _write_files(folder: Path, c: IndexContents) -> None:
+    for m, index in c.image_indexes.items():
+        faiss.write_index(fi.to_cpu(index), str(folder / image_index_name(m)))
+    np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=np.float32))
+    if c.text_vectors is not None:
+        for m, index in c.text_indexes.items():
+            faiss.write_index(fi.to_cpu(index), str(folder / text_index_name(m)))
+        np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
+        np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
+    with open(folder / META, "w", encoding="utf-8") as fh:
+        for row in c.meta:
+            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    with open(folder / MANIFEST, "w", encoding="utf-8") as fh:  # last: marks the version complete
+        fh.write(json.dumps(c.manifest, indent=1, default=str) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+
+
+# ---------------------------------------------------------------------------- reading
 
 
 def read_manifest(path: str | os.PathLike) -> dict:
-    """The manifest of an index directory; UserError when it is missing or unreadable."""
-    file = Path(path) / MANIFEST
-    if not file.is_file():
-        raise UserError(f"{path} is not a triclip index (no {MANIFEST})")
-    try:
-        manifest = json.loads(file.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {file}: {err}") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise UserError(f"{file} has an unknown format (expected format {FORMAT})")
-    return manifest
+    """The live version's manifest; UserError when there is no index or it is damaged."""
+    return load_contents(path, indexes=False).manifest
 
 
-def load_contents(path: str | os.PathLike) -> IndexContents:
-    """Read a whole index directory, checking that its parts agree in size."""
-    path = Path(path)
-    manifest = read_manifest(path)
-    try:
-        image_index = fi.load(path / IMAGE_INDEX)
-        text_index = fi.load(path / TEXT_INDEX) if manifest.get("text_count") is not None else None
-    except ValueError as err:
-        raise UserError(str(err)) from None
-    meta = _read_meta(path / META)
-    text_rows = np.load(path / TEXT_ROWS) if text_index is not None else np.zeros((0, 2), np.int64)
-    contents = IndexContents(manifest, image_index, meta, text_index, text_rows)
-    _check_sizes(contents, path)
+def load_contents(path: str | os.PathLike, indexes: bool = True) -> IndexContents:
+    """Read the live version of an index folder, checking that its parts agree.
+
+    Args:
+        path: the index folder.
+        indexes: also read the FAISS indexes (False: manifest, meta and vectors only).
+
+    Raises:
+        UserError: no index, the old format, or a damaged part (named in the message).
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise UserError(f"{root} is not a triclip index (no such folder)")
+    _try_recover(root)
+    for attempt in range(READ_TRIES):
+        name = current_version(root)
+        try:
+            contents = _load_version(root / name, indexes)
+        except (FileNotFoundError, UserError) as err:
+            if attempt + 1 < READ_TRIES and (not (root / name).is_dir() or current_version(root) != name):
+                continue  # a writer swapped versions while we read: read the new one
+            if isinstance(err, FileNotFoundError):
+                raise _damaged(root / name, f"{Path(err.filename or str(err)).name} is missing") from None
+            raise
+        contents.version = name
+        return contents
+    raise AssertionError("unreachable")
+
+
+def _damaged(folder: Path, what: str) -> UserError:
+    return UserError(f"index {folder} is damaged: {what}; rebuild it with triclip index build")
+
+
+def _load_version(folder: Path, indexes: bool) -> IndexContents:
+    manifest = _read_json(folder / MANIFEST, folder)
+    dim, dims, count, text_count = _check_manifest(manifest, folder)
+    meta = _read_meta(folder / META, folder)
+    if len(meta) != count:
+        raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
+    vectors = _read_vectors(folder / VECTORS, (count, dim), folder)
+    contents = IndexContents(manifest, meta, vectors, {})
+    if text_count is not None:
+        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder)
+        rows = _read_array(folder / TEXT_ROWS, folder)
+        if rows.shape != (text_count, 2) or rows.dtype.kind not in "iu" or (len(rows) and (
+            rows[:, 0].min() < 0 or rows[:, 0].max() >= count)):
+            raise _damaged(folder, f"{TEXT_ROWS} does not match {text_count} captions of {count} images")
+        contents.text_rows = rows.astype(np.int64)
+    for m in dims:
+        contents.image_indexes[m] = _read_index(folder / image_index_name(m), m, count, folder) if indexes else None
+        if text_count is not None:
+            contents.text_indexes[m] = _read_index(folder / text_index_name(m), m, text_count, folder) if indexes else None
     return contents
 
 
-def _read_meta(file: Path) -> list[dict]:
+def _read_json(file: Path, folder: Path) -> dict:
+    if not file.is_file():
+        raise FileNotFoundError(file)
+    try:
+        data = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise _damaged(folder, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise _damaged(folder, f"{file.name} is not a JSON object")
+    return data
+
+
+def _check_manifest(manifest: dict, folder: Path) -> tuple[int, list[int], int, int | None]:
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"index {folder} has format {manifest.get('format')!r}, this triclip reads {FORMAT}; rebuild it")
+    dim, dims, count, text_count = (manifest.get(k) for k in ("dim", "dims", "count", "text_count"))
+    ok = (
+        isinstance(dim, int) and dim >= 1
+        and isinstance(dims, list) and dims and all(isinstance(m, int) and 1 <= m <= dim for m in dims)
+        and dims == sorted(set(dims)) and dims[-1] == dim
+        and isinstance(count, int) and count >= 0
+        and (text_count is None or isinstance(text_count, int) and text_count >= 0)
+        and isinstance(manifest.get("transform"), dict) and isinstance(manifest.get("fingerprint"), str)
+    )  # fmt: skip
+    if not ok:
+        raise _damaged(folder, f"{MANIFEST} lacks or garbles dim / dims / count / text_count / transform / fingerprint")
+    return dim, dims, count, text_count
+
+
+def _read_meta(file: Path, folder: Path) -> list[dict]:
+    if not file.is_file():
+        raise FileNotFoundError(file)
+    rows = []
     try:
         with open(file, encoding="utf-8") as fh:
-            return [json.loads(line) for line in fh if line.strip()]
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {file}: {err}") from None
+            for n, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                row = json.loads(line)
+                if not (isinstance(row, dict) and isinstance(row.get("id"), str) and isinstance(row.get("captions"), list)):
+                    raise ValueError(f"line {n} is not an image row")
+                rows.append(row)
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise _damaged(folder, f"cannot read {META} ({str(err).splitlines()[0]})") from None
+    return rows
 
 
-def _check_sizes(c: IndexContents, path: Path) -> None:
-    sizes = {"manifest count": c.manifest.get("count"), "index vectors": c.image_index.ntotal, "meta lines": len(c.meta)}
-    if c.text_index is not None:
-        sizes_t = {
-            "text count": c.manifest.get("text_count"),
-            "text vectors": c.text_index.ntotal,
-            "text rows": len(c.text_rows),
-        }
-        if len(set(sizes_t.values())) != 1:
-            raise UserError(f"{path} is inconsistent: {sizes_t}")
-    if len(set(sizes.values())) != 1:
-        raise UserError(f"{path} is inconsistent: {sizes}")
-
-
-def write_contents(path: str | os.PathLike, contents: IndexContents) -> None:
-    """Write every file into a new directory beside ``path`` and swap it in (see the module docstring)."""
-    path = Path(path).absolute()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+def _read_array(file: Path, folder: Path) -> np.ndarray:
+    if not file.is_file():
+        raise FileNotFoundError(file)
     try:
-        fi.save(contents.image_index, tmp / IMAGE_INDEX)
-        if contents.text_index is not None:
-            fi.save(contents.text_index, tmp / TEXT_INDEX)
-            np.save(tmp / TEXT_ROWS, np.asarray(contents.text_rows, dtype=np.int64).reshape(-1, 2))
-        with open(tmp / META, "w", encoding="utf-8") as fh:
-            for row in contents.meta:
-                fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        (tmp / MANIFEST).write_text(json.dumps(contents.manifest, indent=1, default=str) + "\n", encoding="utf-8")
-        _swap_in(tmp, path)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return np.load(file, allow_pickle=False)
+    except (OSError, ValueError, EOFError) as err:
+        raise _damaged(folder, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
 
 
-def _swap_in(new: Path, path: Path) -> None:
-    if not path.exists():
-        os.replace(new, path)
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
-    os.rmdir(old)  # a free name: os.replace onto it
-    os.replace(path, old)
-    os.replace(new, path)
-    shutil.rmtree(old, ignore_errors=True)
+def _read_vectors(file: Path, shape: tuple[int, int], folder: Path) -> np.ndarray:
+    arr = _read_array(file, folder)
+    if arr.dtype != np.float32 or arr.shape != shape:
+        raise _damaged(folder, f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 {shape}")
+    if not np.isfinite(arr).all():
+        raise _damaged(folder, f"{file.name} holds NaN or infinity")
+    return arr
+
+
+def _read_index(file: Path, m: int, count: int, folder: Path) -> faiss.Index:
+    if not file.is_file():
+        raise FileNotFoundError(file)
+    try:
+        index = fi.load(file)
+    except ValueError:
+        raise _damaged(folder, f"{file.name} is not a readable FAISS index") from None
+    if index.d != m or index.ntotal != count:
+        raise _damaged(folder, f"{file.name} holds {index.ntotal} vectors of dimension {index.d}, expected {count} of {m}")
+    return index
