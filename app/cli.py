@@ -182,29 +182,77 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
         run=ns.run,
         data=ns.data,
         out=ns.out,
-        dims=ns.dims,
+        dims=_parse_dims(ns.dims) or None,
         factory=ns.factory,
         add=ns.add,
         batch_size=ns.batch_size,
         device=ns.device,
         data_config=_data_config(ns),
+        text_index=not ns.no_text_index,
+        ordering=ns.ordering,
+        seed=ns.seed,
+        workers=ns.workers,
+        lock_timeout=ns.lock_timeout,
     )
     _print_json(build_index(cfg))
     return 0
 
 
+def _search_queries(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """The text and image queries of ``triclip search``, in the order given (texts, then file lines, then images)."""
+    texts = list(ns.text or [])
+    if ns.text_file is not None:
+        try:
+            with open(ns.text_file, encoding="utf-8") as fh:
+                texts += [line.rstrip("\n") for line in fh if line.strip()]
+        except (OSError, UnicodeDecodeError) as err:
+            raise UserError(f"cannot read --text-file {ns.text_file}: {err}") from None
+    images = list(ns.image or [])
+    if not texts and not images:
+        raise UserError("give at least one --text, --text-file or --image query")
+    return texts, images
+
+
 def cmd_search(ns: argparse.Namespace) -> int:
+    import time
+
+    started = time.perf_counter()
+    texts, images = _search_queries(ns)
     from index.search import Searcher
 
-    if (ns.text is None) == (ns.image is None):
-        raise UserError("give exactly one of --text or --image")
+    imported = time.perf_counter()
     searcher = Searcher.load(ns.index, run=ns.run, device=ns.device)
-    hits = searcher.search_text([ns.text], k=ns.k)[0] if ns.text is not None else searcher.search_image([ns.image], k=ns.k)[0]
+    if ns.factor is not None:
+        if ns.factor < 1:
+            raise UserError(f"--factor must be >= 1, got {ns.factor}")
+        searcher.shortlist_factor = ns.factor
+    loaded = time.perf_counter()
+    import numpy as np
+
+    parts = ([searcher.embed_texts(texts)] if texts else []) + ([searcher.embed_images(images)] if images else [])
+    queries = np.concatenate(parts)  # (Q, D)
+    embedded = time.perf_counter()
+    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel)
+    searched = time.perf_counter()
+    labels = texts + images
     if ns.json:
-        _print_json(hits)
+        _print_json(results[0] if len(results) == 1 else results)
     else:
-        for rank, hit in enumerate(hits, 1):
-            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
+        for label, hits in zip(labels, results):
+            if len(results) > 1:
+                print(f"# {label}")
+            for rank, hit in enumerate(hits, 1):
+                print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
+    if ns.timing:
+        timing = {
+            "import_s": imported - started,
+            "index_load_s": searcher.timings["index_load"],
+            "model_load_s": searcher.timings["model_load"],
+            "embed_s": embedded - loaded,
+            "search_s": searched - embedded,
+            "queries": len(labels),
+        }
+        print("timing: " + json.dumps({k: round(v, 4) for k, v in timing.items()}), file=sys.stderr)
     return 0
 
 
@@ -309,25 +357,36 @@ def build_parser() -> argparse.ArgumentParser:
 
     index = sub.add_parser("index", help="build FAISS indexes")
     isub = index.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
-    p = isub.add_parser("build", help="embed a data source and index it")
+    p = isub.add_parser("build", help="embed a data source once and index it at several m in one folder")
     p.add_argument("--run", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--dims", type=int, default=None, help="keep the top-m dimensions (default: all)")
-    p.add_argument("--factory", default="auto", help="FAISS index-factory string, or auto")
+    p.add_argument("--dims", default=None, help="m's to index besides D (always indexed), e.g. 16,32,64")
+    p.add_argument("--factory", default="auto", help="FAISS index-factory string for every m, or auto (default)")
     p.add_argument("--add", action="store_true", help="append to an existing index")
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--device", default=None)
+    p.add_argument("--no-text-index", action="store_true", help="do not index the captions (no image->text)")
+    p.add_argument("--ordering", default="importance", help="compact ordering: importance (default), first, random, pca")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random ordering and of index training")
+    p.add_argument("--workers", type=int, default=0, help="image decoding worker processes")
+    p.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for another writer (default 600)")
     _data_args(p)
     p.set_defaults(func=cmd_index_build)
 
-    p = sub.add_parser("search", help="query an index by text or image")
+    p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")
     p.add_argument("--index", required=True)
-    p.add_argument("--text", default=None)
-    p.add_argument("--image", default=None)
+    p.add_argument("--text", action="append", default=None, help="a text query (repeat for several)")
+    p.add_argument("--text-file", default=None, help="a file of text queries, one per line")
+    p.add_argument("--image", action="append", default=None, help="an image query file (repeat for several)")
+    p.add_argument("--target", choices=["image", "text"], default="image", help="search images (default) or captions")
+    p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
+    p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
+    p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default 10)")
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="a list of hits (one query) or of hit lists (several)")
+    p.add_argument("--timing", action="store_true", help="print where the time went on stderr")
     p.add_argument("--device", default=None)
     p.set_defaults(func=cmd_search)
 
