@@ -37,9 +37,12 @@ def available_losses() -> list[str]:
 
 
 def loss_options(name: str) -> dict[str, object]:
-    """The options of loss ``name`` with their defaults."""
+    """The options of loss ``name`` with their defaults, then the nesting options every loss takes."""
+    from retrieval.losses.nested import NestingConfig  # lazy: nested imports the losses, which import this
+
     cls = _lookup(name)
-    return {f.name: f.default for f in dataclasses.fields(cls.Config)}
+    fields = [*dataclasses.fields(cls.Config), *dataclasses.fields(NestingConfig)]
+    return {f.name: f.default for f in fields}
 
 
 def _lookup(name: str) -> type[nn.Module]:
@@ -53,7 +56,9 @@ def build_loss(name: str, **options) -> nn.Module:
 
     Args:
         name: a registered name, e.g. ``"infonce"``, ``"debiased"``, ``"tricl"``.
-        **options: that loss's options, e.g. ``tau_plus=0.1``; see :func:`loss_options`.
+        **options: that loss's options, e.g. ``tau_plus=0.1``; see :func:`loss_options`. Every
+            loss also takes ``nested``, ``nested_weight`` and ``nested_order``: with ``nested > 0``
+            the loss is wrapped in :class:`retrieval.losses.nested.Nested` (Matryoshka nesting).
 
     Returns:
         A module called as ``loss(image_features, text_features, logit_scale, importance=None)``
@@ -62,13 +67,18 @@ def build_loss(name: str, **options) -> nn.Module:
     Raises:
         LossConfigError: unknown name, unknown option or bad option value (one line).
     """
+    from retrieval.losses.nested import NESTING_OPTIONS, Nested, NestingConfig  # lazy, see loss_options
+
     cls = _lookup(name)
     known = {f.name for f in dataclasses.fields(cls.Config)}
-    unknown = sorted(set(options) - known)
+    unknown = sorted(set(options) - known - set(NESTING_OPTIONS))
     if unknown:
-        accepted = ", ".join(sorted(known)) or "none"
+        accepted = ", ".join(sorted(known | set(NESTING_OPTIONS)))
         raise LossConfigError(f"loss {name!r} has no option {', '.join(unknown)} (its options: {accepted})")
+    nesting = {k: options.pop(k) for k in NESTING_OPTIONS if k in options}
     try:
-        return cls(**options)
+        NestingConfig(**nesting)  # checked even when nested = 0
+        loss = cls(**options)
+        return Nested(loss, **nesting) if nesting.get("nested", 0) > 0 else loss
     except ValueError as err:
         raise LossConfigError(f"loss {name!r}: {err}") from None

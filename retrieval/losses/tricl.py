@@ -10,7 +10,6 @@ from dataclasses import dataclass
 
 import torch
 
-from retrieval.compact import weighted_top
 from retrieval.losses.base import PairLoss, non_negative, tau_plus_value
 from retrieval.losses.infonce import debiased_infonce, symmetric_infonce
 from retrieval.losses.registry import register_loss
@@ -66,36 +65,6 @@ def decorrelation(z: torch.Tensor) -> torch.Tensor:
     return _Decorrelation.apply(z)
 
 
-def nested_prefixes(dim: int, levels: int) -> list[int]:
-    """``[D/2, D/4, ..., D/2**levels]`` (integer halvings), stopping at one dimension."""
-    return [dim >> k for k in range(1, levels + 1) if dim >> k >= 1]
-
-
-def top_m_infonce(
-    image: torch.Tensor, text: torch.Tensor, scale: torch.Tensor, importance: torch.Tensor, keep: torch.Tensor
-) -> torch.Tensor:
-    """Symmetric InfoNCE on the top-m embedding: what a compact index serves at ``m``.
-
-    Keeps the ``keep`` dimensions (the first m of the importance order), weights them by
-    ``sqrt(w)``, re-normalises each row and scores with ``s * cosine`` (SPEC, "Compact
-    features"; :func:`retrieval.compact.weighted_top`). ``w`` gets gradients through the
-    weights of the kept dimensions, not through the order.
-
-    Args:
-        image: image features. Shape: (B, D).
-        text: text features. Shape: (B, D).
-        scale: logit scale ``s``. Shape: ().
-        importance: ``w``. Shape: (D,).
-        keep: the kept dimensions. Shape: (m,).
-
-    Returns:
-        Scalar.
-    """
-    a = weighted_top(image, importance, keep)  # (B, m)
-    b = weighted_top(text, importance, keep)  # (B, m)
-    return symmetric_infonce(scale * a @ b.t())
-
-
 @dataclass
 class TriCLConfig:
     """Options of ``tricl``."""
@@ -103,15 +72,10 @@ class TriCLConfig:
     dec_weight: float = 10.0  # weight of decorrelation_loss (>= 0); ~1/B if uniform, ~1 if collapsed; 10: README ablation
     tau_plus: float = 0.0  # > 0: debiased correction (Chuang et al.) on the tri-factor logits, [0, 1)
     renormalize: bool = False  # True: cosine of sqrt(w) * I and sqrt(w) * T (as the top-m embedding scores)
-    nested: int = 0  # > 0: add InfoNCE of the top-m embedding at m = D/2, D/4, ..., D/2**nested (>= 1)
-    nested_weight: float = 1.0  # weight of each of those top-m terms (>= 0)
 
     def __post_init__(self) -> None:
         if not isinstance(self.renormalize, bool):
             raise ValueError(f"renormalize must be a bool, got {self.renormalize!r}")
-        if isinstance(self.nested, bool) or not isinstance(self.nested, int) or self.nested < 0:
-            raise ValueError(f"nested must be an int >= 0, got {self.nested!r}")
-        self.nested_weight = non_negative("nested_weight", self.nested_weight)
         self.dec_weight = non_negative("dec_weight", self.dec_weight)
         self.tau_plus = tau_plus_value(self.tau_plus)
 
@@ -129,10 +93,9 @@ class TriCLLoss(PairLoss):
         clamp's job, so the SPEC's floor is kept: it binds a little earlier when ``max(w) > 1``.)
         ``decorrelation_loss``: ``dec_weight * 0.5 * sum_{Z in {I, T}} mean(((D/B) Z^T Z - Id)**2)``
         on the global batch (see :func:`decorrelation`).
-        ``nested_loss`` (only with ``nested > 0``): ``nested_weight`` times the sum of
-        :func:`top_m_infonce` over ``m = D/2, ..., D/2**nested`` (down to 1): trains the scores a
-        compact index serves (Matryoshka nesting, Kusupati et al. 2022,
-        https://arxiv.org/abs/2205.13147, on the importance order instead of a fixed prefix).
+        ``nested_loss`` (with ``nested=L > 0``, like every objective): the nesting wrapper of
+        :mod:`retrieval.losses.nested`, by default on the importance order (``sqrt(w)``-weighted
+        top-m embedding, what a compact index serves); ``nested_order=prefix`` for MRL's prefix.
 
     ``importance`` (``w``, shape (D,)) is required; gradients reach it through the logits.
     The trainer must put the model's importance parameter ``theta`` in the optimizer
@@ -158,11 +121,4 @@ class TriCLLoss(PairLoss):
             out["decorrelation_loss"] = self.config.dec_weight * dec
         else:
             out["decorrelation_loss"] = contrastive.new_zeros(())
-        if self.config.nested > 0:
-            order = torch.argsort(importance.detach(), descending=True, stable=True)  # as compact.importance_order
-            prefixes = nested_prefixes(image.shape[1], self.config.nested)
-            nested = sum(
-                (top_m_infonce(image, text, scale, importance, order[:m]) for m in prefixes), contrastive.new_zeros(())
-            )
-            out["nested_loss"] = self.config.nested_weight * nested
         return out

@@ -31,19 +31,18 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def test_registry_has_the_eight_objectives():
     assert sorted(ALL) == available_losses()
-    assert loss_options("debiased") == {"tau_plus": 0.1}
-    assert loss_options("tricl") == {
-        "dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, "nested": 0, "nested_weight": 1.0,
-    }  # fmt: skip
-    assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard"}
+    nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None}  # every loss takes these
+    assert loss_options("debiased") == {"tau_plus": 0.1, **nesting}
+    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting}
+    assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard", **nesting}
 
 
 @pytest.mark.parametrize(
     "name,opts,match",
     [
         ("nope", {}, "unknown loss 'nope'; choose from align_uniform"),
-        ("debiased", {"tau": 0.1}, "has no option tau .its options: tau_plus"),
-        ("infonce", {"tau_plus": 0.1}, "has no option tau_plus .its options: none"),
+        ("debiased", {"tau": 0.1}, "has no option tau .its options: nested, nested_order, nested_weight, tau_plus"),
+        ("infonce", {"tau_plus": 0.1}, "has no option tau_plus .its options: nested, nested_order, nested_weight"),
         ("debiased", {"tau_plus": 1.0}, r"tau_plus must be in \[0, 1\)"),
         ("debiased", {"tau_plus": -0.1}, r"tau_plus must be in \[0, 1\)"),
         ("tricl", {"tau_plus": "0.1"}, "tau_plus must be a number"),
