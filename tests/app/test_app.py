@@ -1,0 +1,95 @@
+"""The search app through its API (gradio_client): named endpoints, results, bad input."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from gradio_client import Client, handle_file
+from gradio_client.exceptions import AppError
+
+from app.gradio_app import ENDPOINTS
+
+
+@pytest.fixture(scope="module")
+def client(app_url) -> Client:
+    return Client(app_url, verbose=False, download_files=False)
+
+
+def _search(client, query, m=32, funnel=False, k=5):
+    return client.predict(query, m, funnel, k, api_name="/search_text")
+
+
+def test_named_endpoints_are_listed(client):
+    api = client.view_api(print_info=False, return_format="dict")
+    assert {f"/{name}" for name in ENDPOINTS} <= set(api["named_endpoints"])
+
+
+def test_text_search_returns_served_images_with_score_labels(client, app_url):
+    gallery, status = _search(client, "two red circles", k=5)
+    assert len(gallery) == 5 and status.startswith("**5 results**") and " ms" in status
+    scores = [float(item["caption"].split(" · ")[0]) for item in gallery]
+    assert scores == sorted(scores, reverse=True)
+    url = gallery[0]["image"]["url"]
+    assert url.startswith(app_url)  # served by the app itself, from the index's image folder
+    response = httpx.get(url)
+    assert response.status_code == 200 and response.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_m_and_funnel_choose_the_index_searched(client):
+    _, at_8 = _search(client, "a blue square", m=8)
+    _, funnel = _search(client, "a blue square", m=8, funnel=True)
+    _, full = _search(client, "a blue square", m=32)
+    assert "m = 8" in at_8 and "funnel: shortlist at m = 8" in funnel and "m = 32 = D" in full
+    with pytest.raises(AppError, match="not in the list of choices: \\[8, 16, 32\\]"):
+        _search(client, "a blue square", m=12)  # the radio refuses an m the folder has no index for
+
+
+def test_more_like_this_ranks_the_clicked_image_first(client, app_index):
+    from index.store import load_contents
+
+    some_id = load_contents(app_index).meta[3]["id"]
+    gallery, status = client.predict(some_id, 16, False, 4, api_name="/more_like_this")
+    assert len(gallery) == 4 and f"image {some_id}" in status
+    assert gallery[0]["image"]["path"].endswith(some_id.split("/")[-1])
+    _, unknown = client.predict("no/such/image.png", 16, False, 4, api_name="/more_like_this")
+    assert "⚠️" in unknown and "unknown id" in unknown
+
+
+def test_image_search_and_image_to_text(client, app_index):
+    from index.store import load_contents
+
+    row = load_contents(app_index).meta[5]
+    gallery, status = client.predict(handle_file(row["image"]), 32, False, 3, api_name="/search_image")
+    assert len(gallery) == 3 and "the uploaded image" in status
+    assert gallery[0]["image"]["path"].endswith(row["image"].split("/")[-1])  # itself, at the top
+    rows, status = client.predict(handle_file(row["image"]), 32, False, 5, api_name="/image_to_text")
+    assert len(rows["data"]) == 5 and rows["headers"] == ["score", "caption", "image id"]
+    assert "5 captions" in status
+
+
+def test_bad_input_gives_a_message_and_the_app_keeps_serving(client, not_an_image, bomb):
+    gallery, status = _search(client, "   ")
+    assert gallery == [] and status == "⚠️ Type a query first: the text is empty."
+    gallery, status = client.predict(handle_file(not_an_image), 32, False, 5, api_name="/search_image")
+    assert gallery == [] and "notes.png is not an image that can be read" in status
+    gallery, status = client.predict(handle_file(bomb), 32, False, 5, api_name="/search_image")
+    assert gallery == [] and "bomb.png has too many pixels" in status
+    rows, status = client.predict(handle_file(not_an_image), 32, False, 5, api_name="/image_to_text")
+    assert rows["data"] == [] or rows["data"] == [[]] or not any(rows["data"])
+    assert "not an image" in status
+    gallery, status = _search(client, "red " * 25_000)  # 100,000 characters
+    assert len(gallery) == 5 and "query cut to its first 1,000 characters" in status
+    assert "Traceback" not in status
+    gallery, _ = _search(client, "a green star")  # still serving
+    assert len(gallery) == 5
+
+
+def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "app", "app", "--index", str(tmp_path / "nothing")], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("triclip: error:") and len(result.stderr.strip().splitlines()) == 1
