@@ -372,6 +372,7 @@ def compact_curve(
     orderings: Sequence[str] = ("importance", "first", "random", "pca"),
     seed: int = 0,
     pca_fit: torch.Tensor | PCABasis | None = None,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, dict[int, float]]:
     """Text->image recall@10 of the compact embeddings, per ordering and m.
 
@@ -385,6 +386,8 @@ def compact_curve(
         seed: seed of ``random``.
         pca_fit: see :func:`compact_embeddings`; by default the PCA is fitted once on the
             joint image + text embeddings given.
+        texts: caption strings, one per row of ``text_emb``: recall over distinct texts
+            (:func:`retrieval.metrics.retrieval_recall`); None: per caption.
 
     Returns:
         ``{ordering: {m: t2i_r10}}``.
@@ -404,7 +407,7 @@ def compact_curve(
         curve[name] = {}
         for m in dims:
             img, txt = compact_embeddings(image_emb, text_emb, name, m, importance, seed, pca_fit)
-            curve[name][int(m)] = float(retrieval_recall(img, txt, text_to_image)["t2i_r10"])
+            curve[name][int(m)] = float(retrieval_recall(img, txt, text_to_image, texts=texts)["t2i_r10"])
     return curve
 
 

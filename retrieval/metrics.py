@@ -7,7 +7,9 @@ float64). Ties are resolved conservatively: a wrong item scoring exactly as high
 the right one ranks ahead of it, so duplicates never inflate a metric.
 
 - Recall@k both directions with several captions per image (CLIP, Radford et al. 2021,
-  https://arxiv.org/abs/2103.00020, as in clip-retrieval / open_clip's evaluation).
+  https://arxiv.org/abs/2103.00020, as in clip-retrieval / open_clip's evaluation), over
+  distinct caption texts when the texts are given (SPEC "Metrics": a repeated title is one
+  query with every image carrying it relevant, so duplicates neither reward nor punish).
 - Class-level mean average precision.
 - Zero-shot classification accuracy.
 - ``align`` / ``uniform`` of Wang & Isola 2020, https://arxiv.org/abs/2005.10242.
@@ -65,19 +67,85 @@ def _chunks(n: int, chunk_size: int, desc: str, progress: bool) -> Iterator[slic
 # ---------------------------------------------------------------------------- recall@k
 
 
+def distinct_texts(texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group captions by exact text.
+
+    Args:
+        texts: one string per caption row. Length: M.
+
+    Returns:
+        ``(text_id (M,), first_row (U,))``: the distinct text of each caption (numbered in order
+        of first appearance) and the first caption row carrying each distinct text.
+    """
+    ids: dict[str, int] = {}
+    text_id = torch.tensor([ids.setdefault(t, len(ids)) for t in texts], dtype=torch.long)
+    first_row = torch.full((len(ids),), len(text_id), dtype=torch.long).scatter_reduce(
+        0, text_id, torch.arange(len(text_id)), reduce="amin"
+    )
+    return text_id, first_row
+
+
+def best_positive_ranks(
+    query: torch.Tensor,
+    gallery: torch.Tensor,
+    pair_query: torch.Tensor,
+    pair_gallery: torch.Tensor,
+    chunk_size: int = CHUNK,
+    desc: str = "ranks",
+    progress: bool = False,
+) -> torch.Tensor:
+    """0-based rank of each query's best-scoring relevant gallery item.
+
+    The rank is the number of irrelevant gallery items scoring at least as high as the best
+    relevant one (ties count against the query), so "some relevant item in the top k" is
+    ``rank < k``; ``-1`` for a query without a relevant item.
+
+    Args:
+        query: query embeddings. Shape: (Q, D).
+        gallery: gallery embeddings. Shape: (G, D).
+        pair_query: query row of each (query, relevant gallery item) pair. Shape: (P,).
+        pair_gallery: gallery row of each pair. Shape: (P,).
+        chunk_size: queries scored at once.
+        desc: tqdm label.
+        progress: show a tqdm bar over chunks.
+
+    Returns:
+        Long tensor (Q,).
+    """
+    order = torch.argsort(pair_query, stable=True)
+    pq, pg = pair_query[order].to(query.device), pair_gallery[order].to(query.device)  # pairs sorted by query
+    ranks = torch.full((query.shape[0],), -1, dtype=torch.long, device=query.device)
+    for part in _chunks(query.shape[0], chunk_size, desc, progress):
+        scores = query[part] @ gallery.t()  # (c, G)
+        lo, hi = torch.searchsorted(pq, torch.tensor([part.start, part.stop], device=pq.device)).tolist()
+        positive = torch.zeros_like(scores, dtype=torch.bool)  # (c, G)
+        positive[pq[lo:hi] - part.start, pg[lo:hi]] = True
+        best = scores.masked_fill(~positive, -math.inf).amax(dim=1, keepdim=True)  # (c, 1)
+        ahead = ((scores >= best) & ~positive).sum(dim=1)  # (c,)
+        ranks[part] = torch.where(positive.any(dim=1), ahead, torch.full_like(ahead, -1))
+    return ranks
+
+
 def retrieval_ranks(
     image_emb: torch.Tensor,
     text_emb: torch.Tensor,
     text_to_image: torch.Tensor | Sequence[int],
     chunk_size: int = CHUNK,
     progress: bool = False,
+    texts: Sequence[str] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """0-based rank of the right answer for every query, both directions.
 
-    Image->text: the rank of the image's best-scoring caption, i.e. the number of other
-    images' captions scoring at least as high (so "any caption within top-k" is
-    ``rank < k``); ``-1`` for an image without captions (a distractor, not a query).
-    Text->image: the number of other images scoring at least as high as its own.
+    Without ``texts`` every caption row is its own text (per-caption ranks). Image->text: the
+    rank of the image's best-scoring caption, i.e. the number of other images' captions
+    scoring at least as high (so "any caption within top-k" is ``rank < k``); ``-1`` for an
+    image without captions (a distractor, not a query). Text->image: the number of other
+    images scoring at least as high as its own.
+
+    With ``texts`` (SPEC "Metrics": over distinct texts) captions with the same exact text
+    are one text: each distinct text is one text->image query, every image carrying it is
+    relevant; image->text searches the distinct texts, a hit being any of the image's own.
+    Equal to the per-caption ranks when every caption is unique.
 
     Args:
         image_emb: image embeddings. Shape: (N, D).
@@ -85,25 +153,23 @@ def retrieval_ranks(
         text_to_image: row of each caption's image. Shape: (M,).
         chunk_size: queries scored at once.
         progress: show a tqdm bar over chunks.
+        texts: the caption strings, one per row of ``text_emb`` (None: all distinct).
 
     Returns:
-        ``(i2t_rank (N,), t2i_rank (M,))`` as long tensors.
+        ``(i2t_rank (N,), t2i_rank (U,))`` as long tensors; U = number of distinct texts (M without ``texts``).
     """
     image, text = _pair("image_emb", image_emb, "text_emb", text_emb)
     owner = _index("text_to_image", text_to_image, text.shape[0], image.shape[0], image.device)
-    i2t = torch.empty(image.shape[0], dtype=torch.long, device=image.device)
-    for part in _chunks(image.shape[0], chunk_size, "recall i2t", progress):
-        scores = image[part] @ text.t()  # (c, M)
-        rows = torch.arange(part.start, part.stop, device=image.device)
-        positive = owner.unsqueeze(0) == rows.unsqueeze(1)  # (c, M)
-        best = scores.masked_fill(~positive, -math.inf).amax(dim=1, keepdim=True)  # (c, 1)
-        ahead = ((scores >= best) & ~positive).sum(dim=1)  # (c,)
-        i2t[part] = torch.where(positive.any(dim=1), ahead, torch.full_like(ahead, -1))
-    t2i = torch.empty(text.shape[0], dtype=torch.long, device=image.device)
-    for part in _chunks(text.shape[0], chunk_size, "recall t2i", progress):
-        scores = text[part] @ image.t()  # (c, N)
-        own = scores.gather(1, owner[part].unsqueeze(1))  # (c, 1)
-        t2i[part] = (scores >= own).sum(dim=1) - 1  # minus the own image
+    if texts is None:
+        text_id = torch.arange(text.shape[0], device=image.device)
+    else:
+        if len(texts) != text.shape[0]:
+            raise ValueError(f"texts must give one string per caption row: {len(texts)} for {text.shape[0]} rows")
+        text_id, first_row = distinct_texts(texts)
+        text_id, text = text_id.to(image.device), text[first_row.to(image.device)]  # (U, D) one row per text
+    pairs = torch.unique(torch.stack([owner, text_id]), dim=1)  # (2, P) distinct (image, text) pairs
+    i2t = best_positive_ranks(image, text, pairs[0], pairs[1], chunk_size, "recall i2t", progress)
+    t2i = best_positive_ranks(text, image, pairs[1], pairs[0], chunk_size, "recall t2i", progress)
     return i2t, t2i
 
 
@@ -114,12 +180,15 @@ def retrieval_recall(
     ks: Sequence[int] = (1, 5, 10),
     chunk_size: int = CHUNK,
     progress: bool = False,
+    texts: Sequence[str] | None = None,
 ) -> dict[str, float]:
     """Recall@k image->text and text->image, several captions per image.
 
     Image->text is correct when any of the image's captions is in the top k; text->image
-    when its own image is in the top k. Images without captions only act as distractors.
-    Ties count against the query (see :func:`retrieval_ranks`).
+    when its own image is (with ``texts``: any image carrying that exact text is; each
+    distinct text is one query and the gallery holds each distinct text once: SPEC
+    "Metrics"). Images without captions only act as distractors. Ties count against the
+    query (see :func:`retrieval_ranks`).
 
     Args:
         image_emb: image embeddings. Shape: (N, D).
@@ -128,13 +197,15 @@ def retrieval_recall(
         ks: the cut-offs.
         chunk_size: queries scored at once.
         progress: show a tqdm bar over chunks.
+        texts: caption strings, one per row of ``text_emb``: recall over distinct texts
+            (None: every caption counts as its own text, per-caption recall).
 
     Returns:
         ``{"i2t_r1": .., "i2t_r5": .., ..., "t2i_r10": ..}``: fractions in [0, 1].
     """
     if not ks or any(int(k) != k or k < 1 for k in ks):
         raise ValueError(f"ks must be positive integers, got {ks!r}")
-    i2t, t2i = retrieval_ranks(image_emb, text_emb, text_to_image, chunk_size, progress)
+    i2t, t2i = retrieval_ranks(image_emb, text_emb, text_to_image, chunk_size, progress, texts)
     i2t = i2t[i2t >= 0]
     if i2t.numel() == 0:
         raise ValueError("no image has a caption: image->text recall is undefined")

@@ -29,7 +29,8 @@ def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict |
     first_caption = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(text_to_image).cumsum(0)[:-1]])
     w = model.importance().detach().float().cpu()
     image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
-    result = dict(retrieval_recall(image_scored, text_scored, text_to_image))
+    texts = [c for i in keep.tolist() for c in pairs.records[i].captions]  # rows of text_emb
+    result = dict(retrieval_recall(image_scored, text_scored, text_to_image, texts=texts))  # over distinct texts
     result.update(align_uniform(image_emb, text_emb[first_caption]))  # Wang & Isola: on the encoder's output
     labels = [pairs.records[i].label for i in keep.tolist()]
     if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
@@ -39,7 +40,7 @@ def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict |
     result["logit_scale"] = float(model.logit_scale().detach())
     D = image_emb.shape[1]
     dims = [m for m in dims if m <= D] or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
-    result["compact"] = compact_curve(image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS)
+    result["compact"] = compact_curve(image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS, texts=texts)
     return result
 
 

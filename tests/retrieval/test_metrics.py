@@ -8,7 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from retrieval.metrics import align_uniform, class_map, retrieval_ranks, retrieval_recall, zero_shot_accuracy
+from retrieval.metrics import (
+    align_uniform,
+    class_map,
+    distinct_texts,
+    retrieval_ranks,
+    retrieval_recall,
+    zero_shot_accuracy,
+)
 
 
 def _unit(n: int, d: int, seed: int) -> torch.Tensor:
@@ -115,6 +122,96 @@ def test_image_without_caption_is_only_a_distractor():
     image, text, owner = _captioned(n_images=6, per_image=2)
     i2t, _ = retrieval_ranks(image, text, owner)
     assert i2t[-1] == -1 and (i2t[:-1] >= 0).all()
+
+
+# ---------------------------------------------------------------------------- recall over distinct texts
+
+
+def naive_distinct_recall(image, text, owner, texts, ks):
+    """SPEC "Metrics" read literally, one query at a time with Python lists.
+
+    t2i: each distinct text once (embedded as its first caption row), relevant = every image
+    with a caption of exactly that text; i2t: the gallery holds each distinct text once, a hit
+    is any text among the image's own captions. Ties count against the query.
+    """
+    distinct = list(dict.fromkeys(texts))
+    emb = {t: text[texts.index(t)] for t in distinct}
+    carriers = {t: {int(owner[c]) for c in range(len(texts)) if texts[c] == t} for t in distinct}
+    t2i = []
+    for t in distinct:
+        scores = [float(emb[t] @ image[n]) for n in range(len(image))]
+        best = max(scores[n] for n in carriers[t])
+        t2i.append(sum(1 for n in range(len(image)) if n not in carriers[t] and scores[n] >= best))
+    i2t = []
+    for n in range(len(image)):
+        own = {t for t in distinct if n in carriers[t]}
+        if not own:
+            continue
+        scores = {t: float(image[n] @ emb[t]) for t in distinct}
+        best = max(scores[t] for t in own)
+        i2t.append(sum(1 for t in distinct if t not in own and scores[t] >= best))
+    out = {f"i2t_r{k}": sum(r < k for r in i2t) / len(i2t) for k in ks}
+    out.update({f"t2i_r{k}": sum(r < k for r in t2i) / len(t2i) for k in ks})
+    return out
+
+
+def _with_duplicates(seed: int = 0):
+    """Captions drawn from a small vocabulary (many repeats, some within one image), identical
+    texts with identical embeddings, a caption-less distractor image."""
+    g = torch.Generator().manual_seed(seed)
+    image = _unit(30, 6, seed)
+    vocab = [f"title {v}" for v in range(12)]
+    vocab_emb = _unit(12, 6, seed + 1)
+    owner = torch.arange(29).repeat_interleave(2)[torch.randperm(58, generator=g)]
+    words = torch.randint(0, 12, (58,), generator=g)
+    texts = [vocab[int(v)] for v in words]
+    text = F.normalize(vocab_emb[words] + 0.3 * image[owner], dim=1)  # not the same: rows of one text differ
+    return image, text, owner, texts
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 1000])
+def test_distinct_text_recall_equals_naive_loop_with_duplicates(chunk):
+    image, text, owner, texts = _with_duplicates()
+    assert len(set(texts)) < len(texts)  # duplicates, across and within images
+    got = retrieval_recall(image, text, owner, ks=(1, 5, 10), chunk_size=chunk, texts=texts)
+    want = naive_distinct_recall(image, text, owner, texts, (1, 5, 10))
+    for key in want:
+        assert got[key] == pytest.approx(want[key], abs=1e-12), key
+    per_caption = retrieval_recall(image, text, owner, ks=(1, 5, 10))
+    assert got != per_caption  # the duplicates change the metric here
+    _, t2i = retrieval_ranks(image, text, owner, texts=texts)
+    assert t2i.shape == (len(set(texts)),)
+
+
+def test_distinct_text_recall_equals_per_caption_recall_when_captions_are_unique():
+    image, text, owner = _captioned()
+    texts = [f"caption {c}" for c in range(len(owner))]
+    got = retrieval_recall(image, text, owner, ks=(1, 5, 10), texts=texts)
+    assert got == retrieval_recall(image, text, owner, ks=(1, 5, 10))
+    assert got == pytest.approx(naive_distinct_recall(image, text, owner, texts, (1, 5, 10)), abs=1e-12)
+
+
+def test_distinct_text_hand_example():
+    """Texts 'a' (images 0 and 1) and 'b' (image 2): one t2i query for 'a', hit by image 0 or 1."""
+    image = torch.tensor([[1.0, 0.0], [0.0, 1.0], [0.8, 0.6]])
+    text = torch.tensor([[0.6, 0.8], [0.6, 0.8], [1.0, 0.0]])  # a, a, b
+    owner = torch.tensor([0, 1, 2])
+    i2t, t2i = retrieval_ranks(image, text, owner, texts=["a", "a", "b"])
+    # t2i 'a': scores 0.6, 0.8, 0.96 -> best relevant is image 1 (0.8), image 2 ahead: rank 1;
+    # 'b': scores 1.0, 0.0, 0.8 -> image 0 ahead of image 2: rank 1
+    assert t2i.tolist() == [1, 1]
+    # i2t over the distinct texts [a, b]: image 0 scores a 0.6, b 1.0 -> rank 1; image 1: a 0.8 > b 0 -> 0;
+    # image 2: b 0.8 < a 0.96 -> 1
+    assert i2t.tolist() == [1, 0, 1]
+    per_caption = retrieval_ranks(image, text, owner)[1]
+    assert per_caption.tolist() == [2, 1, 1]  # caption 'a' of image 0: images 1 and 2 ahead (a duplicate punished)
+
+
+def test_distinct_texts_groups_exact_strings():
+    text_id, first = distinct_texts(["x", "y", "x", "X", "y"])
+    assert text_id.tolist() == [0, 1, 0, 2, 1] and first.tolist() == [0, 1, 3]
+    with pytest.raises(ValueError, match="one string per caption row"):
+        retrieval_recall(_unit(3, 4, 0), _unit(3, 4, 1), torch.arange(3), texts=["a", "b"])
 
 
 @pytest.mark.parametrize(
