@@ -80,7 +80,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     """
     started = time.perf_counter()
     _validate(cfg)
-    rank, world, owned = _init_distributed()
+    rank, world, owned = init_distributed()
     try:
         pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
         device = _device(cfg.device)
@@ -90,7 +90,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         out = Path(cfg.out)
         if rank == 0:
             _prepare_folder(cfg, out, model, run_config, fingerprint, pairs, num_shards, device)
-        _barrier(world)
+        barrier(world)
         manifest = read_manifest(out)
         transform = CompactTransform.from_dict(manifest["transform"])
         batch = cfg.batch_size or (256 if device.type == "cuda" else 64)
@@ -100,7 +100,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         bar = tqdm(todo, desc=f"rank {rank}/{world} shards", unit="shard", position=rank, disable=None)
         for s in bar:
             _write_shard(out, s, pairs, cfg, model, transform, device, batch, workers, rank)
-        _barrier(world)
+        barrier(world)
         summary = summarize(out)
         summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
         summary["seconds"] = round(time.perf_counter() - started, 2)
@@ -207,7 +207,7 @@ def _validate(cfg: EmbedConfig) -> None:
         raise UserError(f"{out} exists and is not a triclip embeddings folder; refusing to write into it")
 
 
-def _init_distributed() -> tuple[int, int, bool]:
+def init_distributed() -> tuple[int, int, bool]:
     """``(rank, world, owned)``: joins torchrun's process group when ``WORLD_SIZE`` > 1."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
@@ -220,14 +220,14 @@ def _init_distributed() -> tuple[int, int, bool]:
     return dist.get_rank(), dist.get_world_size(), True
 
 
-def _barrier(world: int) -> None:
+def barrier(world: int) -> None:
     if world > 1:
         dist.barrier()
 
 
 def _device(name: str | None) -> torch.device:
     if name is None and torch.cuda.is_available():
-        return torch.device("cuda", torch.cuda.current_device())  # this rank's GPU (set in _init_distributed)
+        return torch.device("cuda", torch.cuda.current_device())  # this rank's GPU (set in init_distributed)
     return pick_device(name)
 
 
