@@ -1,0 +1,134 @@
+"""The app in a real headless browser (Debian chromium driven by the PyPI playwright package).
+
+Types a query and waits for the gallery, checks that every result image loaded,
+uploads an image, clicks a result ("more like this"), switches m and the funnel,
+and checks that the page asked nothing of any host but the app's own 127.0.0.1.
+
+Also a tool for the README's screenshot, on a running app:
+
+    python -m tests.app.test_browser http://127.0.0.1:7860/ docs/app.png "a red apple"
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from urllib.parse import urlparse
+
+import pytest
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 60_000  # per wait: the shared 2-core CI machine can be slow
+
+pytestmark = pytest.mark.slow
+
+
+def _status(page) -> str:
+    return page.locator("#status").inner_text()
+
+
+def _wait_status(page, needle: str) -> str:
+    """Wait until the status line contains ``needle``; returns it."""
+    page.wait_for_function(
+        "needle => (document.querySelector('#status')?.innerText || '').includes(needle)", arg=needle, timeout=TIMEOUT_MS
+    )
+    return _status(page)
+
+
+def _wait_images_loaded(page) -> list[int]:
+    """Wait until every gallery image has decoded; returns their natural widths."""
+    page.wait_for_function(
+        """() => { const imgs = [...document.querySelectorAll('#results img')];
+                   return imgs.length > 0 && imgs.every(i => i.complete && i.naturalWidth > 0); }""",
+        timeout=TIMEOUT_MS,
+    )
+    return page.evaluate("[...document.querySelectorAll('#results img')].map(i => i.naturalWidth)")
+
+
+def open_page(playwright, url: str, requests: list[str]):
+    """Headless chromium on ``url``; every URL the page requests is appended to ``requests``."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+    page = browser.new_page(viewport={"width": 1400, "height": 1700})
+    page.on("request", lambda request: requests.append(request.url))
+    page.goto(url, wait_until="load", timeout=TIMEOUT_MS)
+    page.wait_for_selector("#query", timeout=TIMEOUT_MS)
+    return browser, page
+
+
+def text_search(page, query: str) -> list[int]:
+    page.locator("#query textarea, #query input").first.fill(query)
+    page.locator("#search").click()
+    _wait_status(page, f"for “{query[:20]}")
+    return _wait_images_loaded(page)
+
+
+@pytest.fixture
+def browser_requests():
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install chromium (scripts/setup.sh does)")
+    return []
+
+
+def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, browser_requests):
+    from playwright.sync_api import sync_playwright
+
+    from index.store import load_contents
+
+    upload = load_contents(app_index).meta[7]["image"]
+    with sync_playwright() as p:
+        browser, page = open_page(p, app_url, browser_requests)
+        try:
+            widths = text_search(page, "two red circles in the center")
+            assert len(widths) == 12 and min(widths) > 0  # k = 12 by default; every image decoded
+            assert "m = 32 = D" in _status(page)
+
+            page.get_by_role("tab", name="Image → image / text").click()
+            page.locator("#query-image input[type=file]").set_input_files(upload)
+            status = _wait_status(page, "for the uploaded image")
+            assert status.startswith("12 results")
+            first = page.locator("#results img").first.get_attribute("src")
+            assert first.endswith(os.path.basename(upload))  # the uploaded image finds itself first
+
+            page.locator("#results button.thumbnail-item").nth(2).click()  # more like this
+            status = _wait_status(page, "for image ")
+            clicked = page.locator("#clicked-id input, #clicked-id textarea").first.input_value()
+            assert clicked and clicked in status
+            _wait_images_loaded(page)
+            assert page.locator("#results img").first.get_attribute("src").endswith(clicked.split("/")[-1])
+
+            page.locator('#m input[value="8"]').click()  # the last query runs again at m = 8
+            status = _wait_status(page, "m = 8")
+            assert f"for image {clicked}" in status
+            page.locator("#funnel input").click()
+            assert "funnel: shortlist at m = 8, re-rank at D = 32" in _wait_status(page, "funnel")
+            _wait_images_loaded(page)
+        finally:
+            browser.close()
+    hosts = {urlparse(u).netloc for u in browser_requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
+    assert hosts == {urlparse(app_url).netloc}, f"requests left the app: {sorted(hosts)}"
+
+
+def screenshot(url: str, out: str, query: str) -> None:
+    """Search ``query`` on a running app and save a screenshot of the page to ``out``."""
+    from playwright.sync_api import sync_playwright
+
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser, page = open_page(p, url, requests)
+        page.set_viewport_size({"width": 1400, "height": 1000})
+        text_search(page, query)
+        page.screenshot(path=out, full_page=True)
+        browser.close()
+    outside = sorted({urlparse(u).netloc for u in requests} - {urlparse(url).netloc})
+    print(f"wrote {out}; hosts other than the app: {outside or 'none'}")
+
+
+if __name__ == "__main__":
+    screenshot(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "a red apple")
