@@ -19,7 +19,7 @@ def _run(capsys, *argv) -> tuple[int, str, str]:
 def cli_index(tmp_path_factory, run_dir, shapes_dir):
     out = tmp_path_factory.mktemp("cli") / "index"
     code = main(["index", "build", "--run", str(run_dir), "--data", str(shapes_dir / "train.jsonl"),
-                 "--out", str(out), "--dims", "8", "--factory", "Flat", "--batch-size", "32"])  # fmt: skip
+                 "--out", str(out), "--dims", "8,16", "--factory", "Flat", "--batch-size", "32"])  # fmt: skip
     assert code == 0
     return out
 
@@ -29,7 +29,7 @@ def test_build_prints_a_summary(capsys, tmp_path, run_dir, shapes_dir):
                         "--out", tmp_path / "i", "--dims", "4")  # fmt: skip
     assert code == 0
     summary = json.loads(out)
-    assert (summary["m"], summary["factory"], summary["count"]) == (4, "Flat", 10)  # auto: Flat for 10 vectors
+    assert (summary["dims"], summary["factories"]["4"], summary["count"]) == ([4, 32], "Flat", 10)  # auto: Flat
 
 
 def test_text_search_json(capsys, cli_index):
@@ -41,7 +41,7 @@ def test_text_search_json(capsys, cli_index):
 
 
 def test_image_search_finds_itself(capsys, cli_index):
-    first = json.loads((cli_index / "meta.jsonl").read_text().splitlines()[7])
+    first = json.loads((cli_index / "v000001" / "meta.jsonl").read_text().splitlines()[7])
     code, out, _ = _run(capsys, "search", "--index", cli_index, "--image", first["image"], "-k", "3", "--json")
     assert code == 0 and json.loads(out)[0]["id"] == first["id"]
 
@@ -56,8 +56,49 @@ def test_user_errors_exit_2_with_one_line(capsys, cli_index, other_run_dir, shap
          "fingerprint"),
         (["index", "build", "--run", other_run_dir, "--data", tmp_path / "missing.jsonl", "--out", tmp_path / "o"],
          "not found"),
+        (["search", "--index", cli_index, "--text", "x", "--m", "12"], "m=12 is not indexed"),
+        (["search", "--index", cli_index, "--text", "x", "--funnel", "64"], "funnel=64 is not indexed"),
+        (["search", "--index", cli_index, "--text", ""], "empty text query"),
+        (["search", "--index", cli_index], "give at least one"),
+        (["search", "--index", cli_index, "--text-file", tmp_path / "none.txt"], "cannot read --text-file"),
+        (["search", "--index", cli_index, "--text", "x", "--target", "text", "--factor", "0", "--funnel", "8"],
+         "--factor"),
     ]
     for argv, needle in cases:
         code, out, err = _run(capsys, *argv)
         assert code == 2, argv
         assert err.count("\n") == 1 and needle in err and "Traceback" not in err, err
+
+
+def test_several_queries_one_model_load(capsys, cli_index, tmp_path):
+    queries = tmp_path / "queries.txt"
+    queries.write_text("a green star\n\none purple triangle\n")
+    image = json.loads((cli_index / "v000001" / "meta.jsonl").read_text().splitlines()[3])
+    code, out, err = _run(capsys, "search", "--index", cli_index, "--text", "three large blue squares",
+                          "--text-file", queries, "--image", image["image"], "-k", "4", "--json", "--timing")  # fmt: skip
+    assert code == 0
+    results = json.loads(out)
+    assert len(results) == 4 and all(len(hits) == 4 for hits in results)  # a list per query, in order
+    assert results[3][0]["id"] == image["id"]
+    timing = json.loads(err.strip().splitlines()[-1].split("timing: ", 1)[1])
+    assert set(timing) == {"import_s", "index_load_s", "model_load_s", "embed_s", "search_s", "queries"}
+    assert timing["queries"] == 4
+    # the same queries one at a time give the same hits
+    code, out, _ = _run(capsys, "search", "--index", cli_index, "--text", "a green star", "-k", "4", "--json")
+    alone = json.loads(out)
+    assert [h["id"] for h in alone] == [h["id"] for h in results[1]]
+    assert [h["score"] for h in alone] == pytest.approx([h["score"] for h in results[1]], abs=1e-5)  # batch padding
+
+
+def test_m_funnel_and_text_target(capsys, cli_index):
+    base = ["search", "--index", cli_index, "--text", "three large blue squares", "-k", "5", "--json"]
+    _, full, _ = _run(capsys, *base)
+    _, funnel, _ = _run(capsys, *base, "--funnel", "8", "--factor", "20")  # 100 candidates of 90: exact at D
+    _, small, _ = _run(capsys, *base, "--m", "8")
+    full, funnel = json.loads(full), json.loads(funnel)
+    assert [h["id"] for h in full] == [h["id"] for h in funnel]
+    assert [h["score"] for h in full] == pytest.approx([h["score"] for h in funnel], abs=1e-5)  # FAISS vs numpy
+    assert len(json.loads(small)) == 5
+    code, out, _ = _run(capsys, *base, "--target", "text", "--m", "16")
+    hits = json.loads(out)
+    assert code == 0 and len(hits) == 5 and len({h["caption"] for h in hits}) >= 2

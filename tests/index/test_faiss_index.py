@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import faiss
 import numpy as np
@@ -57,16 +58,46 @@ def test_approximate_index_recall_against_exact(data, factory, floor):
     assert fi.recall_at_k(ids, truth) <= 1.0
 
 
-def test_search_params_reach_the_index(data):
-    base, _, _ = data
+def test_search_params_are_per_call_and_leave_the_index_alone(data):
+    base, queries, truth = data
     hnsw = fi.build(base[:500], "HNSW32")
-    fi.search(hnsw, base[:2], 100)
-    assert faiss.downcast_index(hnsw).hnsw.efSearch == 200
+    assert fi.search_parameters(hnsw, 100).efSearch == 200  # default max(64, 2k)
+    assert fi.search_parameters(hnsw, 5, fi.SearchParams(ef_search=17)).efSearch == 17
     fi.search(hnsw, base[:2], 5, fi.SearchParams(ef_search=17))
-    assert faiss.downcast_index(hnsw).hnsw.efSearch == 17
+    assert faiss.downcast_index(hnsw).hnsw.efSearch == 16  # FAISS's default, untouched
     ivf = fi.build(base, "IVF32,Flat")
-    fi.search(ivf, base[:2], 5, fi.SearchParams(nprobe=3))
-    assert faiss.extract_index_ivf(ivf).nprobe == 3
+    _, one = fi.search(ivf, queries, 10, fi.SearchParams(nprobe=1))
+    _, every = fi.search(ivf, queries, 10, fi.SearchParams(nprobe=32))  # all lists: exact
+    assert faiss.extract_index_ivf(ivf).nprobe == 1
+    np.testing.assert_array_equal(every, truth)
+    assert fi.recall_at_k(one, truth) < 1.0
+    assert fi.search_parameters(fi.build(base, "Flat"), 10) is None
+    spread = _clustered(4000, seed=3, clusters=4000, noise=1.0)  # no clusters: nprobe matters
+    wrapped = fi.build(spread, "PCA16,IVF16,Flat")
+    _, wide = fi.search(wrapped, queries, 10, fi.SearchParams(nprobe=16))  # reaches the IVF inside the wrapper
+    _, narrow = fi.search(wrapped, queries, 10, fi.SearchParams(nprobe=1))
+    assert (wide != narrow).any() and faiss.extract_index_ivf(wrapped).nprobe == 1
+
+
+def test_concurrent_searches_with_different_params_do_not_race(data):
+    base, queries, _ = data
+    ivf = fi.build(base, "IVF32,Flat")
+    hnsw = fi.build(base, "HNSW32")
+    calls = [(ivf, fi.SearchParams(nprobe=p)) for p in (1, 2, 4, 32)]
+    calls += [(hnsw, fi.SearchParams(ef_search=e)) for e in (10, 20, 200)]
+    expected = [fi.search(index, queries, 10, params)[1] for index, params in calls]
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        for _ in range(5):
+            got = list(pool.map(lambda c: fi.search(c[0], queries, 10, c[1])[1], calls * 3))
+            for a, b in zip(got, expected * 3):
+                np.testing.assert_array_equal(a, b)
+
+
+def test_too_few_training_vectors_is_a_clear_error(data):
+    base, _, _ = data
+    for factory, need in (("IVF1024,Flat", 1024), ("IVF1024,PQ8", 1024), ("PQ8", 256), ("IVF16,PQ8", 256)):
+        with pytest.raises(ValueError, match=f"needs at least {need} training vectors.*got 200"):
+            fi.build(base[:200], factory)
 
 
 def test_recall_helper():
