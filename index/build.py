@@ -75,10 +75,16 @@ class IndexBuildConfig:
     seed: int = 0  # seed of the random ordering and of index training
     workers: int = 0  # DataLoader worker processes decoding images
     lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
+    embeddings: str | None = None  # build from `triclip embed` shards instead (run and data unused)
+    memory_budget: int | None = None  # with embeddings: bytes one index may take in memory (None: half the free)
 
 
 def build_index(cfg: IndexBuildConfig) -> dict:
     """Build (or extend) the index folder ``cfg.out``; returns a JSON-able summary."""
+    if cfg.embeddings:  # from embedding shards, without the model (index.from_embeddings)
+        from index.from_embeddings import build_from_embeddings, from_build_config
+
+        return build_from_embeddings(from_build_config(cfg))
     started = time.perf_counter()
     dims = _validate(cfg)
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
@@ -89,7 +95,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     if base is not None:
         _check_same_run(base.manifest, cfg, dims, fingerprint)
     else:
-        _check_new_index(cfg, dims, model.embed_dim)  # before the (long) embedding
+        _check_new_index(cfg, dims, model.embed_dim, len(pairs.records))  # before the (long) embedding
     todo, already = _new_records(pairs, base.meta if base is not None else [])
     if not todo.records:
         return _summary(cfg, base.manifest, 0, already, pairs.skipped, started)
@@ -149,15 +155,20 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
     return dims
 
 
-def _check_new_index(cfg: IndexBuildConfig, dims: list[int] | None, dim: int) -> None:
+def _check_new_index(cfg: IndexBuildConfig, dims: list[int] | None, dim: int, n: int) -> None:
     if dims and dims[-1] > dim:
         raise UserError(f"--dims {dims[-1]} exceeds the model's embedding dimension D={dim}")
     if cfg.factory != "auto":
         for m in _all_dims(dims, dim):
             try:
-                fi.new_index(m, cfg.factory)
+                need, why = fi.min_train_vectors(fi.new_index(m, cfg.factory))
             except ValueError as err:
                 raise UserError(f"--factory: {err}") from None
+            if n < need:  # n: records before decoding, so at least as many as will be embedded
+                raise UserError(
+                    f"--factory {cfg.factory} needs at least {need} training vectors ({why}), the data has {n} images;"
+                    " use fewer lists / codes or Flat / HNSW32"
+                )
 
 
 def _all_dims(dims: list[int] | None, dim: int) -> list[int]:
