@@ -178,6 +178,10 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 def cmd_index_build(ns: argparse.Namespace) -> int:
     from index.build import IndexBuildConfig, build_index
 
+    if ns.embeddings is not None and (ns.run is not None or ns.data is not None):
+        raise UserError("--embeddings replaces --run and --data: give one or the other")
+    if ns.embeddings is None and (ns.run is None or ns.data is None):
+        raise UserError("give --run RUN --data P, or --embeddings EMB (from triclip embed)")
     cfg = IndexBuildConfig(
         run=ns.run,
         data=ns.data,
@@ -193,9 +197,19 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
         seed=ns.seed,
         workers=ns.workers,
         lock_timeout=ns.lock_timeout,
+        embeddings=ns.embeddings,
+        memory_budget=_memory_budget(ns.memory_budget),
     )
-    _print_json(build_index(cfg))
+    summary = build_index(cfg)
+    if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
+        _print_json(summary)
     return 0
+
+
+def _memory_budget(text: str | None) -> int | None:
+    from index.from_embeddings import parse_bytes
+
+    return None if text is None else parse_bytes(text)
 
 
 def _search_queries(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
@@ -358,8 +372,10 @@ def build_parser() -> argparse.ArgumentParser:
     index = sub.add_parser("index", help="build FAISS indexes")
     isub = index.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
     p = isub.add_parser("build", help="embed a data source once and index it at several m in one folder")
-    p.add_argument("--run", required=True)
-    p.add_argument("--data", required=True)
+    p.add_argument("--run", default=None, help="the run (with --data); or give --embeddings")
+    p.add_argument("--data", default=None, help="the data source to embed and index")
+    p.add_argument("--embeddings", default=None, help="build from `triclip embed` shards (no model, no --data)")
+    p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
     p.add_argument("--out", required=True)
     p.add_argument("--dims", default=None, help="m's to index besides D (always indexed), e.g. 16,32,64")
     p.add_argument("--factory", default="auto", help="FAISS index-factory string for every m, or auto (default)")
