@@ -101,54 +101,54 @@ def cmd_data_inspect(ns: argparse.Namespace) -> int:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
+    from app.options import given_fields, to_config
     from training.train import TrainConfig, train
 
-    cfg = TrainConfig(
-        train_data=ns.train_data,
-        val_data=ns.val_data,
-        model=ns.model,
-        pretrained=ns.pretrained,
-        loss=ns.loss,
-        loss_options=_parse_kv(ns.loss_opt),
-        epochs=ns.epochs,
-        batch_size=ns.batch_size,
-        lr=ns.lr,
-        weight_decay=ns.wd,
-        warmup_steps=ns.warmup,
-        grad_clip=ns.grad_clip,
-        out=ns.out,
-        resume=ns.resume,
-        lock_image=ns.lock_image,
-        lock_text=ns.lock_text,
-        seed=ns.seed,
-        workers=ns.workers,
-        save_every=ns.save_every,
-        max_steps=ns.max_steps,
-        embed_dim=ns.embed_dim,
-        head=ns.head,
-        text_max_length=ns.text_max_length,
-        importance=ns.importance,
-        importance_spread=ns.importance_spread,
-        importance_lr_scale=ns.importance_lr_scale,
-        importance_block=ns.importance_block,
-        tower_lr_scale=ns.tower_lr_scale,
-        device=ns.device,
-        data=_data_config(ns),
-    )
-    train(cfg)
+    train(to_config(TrainConfig, ns), given=given_fields(ns))
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
+    from app.options import to_config
+    from training.config import EvalConfig
     from training.evaluate import evaluate_run
 
-    result = evaluate_run(ns.run, ns.data, dims=_parse_dims(ns.dims), data_config=_data_config(ns), device=ns.device)
+    result = evaluate_run(to_config(EvalConfig, ns))
     if ns.json:
         _print_json(result)
     else:
         for key, value in result.items():
             print(f"{key}: {value}")
     return 0
+
+
+def _train_options(p: argparse.ArgumentParser) -> None:
+    """``train``'s options: every field of TrainConfig (and its DataConfig), old short names kept."""
+    from app.options import LazyChoices, add_options
+    from training.config import TrainConfig
+
+    aliases = {"weight_decay": ["--wd"], "warmup_steps": ["--warmup"], "loss_options": ["--loss-opt"]}
+    add_options(p, TrainConfig, aliases=aliases, choices={"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)})
+
+
+def _eval_options(p: argparse.ArgumentParser) -> None:
+    from app.options import add_options
+    from training.config import EvalConfig
+
+    add_options(p, EvalConfig)
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _loss_names() -> list[str]:
+    from retrieval.losses import available_losses
+
+    return available_losses()
+
+
+def _importance_forms() -> list[str]:
+    from retrieval.model import IMPORTANCE_FORMS
+
+    return sorted(IMPORTANCE_FORMS)
 
 
 # ---------------------------------------------------------------------------- index / search / app
@@ -305,55 +305,12 @@ def build_parser() -> argparse.ArgumentParser:
     _data_args(p)
     p.set_defaults(func=cmd_data_inspect)
 
-    p = sub.add_parser("train", help="train a dual encoder")
-    p.add_argument("--train-data", required=True)
-    p.add_argument("--val-data", default=None)
-    p.add_argument("--model", default="tiny", help="tiny, lite, or an open_clip architecture name")
-    p.add_argument("--pretrained", default=None, help="open_clip pretrained tag (needs the weights locally)")
-    p.add_argument("--loss", default="tricl")
-    p.add_argument("--loss-opt", action="append", default=[], metavar="K=V")
-    p.add_argument("--epochs", type=int, default=1)
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per preset)")
-    p.add_argument("--wd", type=float, default=0.1)
-    p.add_argument("--warmup", type=int, default=None, help="warmup steps (default: 5%% of training)")
-    p.add_argument("--grad-clip", type=float, default=1.0)
-    p.add_argument("--embed-dim", type=int, default=None, help="embedding dimension D (default: per preset)")
-    p.add_argument("--head", choices=["linear", "mlp"], help="projection heads (default: mlp for lite, else linear)")
-    p.add_argument(
-        "--text-max-length", type=int, default=None, help="lite: caption tokens kept (default 256; 64 saves memory)"
-    )
-    p.add_argument(
-        "--importance", default="softplus_mean1", help="how w is made from theta: softplus_mean1 (default), softplus"
-    )
-    p.add_argument(
-        "--importance-spread",
-        type=float,
-        default=None,
-        help="w starts as a ramp from 1 to 1/SPREAD (default: 100 for tricl; 1: all ones, the paper)",
-    )
-    p.add_argument("--importance-lr-scale", type=float, default=1.0, help="theta's lr as a multiple of --lr")
-    p.add_argument("--importance-block", action="store_true", help="one Adam second moment for all of theta")
-    p.add_argument("--tower-lr-scale", type=float, default=1.0, help="unlocked towers' lr as a multiple of --lr")
-    p.add_argument("--out", required=True)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--lock-image", action="store_true")
-    p.add_argument("--lock-text", action="store_true")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--workers", type=int, default=0)
-    p.add_argument("--save-every", type=int, default=0, help="also checkpoint every N steps (0: per epoch only)")
-    p.add_argument("--max-steps", type=int, default=None)
-    p.add_argument("--device", default=None)
-    _data_args(p)
+    p = sub.add_parser("train", help="train a dual encoder", description="Train a dual encoder (options: training.config.TrainConfig).")
+    _train_options(p)
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("eval", help="evaluate a trained run")
-    p.add_argument("--run", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--dims", default=None, help="compact curve at these m, e.g. 8,16,32")
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--device", default=None)
-    _data_args(p)
+    p = sub.add_parser("eval", help="evaluate a trained run", description="Evaluate a run (options: training.config.EvalConfig).")
+    _eval_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")

@@ -123,8 +123,17 @@ class DualEncoder(nn.Module):
     # -- the two scalars of the objective
 
     def logit_scale(self) -> torch.Tensor:
-        """``s = exp(param)``, clamped to 100 (CLIP). Scalar tensor."""
-        return self.logit_scale_param.exp().clamp(max=MAX_LOGIT_SCALE)
+        """``s = exp(param)`` (scalar tensor); the trainer keeps it <= 100 with :meth:`clamp_logit_scale_`."""
+        return self.logit_scale_param.exp()
+
+    @torch.no_grad()
+    def clamp_logit_scale_(self) -> None:
+        """Clamp the parameter to [0, ln 100] in place, after each optimizer step (as open_clip does).
+
+        Clamping the parameter, not ``exp(param)``, keeps its gradient alive: a value past ln 100
+        is pulled back and can move down again, instead of sitting where the gradient is zero.
+        """
+        self.logit_scale_param.clamp_(0.0, math.log(MAX_LOGIT_SCALE))
 
     def importance(self) -> torch.Tensor:
         """``w`` (D,), non-negative."""

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from retrieval.data import PairDataset, collate_pairs
-from retrieval.cache import locked_tower_outputs
+from retrieval.cache import locked_tower_outputs, skipped_images
 
 
 @dataclass
@@ -57,6 +57,10 @@ class BatchSource:
 
     @property
     def skipped(self) -> Counter:
+        """Records whose image did not decode, by reason: all of them when the image tower is
+        locked (its cache decoded every image), else those met by the epochs so far."""
+        if self.image_cache is not None:
+            return skipped_images(self.image_cache)
         return self.dataset.skipped
 
     def epoch(self, epoch: int, first_batch: int, rank: int, world: int):
@@ -75,10 +79,10 @@ class BatchSource:
         for offset, idx in enumerate(plan):
             if loader is not None:
                 batch = next(loader)
-                if batch is None:  # every image of this batch failed to decode
+                if batch is None or (world == 1 and len(batch["index"]) < 2):  # images failed to decode
                     if world > 1:  # the other ranks are already waiting in the loss's all-gather
                         raise RuntimeError(f"rank {rank}: every image of batch {first_batch + offset} failed to decode")
-                    continue
+                    continue  # no negatives left: nothing to learn from
                 idx = batch["index"].tolist()
                 image = batch["image"].to(self.device)
             else:

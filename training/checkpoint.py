@@ -1,13 +1,16 @@
 """Run directories: the model, its config and what ``--resume`` needs, written atomically.
 
     RUN/config.json          model config, loss, training config (JSON)
-    RUN/model.safetensors    the latest model weights (what eval / index use)
+    RUN/model.safetensors    the latest model weights
+    RUN/best/                the best epoch by validation t2i_r10 (eval / index use it by default)
     RUN/metrics.jsonl        one JSON object per evaluation
+    RUN/skipped.json         records left out, by source and reason
     RUN/checkpoint/          model.safetensors, optim.safetensors, state.json (resume)
 
 Nothing here unpickles: tensors go through safetensors, everything else is JSON.
-The checkpoint folder is written beside the old one and swapped in, so a crash
-mid-write leaves the previous checkpoint whole.
+The checkpoint and best folders are written beside the old ones and swapped in
+(``retrieval.io.swap_dir``), so a crash mid-write leaves the previous one whole.
+Every file gets the user's umask.
 """
 
 from __future__ import annotations
@@ -21,9 +24,21 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from retrieval.errors import UserError
-from retrieval.io import atomic_path, write_json_atomic
+from retrieval.io import atomic_path, recover_dir, swap_dir, write_json_atomic
 from retrieval.model import DualEncoder
-from retrieval.run import CONFIG, METRICS, MODEL, load_run, read_config, run_fingerprint  # noqa: F401 (re-exported)
+from retrieval.run import (  # noqa: F401 (re-exported)
+    BEST,
+    BEST_INFO,
+    CONFIG,
+    METRICS,
+    MODEL,
+    SKIPPED,
+    best_info,
+    load_run,
+    read_config,
+    read_metrics,
+    run_fingerprint,
+)
 
 CHECKPOINT = "checkpoint"
 
@@ -42,39 +57,70 @@ def save_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
         state: JSON-serialisable trainer state (step, epoch, ...).
     """
     save_weights(model, run / MODEL)
-    tmp = run / f".{CHECKPOINT}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    tmp = _fresh_dir(run / f".{CHECKPOINT}.tmp")
     shutil.copyfile(run / MODEL, tmp / MODEL)  # the same weights, not serialised twice
     opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
     for name, module in extra.items():
         opt_tensors.update({f"extra.{name}.{k}": v.detach().contiguous().cpu() for k, v in module.state_dict().items()})
     save_file(opt_tensors, str(tmp / "optim.safetensors"))
     (tmp / "state.json").write_text(json.dumps({**state, "optimizer": opt_meta}, indent=2))
-    final, old = run / CHECKPOINT, run / f".{CHECKPOINT}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.replace(final, old)
-    os.replace(tmp, final)
-    shutil.rmtree(old, ignore_errors=True)
+    swap_dir(tmp, run / CHECKPOINT)
+
+
+def has_checkpoint(run: Path) -> bool:
+    """Whether ``run`` holds a checkpoint to resume from (also one a crash left mid-swap)."""
+    return (recover_dir(run / CHECKPOINT) / "state.json").exists()
+
+
+def save_best(run: Path, model: DualEncoder, info: dict) -> None:
+    """Keep ``model``'s weights as the run's best (``RUN/best``), with ``info`` (epoch, metric, ...)."""
+    tmp = _fresh_dir(run / f".{BEST}.tmp")
+    save_weights(model, tmp / MODEL)
+    write_json_atomic(tmp / BEST_INFO, info)
+    swap_dir(tmp, run / BEST)
 
 
 def load_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Module], optimizer) -> dict:
-    """Restore model, extra modules and optimizer in place; return the trainer state."""
-    ckpt = run / CHECKPOINT
-    if not (ckpt / "state.json").exists():
-        old = run / f".{CHECKPOINT}.old"  # a crash between the two renames of save_checkpoint
-        ckpt = old if (old / "state.json").exists() else ckpt
+    """Restore model, extra modules and optimizer in place; return the trainer state.
+
+    Raises:
+        UserError: no checkpoint, or a damaged one (one line; nothing is changed on disk).
+    """
+    ckpt = recover_dir(run / CHECKPOINT)  # a crash between the two renames of save_checkpoint
     if not (ckpt / "state.json").exists():
         raise UserError(f"--resume: no checkpoint in {run}")
-    model.load_state_dict(load_file(str(ckpt / MODEL)))
-    state = json.loads((ckpt / "state.json").read_text())
+    try:
+        state = json.loads((ckpt / "state.json").read_text(encoding="utf-8"))
+        meta = state.pop("optimizer")
+        for key in ("step", "epoch", "batch"):
+            if not isinstance(state.get(key), int):
+                raise ValueError(f"no integer {key!r}")
+    except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
+        raise UserError(f"--resume: {ckpt / 'state.json'} is damaged ({err})") from None
+    for name, load in (
+        (MODEL, lambda: model.load_state_dict(load_file(str(ckpt / MODEL)))),
+        ("optim.safetensors", lambda: _load_optim(ckpt, extra, optimizer, meta)),
+    ):
+        try:
+            load()
+        except Exception as err:  # safetensors / load_state_dict raise many types for damaged or foreign files
+            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+            raise UserError(f"--resume: cannot load {ckpt / name}: {first}") from None
+    return state
+
+
+def _load_optim(ckpt: Path, extra: dict[str, torch.nn.Module], optimizer, meta: dict) -> None:
     tensors = load_file(str(ckpt / "optim.safetensors"))
     for name, module in extra.items():
         prefix = f"extra.{name}."
         module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
-    optimizer.load_state_dict(_unflatten_optimizer(tensors, state.pop("optimizer")))
-    return state
+    optimizer.load_state_dict(_unflatten_optimizer(tensors, meta))
+
+
+def _fresh_dir(path: Path) -> Path:
+    shutil.rmtree(path, ignore_errors=True)
+    path.mkdir(parents=True)  # a plain mkdir: the user's umask
+    return path
 
 
 def _flatten_optimizer(sd: dict) -> tuple[dict[str, torch.Tensor], dict]:

@@ -6,26 +6,41 @@ computes recall@{1,5,10} both ways (any caption of an image counts) and class mA
 ``sqrt(w) * z``: what a full-dimension index serves), align / uniform on the
 (image, first caption) pairs of the plain embeddings, the importance spectrum,
 and the compact curve for ``dims``.
-``evaluate_run`` is ``triclip eval``: the same on a saved run.
+``evaluate_run`` is ``triclip eval``: the same on a saved run (its best epoch unless
+told ``weights="last"``), with every skipped record counted by reason.
 """
 
 from __future__ import annotations
 
 import torch
 
+from collections import Counter
+
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import compact_curve, topm_embed
 from retrieval.data import DataConfig, load_pairs
 from retrieval.embed import embed_pairs, pick_device
+from retrieval.errors import UserError
 from retrieval.metrics import align_uniform, class_map, retrieval_recall
 from retrieval.run import load_run
+from training.config import EvalConfig
 
 ORDERINGS = ("importance", "first", "random", "pca")
 
 
-def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None) -> dict:
-    """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts)."""
-    image_emb, text_emb, text_to_image, keep, _ = embed_pairs(model, pairs, device, batch_size, cache)
+def evaluate(
+    model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None, workers: int = 0, seed: int = 0
+) -> dict:
+    """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts).
+
+    ``skipped`` (reason -> count) holds the records whose image did not decode, when there are any.
+    ``dims`` larger than D are refused (UserError); empty means D/16, D/8, D/4.
+    """
+    D = model.embed_dim
+    too_big = [m for m in dims if m > D]
+    if too_big:
+        raise UserError(f"--dims {','.join(map(str, too_big))}: larger than the run's embedding dimension D={D}")
+    image_emb, text_emb, text_to_image, keep, decode_skipped = embed_pairs(model, pairs, device, batch_size, cache, workers)
     first_caption = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(text_to_image).cumsum(0)[:-1]])
     w = model.importance().detach().float().cpu()
     image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
@@ -38,9 +53,12 @@ def evaluate(model, pairs, device, dims=(), batch_size: int = 256, cache: dict |
         result["class_map"] = float(class_map(text_scored[first_caption], image_scored, ids, ids))  # text -> image
     result["importance"] = _spectrum(w)
     result["logit_scale"] = float(model.logit_scale().detach())
-    D = image_emb.shape[1]
-    dims = [m for m in dims if m <= D] or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
-    result["compact"] = compact_curve(image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS, texts=texts)
+    dims = list(dims) or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
+    result["compact"] = compact_curve(
+        image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS, seed=seed, texts=texts
+    )
+    if decode_skipped:
+        result["skipped"] = dict(sorted(decode_skipped.items()))
     return result
 
 
@@ -73,13 +91,29 @@ def _spectrum(w: torch.Tensor) -> dict:
     }
 
 
-def evaluate_run(run: str, data: str, dims=(), data_config: DataConfig | None = None, device: str | None = None) -> dict:
-    """``triclip eval``: load the run, read ``data``, return the metrics (plus ``compact``)."""
-    dev = pick_device(device)
-    model, _ = load_run(run, dev)  # towers locked as trained
-    pairs = load_pairs(data, data_config or DataConfig())
-    result = evaluate(model, pairs, dev, dims=dims, cache=locked_tower_outputs(model, pairs, dev))
-    if pairs.skipped:
-        result["skipped"] = dict(pairs.skipped)
+def evaluate_run(cfg: EvalConfig | str, data: str | None = None, dims=(), data_config=None, device=None) -> dict:
+    """``triclip eval``: load the run, read the data, return the metrics (plus ``compact`` and
+    ``skipped``: every record left out, by reason, whether when reading or when decoding).
+
+    Takes an :class:`EvalConfig` (the old positional form ``evaluate_run(run, data, dims, ...)``
+    still works)."""
+    if not isinstance(cfg, EvalConfig):
+        cfg = EvalConfig(run=cfg, data=data, dims=list(dims), device=device, data_config=data_config or DataConfig())
+    _validate(cfg)
+    dev = pick_device(cfg.device)
+    model, _ = load_run(cfg.run, dev, which=cfg.weights)  # towers locked as trained
+    pairs = load_pairs(cfg.data, cfg.data_config)
+    cache = locked_tower_outputs(model, pairs, dev, cfg.workers)
+    result = evaluate(model, pairs, dev, dims=cfg.dims, batch_size=cfg.batch_size, cache=cache, workers=cfg.workers, seed=cfg.seed)
+    skipped = Counter(pairs.skipped) + Counter(result.pop("skipped", {}))
+    result["skipped"] = dict(sorted(skipped.items()))
     return result
 
+
+def _validate(cfg: EvalConfig) -> None:
+    if any(m < 1 for m in cfg.dims):
+        raise UserError(f"--dims must be positive, got {','.join(map(str, cfg.dims))}")
+    if cfg.batch_size < 1:
+        raise UserError(f"--batch-size must be >= 1, got {cfg.batch_size}")
+    if cfg.workers < 0:
+        raise UserError(f"--workers must be >= 0, got {cfg.workers}")

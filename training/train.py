@@ -1,10 +1,20 @@
 """``triclip train``: contrastive training of a dual encoder on paired data.
 
-Top-down: ``train`` sets up data, model, objective and optimizer, then runs
-epochs of ``_train_step``; every epoch it evaluates on the validation data,
-appends to metrics.jsonl / TensorBoard and writes a checkpoint. Under torchrun
-(``RANK``/``WORLD_SIZE`` set) it trains data-parallel: ``--batch-size`` is per
-rank, the objectives see the global batch (``retrieval.distributed``).
+Top-down: ``train`` settles the settings (a resumed run takes its own from
+``config.json``), sets up data, model, objective and optimizer, then runs epochs
+of ``_train_step``; every epoch it evaluates on the validation data, appends to
+metrics.jsonl / TensorBoard, keeps the best epoch (validation t2i_r10) in
+``RUN/best`` and writes a checkpoint; it ends with a summary paragraph. Under
+torchrun (``RANK``/``WORLD_SIZE`` set) it trains data-parallel: ``--batch-size``
+is per rank, the objectives see the global batch (``retrieval.distributed``).
+
+Run folders (``training.checkpoint``): ``config.json`` records the values used
+(the learning rate, warmup, heads, spread, objective options after the defaults
+are filled in). ``--resume`` rebuilds everything from it: an option typed again
+must agree with it (``epochs`` and ``max_steps`` may grow the run; ``workers``,
+``device``, ``save_every``, ``log_every`` and ``eval_batch_size`` are free). A
+folder killed before its first checkpoint holds no trained weights: training
+into it again starts over, with or without ``--resume``.
 
 Determinism for ``--resume``: the order of epoch e is a permutation drawn from
 ``(seed, e)``, the caption of record i in epoch e from ``(seed, e, i)``; a resumed
@@ -15,96 +25,87 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
-from collections import deque
-from dataclasses import asdict, dataclass, field, replace
+from collections import Counter, deque
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
+from retrieval.cache import locked_tower_outputs
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError
+from retrieval.io import write_json_atomic
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
-from retrieval.cache import locked_tower_outputs
+from training.config import TrainConfig
 from training.evaluate import evaluate
 from training.optim import AdamW
 
-
-@dataclass
-class TrainConfig:
-    train_data: str  # training data source (any format of retrieval.data)
-    out: str  # run directory
-    val_data: str | None = None  # evaluated after every epoch
-    model: str = "tiny"  # preset: tiny, lite, or an open_clip architecture
-    pretrained: str | None = None  # open_clip pretrained tag
-    embed_dim: int | None = None  # D (None: per preset)
-    head: str | None = None  # projection heads: linear or mlp (None: DEFAULT_HEAD of the preset, else linear)
-    text_max_length: int | None = None  # lite: caption tokens kept (None: 256; 64 bounds memory when the text tower trains)
-    importance: str = "softplus_mean1"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
-    importance_spread: float | None = None  # w starts as a ramp 1 ... 1/spread (None: DEFAULT_SPREAD if trained, else 1)
-    importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
-    tower_lr_scale: float = 1.0  # unlocked towers' learning rate = lr * this (pretrained towers: < 1)
-    importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
-    loss: str = "tricl"  # objective name (retrieval.losses)
-    loss_options: dict = field(default_factory=dict)  # keyword options of the objective
-    epochs: int = 1
-    batch_size: int = 64  # per rank
-    lr: float | None = None  # peak learning rate (None: per preset)
-    weight_decay: float = 0.1  # AdamW, on weight matrices only
-    warmup_steps: int | None = None  # linear warmup (None: 5% of all steps)
-    grad_clip: float = 1.0  # max global grad norm (0: off)
-    resume: bool = False  # continue from RUN/checkpoint
-    lock_image: bool = False  # freeze the image tower, cache its outputs
-    lock_text: bool = False  # freeze the text tower, cache its outputs
-    seed: int = 0
-    workers: int = 0  # DataLoader worker processes for image decoding
-    save_every: int = 0  # also checkpoint every N steps (0: only per epoch)
-    max_steps: int | None = None  # stop early after this many steps (benchmarks, smoke runs)
-    device: str | None = None  # cpu, cuda, cuda:1 (None: cuda when available)
-    data: DataConfig = field(default_factory=DataConfig)  # how to read the sources
-    eval_batch_size: int = 256
-    log_every: int = 10  # TensorBoard scalars every N steps
-
+__all__ = ["TrainConfig", "train"]
 
 DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4}  # other (open_clip) models: 5e-4
 DEFAULT_HEAD = {"lite": "mlp"}  # pretrained towers: MLP heads beat linear ones for every objective (README ablation)
 DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
 # Objective options the trainer adds unless given: tricl trains its top-m scores too (README: the ablation).
 DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}}
+BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
+EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
+RUNTIME = ("out", "resume", "workers", "device", "save_every", "log_every", "eval_batch_size")  # --resume: as given
 
 
-def train(cfg: TrainConfig) -> dict:
-    """Train and return the last evaluation (or {} without validation data)."""
-    _validate(cfg)
+def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
+    """Train and return the last evaluation (or {} without validation data).
+
+    Args:
+        cfg: the settings.
+        given: the fields the user set (dotted for nested ones: ``"data.sep"``), as
+            ``app.options.given_fields`` reports them; None: every field that differs
+            from its default. With ``cfg.resume`` these must agree with the run's
+            config.json and every other setting is taken from it.
+    """
     rank, world = _init_distributed()
-    device = _pick_device(cfg.device, rank)
     run = Path(cfg.out)
-    _check_run_dir(run, cfg)
+    _check_out(run)
+    saved = _saved_run(run, cfg.resume)
+    if saved is not None:
+        cfg = _resumed_config(run, saved, cfg, _explicit(cfg) if given is None else set(given))
+    _validate(cfg)
+    device = _pick_device(cfg.device, rank)
     torch.manual_seed(cfg.seed)
 
     train_pairs = load_pairs(cfg.train_data, cfg.data)
     val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
-    cfg = replace(cfg, loss_options={**DEFAULT_LOSS_OPTIONS.get(cfg.loss, {}), **cfg.loss_options})  # to config.json
+    if saved is not None:
+        _check_same_data(saved, train_pairs, val_pairs)
+    cfg = replace(cfg, loss_options=_loss_options(cfg.loss, cfg.loss_options))  # to config.json
     try:
         loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
     except (KeyError, ValueError, TypeError) as err:
         raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
     trains_importance = getattr(loss_fn, "needs_importance", False)
+    cfg = replace(
+        cfg,
+        lr=cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4),
+        head=cfg.head or DEFAULT_HEAD.get(cfg.model, "linear"),
+        importance_spread=_importance_spread(cfg.importance_spread, trains_importance),
+    )
     model_cfg = ModelConfig(
         preset=cfg.model,
         pretrained=cfg.pretrained,
         embed_dim=cfg.embed_dim,
-        head=cfg.head or DEFAULT_HEAD.get(cfg.model, "linear"),
+        head=cfg.head,
         importance=cfg.importance,
-        importance_spread=_importance_spread(cfg.importance_spread, trains_importance),
+        importance_spread=cfg.importance_spread,
         text_max_length=cfg.text_max_length,
     )
-    model = build_model(model_cfg).to(device)
+    model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
+    cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image, text=cfg.lock_text)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
@@ -112,25 +113,28 @@ def train(cfg: TrainConfig) -> dict:
     source = BatchSource(model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers)
     steps_per_epoch = source.batches_per_epoch()
     total_steps = min(steps_per_epoch * cfg.epochs, cfg.max_steps or math.inf)
+    if cfg.warmup_steps is None:
+        cfg = replace(cfg, warmup_steps=max(1, int(0.05 * total_steps)))
     optimizer = _make_optimizer(
         model,
         loss_fn,
-        cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4),
+        cfg.lr,
         cfg.weight_decay,
         cfg.importance_lr_scale,
         cfg.importance_block,
         cfg.tower_lr_scale,
     )
-    warmup = cfg.warmup_steps if cfg.warmup_steps is not None else max(1, int(0.05 * total_steps))
     base_lrs = [g["lr"] for g in optimizer.param_groups]
 
-    state = {"step": 0, "epoch": 0, "batch": 0}
-    if cfg.resume:
+    state, best = {"step": 0, "epoch": 0, "batch": 0}, None
+    if cfg.resume and ckpt.has_checkpoint(run):
         state = ckpt.load_checkpoint(run, model, {"loss": loss_fn}, optimizer)
         _truncate_metrics(run, state["epoch"])
+        best = ckpt.best_info(run)
     elif rank == 0:
-        run.mkdir(parents=True, exist_ok=True)
-        ckpt.write_config(run, _run_config(cfg, model_cfg))
+        _start_over(run)  # a new run, or one killed before its first checkpoint
+    if rank == 0:
+        ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs))
 
     step_module = _StepModule(model, loss_fn)
     if world > 1:
@@ -140,6 +144,7 @@ def train(cfg: TrainConfig) -> dict:
             find_unused_parameters=True,  # e.g. the logit scale under triplet / contrastive
         )
     writer = _tensorboard(run) if rank == 0 else None
+    skipped = _Skipped(train_pairs, val_pairs)
     last_eval: dict = {}
     step = state["step"]
     for epoch in range(state["epoch"], cfg.epochs):
@@ -147,11 +152,11 @@ def train(cfg: TrainConfig) -> dict:
         bar = tqdm(total=steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=rank != 0)
         speed = _Throughput(window=20)
         model.train()
-        done = first_batch  # batches of this epoch finished
+        done, epoch_start_step = first_batch, step  # batches of this epoch finished; step at its start
         for b, batch in source.epoch(epoch, first_batch, rank, world):
             if step >= total_steps:
                 break
-            lr_scale = _lr_scale(step, warmup, total_steps)
+            lr_scale = _lr_scale(step, cfg.warmup_steps, total_steps)
             for group, base in zip(optimizer.param_groups, base_lrs):
                 group["lr"] = base * lr_scale
             terms = _train_step(step_module, batch, optimizer, model, cfg.grad_clip, device)
@@ -168,9 +173,25 @@ def train(cfg: TrainConfig) -> dict:
             if cfg.save_every and step % cfg.save_every == 0 and done < steps_per_epoch:
                 _save(run, rank, model, loss_fn, optimizer, {"step": step, "epoch": epoch, "batch": done})
         bar.close()
+        skipped.train.update_from(source)
+        if step == epoch_start_step and first_batch < steps_per_epoch and step < total_steps:
+            if rank == 0:
+                skipped.write(run)
+            raise UserError(
+                f"no training batch of {cfg.train_data} could be used (no image decoded);"
+                f" skipped: {skipped.train.text() or 'none'}; no weights were saved"
+            )
         epoch_done = done >= steps_per_epoch
         if rank == 0 and val_pairs is not None:
-            last_eval = evaluate(model, val_pairs, device, batch_size=cfg.eval_batch_size, cache=locked_tower_outputs(model, val_pairs, device, cfg.workers))
+            last_eval = evaluate(
+                model,
+                val_pairs,
+                device,
+                batch_size=cfg.eval_batch_size,
+                cache=locked_tower_outputs(model, val_pairs, device, cfg.workers),
+                workers=cfg.workers,
+            )
+            skipped.val.decoded = Counter(last_eval.pop("skipped", {}))
             record = {"epoch": epoch + 1, "step": step, **last_eval}
             ckpt.append_metrics(run, record)
             if writer:
@@ -178,17 +199,81 @@ def train(cfg: TrainConfig) -> dict:
                     if isinstance(value, (int, float)):
                         writer.add_scalar(f"val/{name}", value, step)
             print(_summary_line(record))
+            if best is None or last_eval[BEST_METRIC] > best["value"]:
+                best = {"epoch": epoch + 1, "step": step, "metric": BEST_METRIC, "value": last_eval[BEST_METRIC]}
+                ckpt.save_best(run, model, best)  # before the checkpoint: a resume redoes this epoch alike
+        if rank == 0:
+            skipped.write(run)
         next_state = {"step": step, "epoch": epoch + 1, "batch": 0} if epoch_done else {"step": step, "epoch": epoch, "batch": done}
         _save(run, rank, model, loss_fn, optimizer, next_state)
         if step >= total_steps:
             break
-    if source.skipped and rank == 0:
-        print(f"skipped records: {dict(source.skipped)}")
     if writer:
         writer.close()
+    if rank == 0:
+        skipped.train.update_from(source)
+        skipped.write(run)
+        print(_final_summary(run, cfg, step, best, last_eval, skipped))
     if world > 1:
         dist.barrier()
     return last_eval
+
+
+# ---------------------------------------------------------------------------- skipped records
+
+
+class _Counts:
+    """Records of one source left out: when it was read, and when images were decoded."""
+
+    def __init__(self, pairs):
+        self.read = Counter(pairs.skipped) if pairs is not None else Counter()
+        self.decoded: Counter = Counter()
+
+    def update_from(self, source: BatchSource) -> None:
+        self.decoded = Counter(source.skipped)
+
+    def total(self) -> Counter:
+        return self.read + self.decoded
+
+    def text(self) -> str:
+        return ", ".join(f"{reason} {n}" for reason, n in sorted(self.total().items()))
+
+
+class _Skipped:
+    """Skipped records of the training and validation sources, by reason (RUN/skipped.json)."""
+
+    def __init__(self, train_pairs, val_pairs):
+        self.train, self.val = _Counts(train_pairs), _Counts(val_pairs)
+        self.has_val = val_pairs is not None
+
+    def as_dict(self) -> dict:
+        out = {"train": dict(sorted(self.train.total().items()))}
+        if self.has_val:
+            out["val"] = dict(sorted(self.val.total().items()))
+        return out
+
+    def write(self, run: Path) -> None:
+        write_json_atomic(run / ckpt.SKIPPED, self.as_dict())
+
+    def text(self) -> str:
+        parts = [f"{name}: {counts.text() or 'none'}" for name, counts in (("train", self.train), ("val", self.val))]
+        return "; ".join(parts if self.has_val else parts[:1])
+
+
+def _final_summary(run: Path, cfg: TrainConfig, step: int, best: dict | None, last_eval: dict, skipped: _Skipped) -> str:
+    """One paragraph: where the run is, its best epoch and recall, what was skipped."""
+    text = f"Trained {cfg.model} with {cfg.loss} for {step} steps; the run is in {run}."
+    if best is not None:
+        last = f" (last epoch: {last_eval[BEST_METRIC]:.4f})" if BEST_METRIC in last_eval else ""
+        text += (
+            f" Best epoch: {best['epoch']} with validation {BEST_METRIC} {best['value']:.4f}{last},"
+            f" kept in {run / ckpt.BEST}; eval and index use it unless given --weights last."
+        )
+    else:
+        text += " Without validation data there is no best epoch: eval and index use the last weights."
+    total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
+    text += f" Skipped records: {skipped.text() if total else 'none'} (in {run / ckpt.SKIPPED})."
+    return text
 
 
 # ---------------------------------------------------------------------------- one step
@@ -223,6 +308,7 @@ def _train_step(step_module, batch, optimizer, model: DualEncoder, grad_clip: fl
     if grad_clip > 0:
         torch.nn.utils.clip_grad_norm_([p for g in optimizer.param_groups for p in g["params"]], grad_clip)
     optimizer.step()
+    model.clamp_logit_scale_()  # on the parameter, after the step (open_clip): its gradient stays alive
     return {k: float(v.detach()) for k, v in terms.items()}
 
 
@@ -284,17 +370,51 @@ class _Throughput:
 
 
 def _validate(cfg: TrainConfig) -> None:
-    if cfg.epochs < 1:
-        raise UserError(f"--epochs must be >= 1, got {cfg.epochs}")
-    if cfg.batch_size < 2:
-        raise UserError(f"--batch-size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
+    """Refuse settings that cannot work, each with one line naming the option."""
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise UserError(f"{_flag(f.name)} must be a finite number, got {value}")
+    at_least = {
+        "epochs": 1,
+        "batch_size": 2,  # contrastive losses need negatives
+        "embed_dim": 1,
+        "text_max_length": 2,  # [CLS] and [SEP]
+        "workers": 0,
+        "save_every": 0,
+        "max_steps": 1,
+        "warmup_steps": 0,
+        "weight_decay": 0,
+        "grad_clip": 0,
+        "importance_lr_scale": 0,
+        "tower_lr_scale": 0,
+        "importance_spread": 1,  # the ramp 1 ... 1/spread
+        "eval_batch_size": 1,
+        "log_every": 1,
+    }
+    for name, low in at_least.items():
+        value = getattr(cfg, name)
+        if value is not None and value < low:
+            why = " (contrastive losses need negatives)" if name == "batch_size" else ""
+            raise UserError(f"{_flag(name)} must be >= {low}{why}, got {value}")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.text_max_length is not None and cfg.text_max_length < 2:
-        raise UserError(f"--text-max-length must be >= 2 ([CLS] and [SEP]), got {cfg.text_max_length}")
+    if cfg.head not in (None, "linear", "mlp"):
+        raise UserError(f"--head must be linear or mlp, got {cfg.head!r}")
+    if cfg.device is not None:
+        try:
+            kind = torch.device(cfg.device).type
+        except (RuntimeError, ValueError):
+            kind = None
+        if kind not in ("cpu", "cuda", "mps"):
+            raise UserError(f"--device {cfg.device!r}: choose cpu, cuda or cuda:N")
     for path in (cfg.train_data, cfg.val_data):
         if path and not path.startswith("hf:") and not _source_exists(path):
             raise UserError(f"no such data source: {path}")
+
+
+def _flag(name: str) -> str:
+    return {"weight_decay": "--wd", "warmup_steps": "--warmup"}.get(name, "--" + name.replace("_", "-"))
 
 
 def _importance_spread(spread: float | None, trains_importance: bool) -> float:
@@ -304,42 +424,146 @@ def _importance_spread(spread: float | None, trains_importance: bool) -> float:
     return spread
 
 
+def _loss_options(loss: str, options: dict) -> dict:
+    """The objective's options with the trainer's defaults filled in (what config.json records)."""
+    return {**DEFAULT_LOSS_OPTIONS.get(loss, {}), **options}
+
+
 def _source_exists(path: str) -> bool:
     return Path(path).exists() or "{" in path
 
 
-def _check_run_dir(run: Path, cfg: TrainConfig) -> None:
-    has_run = (run / ckpt.CONFIG).exists()
-    if cfg.resume and not has_run:
+def _abs(path: str | None) -> str | None:
+    """A local source as an absolute path (a run can be resumed from another folder); hf: names as given."""
+    return path if path is None or path.startswith("hf:") else os.path.abspath(path)
+
+
+# ---------------------------------------------------------------------------- the run folder
+
+
+def _check_out(run: Path) -> None:
+    """``--out`` must be a folder, or a place where one can be made."""
+    if run.exists() and not run.is_dir():
+        raise UserError(f"--out {run} is a file, not a run folder")
+    parent = run
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--out {run}: {parent} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"--out {run}: no permission to write in {parent}")
+
+
+def _saved_run(run: Path, resume: bool) -> dict | None:
+    """The config.json to resume from (None: a new run). Refuses to overwrite a run with a checkpoint."""
+    has_config = (run / ckpt.CONFIG).exists()
+    if resume and not has_config:
         raise UserError(f"--resume: {run} is not a run (no {ckpt.CONFIG})")
-    if not cfg.resume and has_run:
-        raise UserError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
-    if cfg.resume:
-        saved = ckpt.read_config(run)["train"]
-        for key in ("model", "loss", "batch_size", "seed", "lock_image", "lock_text"):
-            if saved.get(key) != getattr(cfg, key):
-                raise UserError(f"--resume: {key} differs from the run's ({getattr(cfg, key)!r} vs {saved.get(key)!r})")
+    if not resume:
+        if has_config and ckpt.has_checkpoint(run):
+            raise UserError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
+        return None  # new, or killed before its first checkpoint: nothing trained to lose
+    return ckpt.read_config(run)
 
 
-def _run_config(cfg: TrainConfig, model_cfg: ModelConfig) -> dict:
-    train_cfg = asdict(cfg)
-    train_cfg["data"] = asdict(cfg.data)
-    return {"model": model_cfg.to_dict(), "loss": cfg.loss, "loss_options": cfg.loss_options, "train": train_cfg}
+def _resumed_config(run: Path, saved: dict, cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """The run's own settings; UserError (one line) when an option in ``given`` disagrees with them."""
+    section = saved.get("train")
+    where = run / ckpt.CONFIG
+    if not isinstance(section, dict):
+        raise UserError(f"{where} is damaged (no train section)")
+    try:
+        old = TrainConfig(**{**section, "data": DataConfig(**(section.get("data") or {}))})
+    except (TypeError, ValueError) as err:
+        raise UserError(f"{where} is damaged (train section: {err})") from None
+    conflicts = []
+    for path in sorted(given):
+        name = path.split(".")[0]
+        if name in RUNTIME or name in EXTENDABLE:
+            continue
+        mine, theirs = _comparable(cfg, path), _comparable(old, path)
+        if mine != theirs:
+            conflicts.append(f"{_flag(path.split('.')[-1])} {mine!r} (the run's: {theirs!r})")
+    if conflicts:
+        raise UserError(
+            f"--resume: {', '.join(conflicts)} differ from {where}; leave them out to continue the run,"
+            " or train into a new --out"
+        )
+    keep = {name: getattr(cfg, name) for name in RUNTIME}
+    keep.update({name: getattr(cfg, name) for name in EXTENDABLE if name in given})
+    return replace(old, **keep)
+
+
+def _comparable(cfg: TrainConfig, path: str):
+    """A setting as config.json records it, so that typed values compare with recorded ones."""
+    if path.startswith("data."):
+        return getattr(cfg.data, path.split(".", 1)[1])
+    value = getattr(cfg, path)
+    if path in ("train_data", "val_data"):
+        return _abs(value)
+    if path == "loss_options":
+        return _loss_options(cfg.loss, value)
+    return value
+
+
+def _explicit(cfg: TrainConfig) -> set[str]:
+    """Fields that differ from their defaults (what a library caller set)."""
+    blank = TrainConfig(train_data="", out="")
+    out = {f.name for f in fields(cfg) if f.name != "data" and getattr(cfg, f.name) != getattr(blank, f.name)}
+    out |= {f"data.{f.name}" for f in fields(cfg.data) if getattr(cfg.data, f.name) != getattr(blank.data, f.name)}
+    return out
+
+
+def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:
+    """A resumed run reads the data it started with (same records and captions)."""
+    sources = saved.get("sources") if isinstance(saved.get("sources"), dict) else {}
+    for name, pairs in (("train", train_pairs), ("val", val_pairs)):
+        recorded = (sources.get(name) or {}).get("fingerprint") if isinstance(sources.get(name), dict) else None
+        if recorded and pairs is not None and pairs.fingerprint != recorded:
+            raise UserError(
+                f"--resume: the {name} data changed since the run started (fingerprint {pairs.fingerprint},"
+                f" the run's {recorded}); train into a new --out"
+            )
+
+
+def _start_over(run: Path) -> None:
+    """Make the folder of a new run; clear what a run killed before its first checkpoint left."""
+    run.mkdir(parents=True, exist_ok=True)
+    for name in (ckpt.MODEL, ckpt.METRICS, ckpt.SKIPPED):
+        (run / name).unlink(missing_ok=True)
+    for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
+        shutil.rmtree(run / name, ignore_errors=True)
+
+
+def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pairs, val_pairs) -> dict:
+    """What config.json records: the values used, and the data they were used on."""
+    train_cfg = asdict(replace(cfg, train_data=_abs(cfg.train_data), val_data=_abs(cfg.val_data), device=device))
+    sources = {"train": _source(cfg.train_data, train_pairs)}
+    if val_pairs is not None:
+        sources["val"] = _source(cfg.val_data, val_pairs)
+    return {
+        "model": model_cfg.to_dict(),
+        "loss": cfg.loss,
+        "loss_options": cfg.loss_options,
+        "train": train_cfg,
+        "sources": sources,
+    }
+
+
+def _source(path: str, pairs) -> dict:
+    return {"path": _abs(path), "fingerprint": pairs.fingerprint, "records": len(pairs.records)}
 
 
 def _truncate_metrics(run: Path, epochs_done: int) -> None:
     """Drop evaluations of epochs that the checkpoint does not cover (a crash between the two)."""
     import json
 
-    path = run / ckpt.METRICS
-    if not path.exists():
-        return
-    lines = [line for line in path.read_text().splitlines() if line.strip()]
-    kept = [line for line in lines if json.loads(line).get("epoch", 0) <= epochs_done]
-    if len(kept) != len(lines):
+    records = ckpt.read_metrics(run)  # UserError when damaged
+    kept = [r for r in records if isinstance(r.get("epoch"), int) and r["epoch"] <= epochs_done]
+    if len(kept) != len(records):
         from retrieval.io import write_text_atomic
 
-        write_text_atomic(path, "".join(line + "\n" for line in kept))
+        write_text_atomic(run / ckpt.METRICS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
 
 def _save(run: Path, rank: int, model, loss_fn, optimizer, state: dict) -> None:

@@ -40,7 +40,7 @@ def test_run_writes_weights_config_and_one_evaluation_per_epoch(shapes_data, tmp
     for key in ("i2t_r1", "i2t_r5", "i2t_r10", "t2i_r1", "t2i_r5", "t2i_r10", "align", "uniform", "importance"):
         assert key in evals[-1]
     assert evals[-1]["t2i_r10"] == last["t2i_r10"]
-    model, config = ckpt.load_run(run)
+    model, config = ckpt.load_run(run, which="last")
     assert config["loss"] == "tricl" and model.embed_dim == 32
     saved = load_file(str(run / "model.safetensors"))
     assert torch.equal(saved["theta"], model.theta.detach())
