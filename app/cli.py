@@ -280,7 +280,12 @@ def cmd_app(ns: argparse.Namespace) -> int:
 def cmd_demo(ns: argparse.Namespace) -> int:
     from app.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(workdir=ns.workdir, host=ns.host, port=ns.port, serve=not ns.no_serve))
+    cfg = DemoConfig(workdir=ns.workdir, host=ns.host, port=ns.port, serve=not ns.no_serve, num=ns.num)
+    if ns.epochs is not None:
+        cfg.epochs = ns.epochs
+    if ns.dims:
+        cfg.dims = _parse_dims(ns.dims)
+    run_demo(cfg)
     return 0
 
 
@@ -376,6 +381,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="the app's address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="the app's port (default: 7860)")
     p.add_argument("--no-serve", action="store_true", help="build everything, do not start the app")
+    p.add_argument("--num", type=int, default=None, help="use at most N openclipart records (a quick look)")
+    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: 40)")
+    p.add_argument("--dims", default=None, help="m's of the index folder, e.g. 16,32,64,256 (the default)")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -2,7 +2,12 @@
 
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
+import httpx
 import pytest
 
 from app.demo import DemoConfig, run_demo
@@ -39,3 +44,44 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     assert {p: (run / p).stat().st_mtime_ns for p in stamps} == stamps
     assert sorted(os.listdir(tmp_path / "cache" / "features")) == cache_files
     assert "caching locked" not in capsys.readouterr().err
+
+
+def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, own_cache):
+    """``triclip demo`` a second time: reuses everything, serves within 60 s on --port, Ctrl-C exits 0."""
+    if not os.path.isdir("/usr/share/openclipart/png"):
+        pytest.skip("Debian openclipart-png is not installed (scripts/setup.sh installs it)")
+    from gradio_client import Client
+
+    from tests.app.conftest import free_port
+
+    work = tmp_path / "demo"
+    args = ["--workdir", str(work), "--num", "240", "--epochs", "2", "--dims", "16,64,256"]
+    subprocess.run([sys.executable, "-m", "app", "demo", *args, "--no-serve"], check=True, capture_output=True)
+    port = free_port()
+    started = time.perf_counter()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "demo", *args, "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        while time.perf_counter() - started < 60:
+            assert proc.poll() is None, proc.communicate()
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                time.sleep(0.5)
+        serving = time.perf_counter() - started
+        assert serving < 60, f"not serving after {serving:.0f} s"
+        gallery, status = Client(url, verbose=False, download_files=False).predict(
+            "a red apple", 64, True, 5, api_name="/search_text"
+        )
+        assert len(gallery) == 5 and "funnel: shortlist at m = 64" in status
+    finally:
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err and f"http://127.0.0.1:{port}/" in out
