@@ -231,26 +231,30 @@ def _empty_rows() -> pd.DataFrame:
     return pd.DataFrame([], columns=["score", "caption", "image id"])
 
 
-class QueryImage(gr.Image):
-    """``gr.Image`` that hands the uploaded file's path to the app without decoding it.
+def query_image(**kwargs) -> gr.Image:
+    """A ``gr.Image`` input that hands the uploaded file's path to the app without decoding it.
 
     ``gr.Image`` opens every upload with Pillow before the app sees it, so a file that is
-    not an image, or a decompression bomb, fails inside Gradio with a generic error. Here
-    the path goes straight to the Searcher, whose guarded decode turns it into a message.
-    Gradio has already checked that the path lies in its upload folder.
+    not an image, or a decompression bomb, fails inside Gradio with a generic error. This
+    one passes the path straight to the Searcher, whose guarded decode turns it into a
+    message. Gradio has already checked that the path lies in its upload folder. (An
+    instance override: subclassing a component makes Gradio write a .pyi beside this file.)
     """
+    image = gr.Image(type="filepath", **kwargs)
+    decode = image.preprocess
 
-    is_template = True  # rendered by the frontend's Image component
-
-    def preprocess(self, payload):
+    def preprocess(payload):
         if payload is None:
             return None
         if payload.path is None:  # a data: URL (pasted image): Gradio decodes it to a file
             try:
-                return super().preprocess(payload)
+                return decode(payload)
             except Exception:
                 return "<unreadable pasted image>"
         return str(payload.path)
+
+    image.preprocess = preprocess
+    return image
 
 
 def build_app(searcher, cfg: AppConfig) -> gr.Blocks:
@@ -275,9 +279,8 @@ def build_app(searcher, cfg: AppConfig) -> gr.Blocks:
                         search_btn = gr.Button("Search", variant="primary", scale=1, elem_id="search")
                 with gr.Tab("Image → image / text"):
                     with gr.Row():
-                        image = QueryImage(
-                            label="query image", type="filepath", sources=["upload", "clipboard"], height=180,
-                            elem_id="query-image",
+                        image = query_image(
+                            label="query image", sources=["upload", "clipboard"], height=180, elem_id="query-image"
                         )
                         with gr.Column():
                             image_btn = gr.Button("Similar images", variant="primary", elem_id="image-search")
