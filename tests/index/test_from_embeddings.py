@@ -173,3 +173,25 @@ def test_two_gloo_ranks_build_the_same_ivf_folder(emb, tmp_path):
         i1 = fi.search(getattr(a, table)[8], queries, 10, fi.SearchParams(nprobe=2))[1]
         i2 = fi.search(getattr(b, table)[8], queries, 10, fi.SearchParams(nprobe=2))[1]
         np.testing.assert_array_equal(i1, i2)
+
+
+def test_cli_embed_then_index_build_embeddings_then_search_image(run_dir, shapes_dir, tmp_path, capsys):
+    """The issue's check, small: embed -> index build --embeddings --factory IVF... -> search --image."""
+    import json
+
+    from app.cli import main
+
+    emb, index = tmp_path / "emb", tmp_path / "index"
+    data = str(shapes_dir / "train.jsonl")
+    assert main(["embed", "--run", str(run_dir), "--data", data, "--out", str(emb), "--shard-size", "30"]) == 0
+    capsys.readouterr()
+    argv = ["index", "build", "--embeddings", str(emb), "--out", str(index), "--factory", "IVF8,Flat", "--dims", "8"]
+    assert main(argv + ["--memory-budget", "1G"]) == 0
+    built = json.loads(capsys.readouterr().out)
+    assert built["count"] > 80 and built["factories"]["32"] == "IVF8,Flat" and set(built["nprobe"]) == {"8", "32"}
+    meta = load_contents(index, indexes=False).meta
+    for row in (meta[5], meta[-1]):
+        assert main(["search", "--index", str(index), "--image", row["image"], "-k", "3", "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)[0]["id"] == row["id"]
+    assert main(argv[:2] + ["--run", str(run_dir)] + argv[2:]) == 2  # --embeddings replaces --run / --data
+    assert "one or the other" in capsys.readouterr().err
