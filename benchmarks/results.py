@@ -1,0 +1,468 @@
+"""The experiments of docs/results.md: one command each, mean ± sd over seeds, PNG plots.
+
+    .venv/bin/python -m benchmarks.results EXPERIMENT --data DIR --seeds 0,1,2 [--out runs/results/NAME] [--png P]
+
+EXPERIMENT:
+
+- ``compact``: one model per variant and seed (``lite``, both towers locked and cached, MLP
+  heads: only the heads, the logit scale and ``w`` train), evaluated on ``DIR/val.jsonl``:
+  full recall (over distinct texts, SPEC "Metrics") and the compact curve (t2i R@10 against
+  m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting), ``tricl``
+  with and without nesting, ``tricl`` started flat, and the ``contrastive`` / ``triplet`` /
+  ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``.
+- ``falseneg``: ``infonce`` vs ``debiased`` (tau_plus 0.05 / 0.1 / 0.2) vs ``hard_negative``
+  on labelled data (``fashion-mnist``): class mAP image -> image, zero-shot accuracy, t2i recall.
+- ``identifiability``: the ``compact`` runs of two seeds, features in each model's own order
+  (importance for ``tricl``, the index order for the others) after the sign fix, correlated
+  dimension by dimension; and after the best one-to-one matching of dimensions.
+- ``align_uniform``: ``align`` / ``uniform`` (Wang & Isola) against t2i R@10 for every
+  ``compact`` and ``falseneg`` run found under ``--out`` (a scatter plot).
+- ``prepare-tuxpaint``: writes ``DIR/{train,val}.jsonl`` from the Debian package
+  ``tuxpaint-stamps-default`` (photos and drawings, each with a human-written English
+  description; label = top-level folder; split by a hash of the file name).
+
+Runs that exist are evaluated again, not retrained; each run's evaluation is saved beside it
+(``result.json``). Use ``OMP_NUM_THREADS=1`` on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+# name -> TrainConfig overrides. Options are spelled out (not left to the trainer's defaults).
+VARIANTS: dict[str, dict] = {
+    "infonce": dict(loss="infonce", loss_options={}),
+    "mrl": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}),
+    "tricl": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}),
+    "tricl_nonest": dict(loss="tricl", loss_options={"nested": 0}),
+    "tricl_flat": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, importance_spread=1.0),
+    "contrastive": dict(loss="contrastive", loss_options={}),
+    "triplet": dict(loss="triplet", loss_options={}),
+    "sigmoid": dict(loss="sigmoid", loss_options={}),
+    "debiased_0.05": dict(loss="debiased", loss_options={"tau_plus": 0.05}),
+    "debiased_0.1": dict(loss="debiased", loss_options={"tau_plus": 0.1}),
+    "debiased_0.2": dict(loss="debiased", loss_options={"tau_plus": 0.2}),
+    "hard_negative": dict(loss="hard_negative", loss_options={}),
+}
+EXPERIMENTS = {
+    "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
+    "falseneg": ["infonce", "debiased_0.05", "debiased_0.1", "debiased_0.2", "hard_negative"],
+}
+# (variant, ordering) rows of the compact table, with the label a reader sees
+CURVE_ROWS = [
+    ("infonce", "first", "infonce, first m"),
+    ("infonce", "random", "infonce, random m"),
+    ("infonce", "pca", "infonce, PCA m"),
+    ("mrl", "first", "MRL (infonce + prefix nesting)"),
+    ("tricl", "importance", "tricl (nested=4, importance order)"),
+    ("tricl_nonest", "importance", "tricl without nesting"),
+    ("tricl_flat", "importance", "tricl nested, w started flat"),
+    ("contrastive", "pca", "contrastive, PCA m"),
+    ("triplet", "pca", "triplet, PCA m"),
+    ("sigmoid", "pca", "sigmoid, PCA m"),
+]
+
+
+@dataclass
+class ResultsConfig:
+    data: str  # folder with train.jsonl and val.jsonl
+    out: str  # runs go to OUT/VARIANT/seedS
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    variants: list[str] = field(default_factory=list)  # empty: the experiment's list
+    model: str = "lite"  # preset
+    embed_dim: int = 256  # D
+    steps: int = 1500  # optimizer steps
+    batch_size: int = 256
+    lr: float = 1e-3
+    lock: bool = True  # both towers locked (and cached)
+    png: str | None = None  # plot path
+    title: str = ""  # plot title
+
+
+# ---------------------------------------------------------------------------- train and evaluate one run
+
+
+def run_dir(cfg: ResultsConfig, variant: str, seed: int) -> Path:
+    return Path(cfg.out) / variant / f"seed{seed}"
+
+
+def train_run(cfg: ResultsConfig, variant: str, seed: int) -> Path:
+    """Train one variant at one seed unless its weights exist; returns the run folder."""
+    from training.train import TrainConfig, train
+
+    run = run_dir(cfg, variant, seed)
+    if (run / "model.safetensors").exists():
+        return run
+    data = Path(cfg.data)
+    n_train = sum(1 for line in open(data / "train.jsonl") if line.strip())
+    epochs = math.ceil(cfg.steps / max(1, n_train // cfg.batch_size))
+    start = time.perf_counter()
+    train(
+        TrainConfig(
+            train_data=str(data / "train.jsonl"),
+            out=str(run),
+            model=cfg.model,
+            embed_dim=cfg.embed_dim,
+            epochs=epochs,
+            max_steps=cfg.steps,
+            batch_size=cfg.batch_size,
+            lr=cfg.lr,
+            lock_image=cfg.lock,
+            lock_text=cfg.lock,
+            seed=seed,
+            **VARIANTS[variant],
+        )
+    )
+    (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
+    return run
+
+
+def dims_for(dim: int) -> list[int]:
+    """D/32 ... D/2 and D."""
+    return sorted({m for m in (dim // 32, dim // 16, dim // 8, dim // 4, dim // 2) if m >= 1} | {dim})
+
+
+@torch.no_grad()
+def evaluate_run(run: Path, val: str, zero_shot: dict | None = None) -> dict:
+    """Every number the tables need, for one run (cached in ``run/result.json``)."""
+    from retrieval.cache import locked_tower_outputs
+    from retrieval.compact import compact_curve, topm_embed
+    from retrieval.data import load_pairs
+    from retrieval.embed import embed_pairs, embed_texts
+    from retrieval.metrics import align_uniform, class_map, retrieval_recall, zero_shot_accuracy
+    from retrieval.run import load_run
+
+    saved = run / "result.json"
+    if saved.exists():
+        return json.loads(saved.read_text())
+    device = torch.device("cpu")
+    model, _ = load_run(run, device)
+    pairs = load_pairs(val)
+    image, text, owner, keep, _ = embed_pairs(model, pairs, device, 256, locked_tower_outputs(model, pairs, device))
+    texts = [c for i in keep.tolist() for c in pairs.records[i].captions]  # rows of text
+    w = model.importance().detach().float().cpu()
+    dim = image.shape[1]
+    every = torch.arange(dim)
+    scored_image, scored_text = topm_embed(image, w, every, dim), topm_embed(text, w, every, dim)  # the model's score
+    out: dict = dict(retrieval_recall(scored_image, scored_text, owner, texts=texts))
+    first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(owner).cumsum(0)[:-1]])
+    out.update(align_uniform(image, text[first]))
+    out["curve"] = compact_curve(image, text, owner, w, dims_for(dim), texts=texts)
+    out["logit_scale"] = float(model.logit_scale())
+    order = torch.argsort(w, descending=True, stable=True)
+    out["w"] = w.tolist()
+    out["w_mass"] = {m: float(w[order[:m]].sum() / w.sum()) for m in dims_for(dim)}  # share of w in the top m
+    out["w_prefix_overlap"] = {m: len(set(order[:m].tolist()) & set(range(m))) / m for m in dims_for(dim)}
+    labels = [pairs.records[i].label for i in keep.tolist()]
+    if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
+        names = sorted(set(map(str, labels)))
+        ids = torch.tensor([names.index(str(label)) for label in labels])
+        out["class_map_i2i"] = class_map(scored_image, scored_image, ids, ids, exclude_self=True)
+        if zero_shot:
+            prompts = [t.format(noun) for noun in zero_shot["nouns"] for t in zero_shot["templates"]]
+            emb = embed_texts(model, prompts, device)  # (C*T, D)
+            emb = topm_embed(emb, w, every, dim).reshape(len(zero_shot["nouns"]), len(zero_shot["templates"]), dim)
+            classes = torch.nn.functional.normalize(emb.mean(dim=1), dim=1)  # (C, D)
+            target = torch.tensor([zero_shot["labels"].index(str(label)) for label in labels])
+            out["zero_shot"] = zero_shot_accuracy(scored_image, classes, target)
+    seconds = run / "train_seconds.txt"
+    out["train_seconds"] = float(seconds.read_text()) if seconds.exists() else None
+    saved.write_text(json.dumps(out))
+    return json.loads(saved.read_text())  # string keys, as a re-read gives
+
+
+def _zero_shot_spec(data: str) -> dict | None:
+    """Class names and prompts where the data is fashion-mnist (its labels are its class names)."""
+    from retrieval.data import fashion_mnist as fm
+
+    first = json.loads(Path(data, "val.jsonl").read_text().splitlines()[0])
+    if first.get("label") not in fm.CLASSES:
+        return None
+    return {"labels": list(fm.CLASSES), "nouns": list(fm.NOUNS), "templates": list(fm.TEMPLATES)}
+
+
+def collect(cfg: ResultsConfig, variants: list[str]) -> dict[str, list[dict]]:
+    """``{variant: [result per seed]}``, training what is missing."""
+    zero_shot = _zero_shot_spec(cfg.data)
+    results: dict[str, list[dict]] = {}
+    for variant in variants:
+        for seed in cfg.seeds:
+            run = train_run(cfg, variant, seed)
+            r = evaluate_run(run, str(Path(cfg.data) / "val.jsonl"), zero_shot)
+            results.setdefault(variant, []).append(r)
+            print(json.dumps({"variant": variant, "seed": seed, "t2i_r10": r["t2i_r10"], "train_s": r["train_seconds"]}))
+    return results
+
+
+# ---------------------------------------------------------------------------- statistics and tables
+
+
+def mean_sd(values: list[float]) -> str:
+    """``0.123±.004`` (sample sd over seeds; ``±nan`` for one seed)."""
+    if len(values) < 2:
+        return f"{values[0]:.3f}" if values else "–"
+    sd = statistics.stdev(values)
+    return f"{statistics.mean(values):.3f}±{sd:.3f}".replace("±0.", "±.")
+
+
+def curve_values(result: dict, ordering: str, m: int) -> float:
+    return result["curve"][ordering][str(m)] if str(m) in result["curve"][ordering] else result["curve"][ordering][m]
+
+
+def compact_table(results: dict[str, list[dict]], dims: list[int]) -> str:
+    lines = ["| model, ordering | " + " | ".join(f"m={m}" for m in dims) + " |", "|---|" + "---:|" * len(dims)]
+    for variant, ordering, label in CURVE_ROWS:
+        if variant in results:
+            cells = [mean_sd([curve_values(r, ordering, m) for r in results[variant]]) for m in dims]
+            lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def full_table(results: dict[str, list[dict]], keys: list[tuple[str, str]]) -> str:
+    lines = ["| objective | " + " | ".join(label for _, label in keys) + " |", "|---|" + "---:|" * len(keys)]
+    for variant, runs in results.items():
+        cells = [mean_sd([r[k] for r in runs]) if all(k in r and r[k] is not None for r in runs) else "–" for k, _ in keys]
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def paired_table(results: dict[str, list[dict]], a: tuple[str, str], b: tuple[str, str], dims: list[int]) -> str:
+    """Per m: mean ± sd and the range over seeds of ``a - b`` (same seed)."""
+    lines = ["| m | " + f"{a[0]} − {b[0]}: mean±sd | min | max |", "|---:|---:|---:|---:|"]
+    for m in dims:
+        diffs = [curve_values(ra, a[1], m) - curve_values(rb, b[1], m) for ra, rb in zip(results[a[0]], results[b[0]])]
+        lines.append(f"| {m} | {mean_sd(diffs)} | {min(diffs):+.3f} | {max(diffs):+.3f} |")
+    return "\n".join(lines)
+
+
+def plot_curves(results: dict[str, list[dict]], dims: list[int], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
+    for variant, ordering, label in CURVE_ROWS[:7]:
+        if variant not in results:
+            continue
+        runs = results[variant]
+        means = [statistics.mean(curve_values(r, ordering, m) for r in runs) for m in dims]
+        sds = [statistics.stdev([curve_values(r, ordering, m) for r in runs]) if len(runs) > 1 else 0 for m in dims]
+        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(dims, [str(m) for m in dims])
+    ax.set_xlabel("m (dimensions kept)")
+    ax.set_ylabel("t2i recall@10 (distinct texts)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, path)
+
+
+def _save(fig, path: str) -> None:
+    import matplotlib.pyplot as plt
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.png")
+    fig.tight_layout()
+    fig.savefig(tmp)
+    tmp.replace(out)  # atomic
+    plt.close(fig)
+
+
+# ---------------------------------------------------------------------------- experiments
+
+
+def compact(cfg: ResultsConfig) -> None:
+    results = collect(cfg, cfg.variants or EXPERIMENTS["compact"])
+    dims = dims_for(cfg.embed_dim)
+    print(f"\nt2i R@10 (distinct texts) against m, mean ± sd over seeds {cfg.seeds}:\n")
+    print(compact_table(results, dims))
+    keys = [("t2i_r1", "t2i R@1"), ("t2i_r10", "t2i R@10"), ("i2t_r1", "i2t R@1"), ("i2t_r10", "i2t R@10"),
+            ("align", "align"), ("uniform", "uniform"), ("train_seconds", "train s")]  # fmt: skip
+    print("\nFull dimension (the model's own score):\n")
+    print(full_table(results, keys))
+    if "mrl" in results and "tricl" in results:
+        print("\nPaired by seed, MRL (first m) − tricl (importance order), t2i R@10:\n")
+        print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims))
+    for variant in ("tricl", "tricl_flat", "tricl_nonest"):
+        if variant in results:
+            overlap = " / ".join(
+                f"m={m}: {mean_sd([r['w_prefix_overlap'][str(m)] for r in results[variant]])}" for m in dims[:-1]
+            )
+            mass = " / ".join(f"m={m}: {mean_sd([r['w_mass'][str(m)] for r in results[variant]])}" for m in dims[:-1])
+            print(f"\n{variant}: top-m by w ∩ first m, share of m: {overlap}")
+            print(f"{variant}: share of sum(w) in the top m: {mass}")
+    if cfg.png:
+        plot_curves(results, dims, cfg.png, cfg.title or cfg.data)
+        print(f"\nplot: {cfg.png}")
+
+
+def falseneg(cfg: ResultsConfig) -> None:
+    results = collect(cfg, cfg.variants or EXPERIMENTS["falseneg"])
+    keys = [("class_map_i2i", "class mAP i→i"), ("zero_shot", "zero-shot acc"), ("t2i_r1", "t2i R@1"),
+            ("t2i_r10", "t2i R@10"), ("i2t_r1", "i2t R@1"), ("align", "align"), ("uniform", "uniform")]  # fmt: skip
+    print(f"\nmean ± sd over seeds {cfg.seeds}:\n")
+    print(full_table(results, keys))
+
+
+def identifiability(cfg: ResultsConfig) -> None:
+    """Dimension-wise correlation of two seeds' val image features (own order, sign fix), and best matching."""
+    from scipy.optimize import linear_sum_assignment
+
+    from retrieval.cache import locked_tower_outputs
+    from retrieval.compact import sign_flips
+    from retrieval.data import load_pairs
+    from retrieval.embed import embed_pairs
+    from retrieval.run import load_run
+
+    pairs = load_pairs(str(Path(cfg.data) / "val.jsonl"))
+    device = torch.device("cpu")
+    seeds = cfg.seeds[:2]
+    dims = dims_for(cfg.embed_dim)
+    lines = ["| model | " + " | ".join(f"own order, first {m}" for m in dims) + " | best matching, all |",
+             "|---|" + "---:|" * (len(dims) + 1)]  # fmt: skip
+    for variant in cfg.variants or ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat"]:
+        feats = []
+        for seed in seeds:
+            model, _ = load_run(run_dir(cfg, variant, seed), device)
+            with torch.no_grad():
+                image = embed_pairs(model, pairs, device, 256, locked_tower_outputs(model, pairs, device)).image
+                w = model.importance().detach().float()
+            order = torch.argsort(w, descending=True, stable=True)
+            z = image[:, order] * w[order].sqrt()  # (N, D) the served embedding, before normalising
+            feats.append(z * sign_flips(z))
+        a, b = (f - f.mean(0) for f in feats)
+        a, b = a / a.norm(dim=0).clamp_min(1e-12), b / b.norm(dim=0).clamp_min(1e-12)
+        corr = a.t() @ b  # (D, D) correlation of dim i (seed A) with dim j (seed B)
+        diag = corr.diagonal()
+        rows, cols = linear_sum_assignment(-corr.abs().numpy())
+        matched = float(corr.abs()[rows, cols].mean())
+        cells = [f"{float(diag[:m].mean()):.3f}" for m in dims]
+        lines.append(f"| {variant} | " + " | ".join(cells) + f" | {matched:.3f} |")
+    print(f"\nMean correlation per dimension between seeds {seeds[0]} and {seeds[1]} (val images):\n")
+    print("\n".join(lines))
+
+
+def align_uniform_plot(cfg: ResultsConfig) -> None:
+    """Scatter of align / uniform of every evaluated run under ``--out``, coloured by t2i R@10."""
+    points = []
+    for saved in sorted(Path(cfg.out).glob("*/seed*/result.json")):
+        r = json.loads(saved.read_text())
+        points.append((saved.parent.parent.name, r["align"], r["uniform"], r["t2i_r10"]))
+    if not points:
+        raise SystemExit(f"no evaluated runs under {cfg.out}")
+    by_variant: dict[str, list] = {}
+    for name, align, uniform, recall in points:
+        by_variant.setdefault(name, []).append((align, uniform, recall))
+    lines = ["| objective | align | uniform | t2i R@10 |", "|---|---:|---:|---:|"]
+    for name, rows in by_variant.items():
+        lines.append(f"| {name} | " + " | ".join(mean_sd([row[k] for row in rows]) for k in range(3)) + " |")
+    print("\n".join(lines))
+    recalls = [p[3] for p in points]
+    for k, label in ((1, "align"), (2, "uniform")):
+        xs = [p[k] for p in points]
+        print(f"Spearman rank correlation of {label} with t2i R@10 over {len(points)} runs: {_spearman(xs, recalls):+.2f}")
+    if cfg.png:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(6.4, 4.4), dpi=120)
+        sc = ax.scatter([p[2] for p in points], [p[1] for p in points], c=recalls, cmap="viridis", s=25)
+        for name, rows in by_variant.items():
+            ax.annotate(name, (statistics.mean(r[1] for r in rows), statistics.mean(r[0] for r in rows)), fontsize=6)
+        fig.colorbar(sc, label="t2i recall@10")
+        ax.set_xlabel("uniform (lower: more uniform)")
+        ax.set_ylabel("align (lower: better aligned)")
+        ax.set_title(cfg.title or cfg.out, fontsize=9)
+        ax.grid(alpha=0.3)
+        _save(fig, cfg.png)
+        print(f"plot: {cfg.png}")
+
+
+def _spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v):
+        order = sorted(range(len(v)), key=v.__getitem__)
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+
+    rx, ry = ranks(xs), ranks(ys)
+    return statistics.correlation(rx, ry) if len(xs) > 2 else float("nan")
+
+
+def prepare_tuxpaint(out: str, root: str = "/usr/share/tuxpaint/stamps", val_share: float = 0.15) -> dict:
+    """Manifests of the Tux Paint stamps: each PNG with its English description (first line of the .txt)."""
+    from retrieval.io import write_text_atomic
+
+    base = Path(root)
+    if not base.is_dir():
+        raise SystemExit(f"{root} not found: apt-get install tuxpaint-stamps-default")
+    rows: dict[str, list[str]] = {"train": [], "val": []}
+    for png in sorted(base.rglob("*.png")):
+        txt = png.with_suffix(".txt")
+        if not txt.exists():
+            continue
+        caption = txt.read_text(encoding="utf-8", errors="replace").splitlines()[0].strip() if txt.stat().st_size else ""
+        if not caption or "=" in caption.split(" ")[0]:
+            continue
+        rel = png.relative_to(base)
+        split = "val" if int(hashlib.sha256(str(rel).encode()).hexdigest()[:8], 16) / 2**32 < val_share else "train"
+        row = {"image": str(png), "captions": [caption], "label": rel.parts[0]}
+        rows[split].append(json.dumps(row, ensure_ascii=False))
+    for split, lines in rows.items():
+        write_text_atomic(Path(out) / f"{split}.jsonl", "".join(line + "\n" for line in lines))
+    return {split: len(lines) for split, lines in rows.items()}
+
+
+# ---------------------------------------------------------------------------- command line
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("experiment", choices=["compact", "falseneg", "identifiability", "align_uniform", "prepare-tuxpaint"])
+    p.add_argument("--data", required=True)
+    p.add_argument("--out", default=None, help="run folder root (default runs/results/<data folder name>)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--variants", nargs="+", default=[], choices=list(VARIANTS))
+    p.add_argument("--model", default="lite")
+    p.add_argument("--embed-dim", type=int, default=256)
+    p.add_argument("--steps", type=int, default=1500)
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--no-lock", action="store_true", help="train the towers too (slow)")
+    p.add_argument("--png", default=None)
+    p.add_argument("--title", default="")
+    ns = p.parse_args(argv)
+    start = time.perf_counter()
+    if ns.experiment == "prepare-tuxpaint":
+        print(json.dumps(prepare_tuxpaint(ns.data)))
+        return 0
+    cfg = ResultsConfig(
+        data=ns.data, out=ns.out or str(Path("runs/results") / Path(ns.data).name),
+        seeds=[int(s) for s in ns.seeds.split(",") if s.strip()], variants=ns.variants, model=ns.model,
+        embed_dim=ns.embed_dim, steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock,
+        png=ns.png, title=ns.title,
+    )  # fmt: skip
+    {"compact": compact, "falseneg": falseneg, "identifiability": identifiability, "align_uniform": align_uniform_plot}[
+        ns.experiment
+    ](cfg)
+    print(f"\nwall time: {time.perf_counter() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,84 @@
+"""benchmarks.results: statistics, tables, the Tux Paint manifests and one small end-to-end experiment."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+from PIL import Image
+
+from benchmarks import results as R
+
+
+def _fake(values_by_m: dict[int, float], **extra) -> dict:
+    curve = {o: {str(m): v for m, v in values_by_m.items()} for o in ("importance", "first", "random", "pca")}
+    return {"curve": curve, **extra}
+
+
+def test_mean_sd_is_the_sample_sd():
+    assert R.mean_sd([0.5, 0.7]) == f"0.600±{statistics.stdev([0.5, 0.7]):.3f}".replace("±0.", "±.")
+    assert R.mean_sd([0.25]) == "0.250"
+
+
+def test_paired_table_takes_differences_seed_by_seed():
+    results = {"mrl": [_fake({8: 0.30}), _fake({8: 0.40})], "tricl": [_fake({8: 0.20}), _fake({8: 0.45})]}
+    table = R.paired_table(results, ("mrl", "first"), ("tricl", "importance"), [8])
+    row = table.splitlines()[-1]
+    diffs = [0.10, -0.05]
+    assert row == f"| 8 | {R.mean_sd(diffs)} | -0.050 | +0.100 |"
+
+
+def test_compact_table_has_one_row_per_known_variant_and_ordering():
+    results = {"infonce": [_fake({4: 0.1, 8: 0.2})] * 2, "tricl": [_fake({4: 0.3, 8: 0.4})] * 2}
+    lines = R.compact_table(results, [4, 8]).splitlines()
+    assert lines[0] == "| model, ordering | m=4 | m=8 |"
+    assert [line.split(" | ")[0] for line in lines[2:]] == [
+        "| infonce, first m", "| infonce, random m", "| infonce, PCA m", "| tricl (nested=4, importance order)",
+    ]  # fmt: skip
+    assert lines[-1].endswith("| 0.300±.000 | 0.400±.000 |")
+
+
+def test_prepare_tuxpaint_reads_pngs_with_their_english_line(tmp_path):
+    root = tmp_path / "stamps"
+    for folder, name, text in [("animals", "cat", "A cat.\nfr.utf8=Un chat."), ("food", "pie", "A pie."),
+                               ("food", "notext", None), ("food", "empty", "")]:  # fmt: skip
+        (root / folder).mkdir(parents=True, exist_ok=True)
+        Image.new("RGB", (8, 8)).save(root / folder / f"{name}.png")
+        if text is not None:
+            (root / folder / f"{name}.txt").write_text(text)
+    counts = R.prepare_tuxpaint(str(tmp_path / "out"), root=str(root))
+    assert counts["train"] + counts["val"] == 2
+    rows = [json.loads(line) for s in ("train", "val") for line in (tmp_path / "out" / f"{s}.jsonl").read_text().splitlines()]
+    assert sorted((r["captions"], r["label"]) for r in rows) == [(["A cat."], "animals"), (["A pie."], "food")]
+
+
+@pytest.fixture(scope="module")
+def small_experiment(tmp_path_factory):
+    """tiny (locked, cached random towers: fast), 3 steps, two seeds, three variants."""
+    from retrieval.data.builtin import prepare
+
+    root = tmp_path_factory.mktemp("results")
+    prepare("shapes", str(root / "data"), num=160, seed=1)
+    cfg = R.ResultsConfig(
+        data=str(root / "data"), out=str(root / "runs"), seeds=[0, 1], variants=["infonce", "mrl", "tricl"],
+        model="tiny", embed_dim=32, steps=3, batch_size=32, png=str(root / "curve.png"),
+    )  # fmt: skip
+    return cfg
+
+
+@pytest.mark.slow
+def test_compact_experiment_end_to_end(small_experiment, capsys):
+    cfg = small_experiment
+    R.compact(cfg)
+    out = capsys.readouterr().out
+    assert "| MRL (infonce + prefix nesting) |" in out and "mrl − tricl: mean±sd" in out
+    assert Image.open(cfg.png).size[0] > 100
+    saved = json.loads((R.run_dir(cfg, "mrl", 1) / "result.json").read_text())
+    assert {"t2i_r10", "align", "uniform", "curve", "class_map_i2i"} <= set(saved)
+    assert set(saved["curve"]["first"]) == {str(m) for m in R.dims_for(32)}
+    config = json.loads((R.run_dir(cfg, "mrl", 1) / "config.json").read_text())
+    assert config["loss"] == "infonce" and config["loss_options"] == {"nested": 4, "nested_order": "prefix"}
+    R.identifiability(R.ResultsConfig(**{**cfg.__dict__, "variants": ["infonce", "tricl"]}))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| infonce") or line.startswith("| tricl")]
+    assert len(lines) == 2 and all(0.0 <= float(cell) <= 1.0 for cell in lines[0].strip("| ").split(" | ")[-1:])
