@@ -61,9 +61,9 @@ from retrieval.run import METRICS, load_run, run_fingerprint
 class IndexBuildConfig:
     """What ``triclip index build`` was asked to do."""
 
-    run: str  # run directory (triclip train --out)
-    data: str  # data source to index (any format retrieval.data accepts)
-    out: str  # index folder to write
+    run: str | None = None  # run directory (triclip train --out); not with embeddings
+    data: str | None = None  # data source to index (any format retrieval.data accepts); not with embeddings
+    out: str = ""  # index folder to write
     dims: list[int] | int | None = None  # m's indexed besides D, which always is (None: D only; with add: the index's)
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
     add: bool = False  # append to the existing index at out instead of building a new one
@@ -75,6 +75,8 @@ class IndexBuildConfig:
     seed: int = 0  # seed of the random ordering and of index training
     workers: int = 0  # DataLoader worker processes decoding images
     lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
+    embeddings: str | None = None  # build from triclip embed shards instead of run + data (index.from_embeddings)
+    memory_budget: int | None = None  # with embeddings: bytes one index may take in memory (None: half the available)
     embeddings: str | None = None  # build from `triclip embed` shards instead (run and data unused)
     memory_budget: int | None = None  # with embeddings: bytes one index may take in memory (None: half the free)
 
@@ -85,7 +87,13 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         from index.from_embeddings import build_from_embeddings, from_build_config
 
         return build_from_embeddings(from_build_config(cfg))
+    if cfg.embeddings is not None:
+        from index.from_embeddings import build_from_embeddings, from_build_config
+
+        return build_from_embeddings(from_build_config(cfg))
     started = time.perf_counter()
+    if not cfg.run or not cfg.data or not cfg.out:
+        raise UserError("index build needs --run, --data and --out (or --embeddings and --out)")
     dims = _validate(cfg)
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads

@@ -62,7 +62,7 @@ class Searcher:
     device: torch.device  # where the model runs
     batch_size: int = 64  # queries embedded per batch
     shortlist_factor: int = SHORTLIST_FACTOR  # funnel: candidates = k * shortlist_factor
-    params: fi.SearchParams | None = None  # nprobe / efSearch overrides, passed per call
+    params: fi.SearchParams | None = None  # nprobe / efSearch overrides, passed per call (nprobe default: manifest's)
     timings: dict = field(default_factory=dict)  # seconds spent loading: index_load, model_load
     _model_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _faiss_lock: threading.Lock | None = field(default=None, repr=False)  # set when an index is on a GPU
@@ -216,11 +216,11 @@ class Searcher:
         if funnel is not None:
             small = self._check_m(funnel, "funnel")
             wanted = min(len(vectors), k * max(1, int(self.shortlist_factor)))
-            _, candidates = self._search(indexes[small], prefix(queries, small), wanted)  # (Q, C)
+            _, candidates = self._search(indexes[small], prefix(queries, small), wanted, target, small)  # (Q, C)
             scores, ids = rerank(vectors, queries, candidates, k)  # (Q, k), exact at D
         else:
             m = self.dim if m is None else self._check_m(m, "m")
-            scores, ids = self._search(indexes[m], prefix(queries, m), k)
+            scores, ids = self._search(indexes[m], prefix(queries, m), k, target, m)
         return [self._hits(s, i, target) for s, i in zip(scores, ids)]
 
     def _check_m(self, m, what: str) -> int:
@@ -228,11 +228,15 @@ class Searcher:
             raise UserError(f"{what}={m!r} is not indexed here; choose from {self.dims}")
         return int(m)
 
-    def _search(self, index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _search(self, index, queries: np.ndarray, k: int, target: str, m: int) -> tuple[np.ndarray, np.ndarray]:
+        params = self.params or fi.SearchParams()
+        if params.nprobe is None:  # the nprobe tuned at build time, where the manifest records one
+            tuned = self.manifest.get("nprobe" if target == "image" else "text_nprobe") or {}
+            params = fi.SearchParams(nprobe=tuned.get(str(m)), ef_search=params.ef_search)
         if self._faiss_lock is None:
-            return fi.search(index, queries, k, self.params)
+            return fi.search(index, queries, k, params)
         with self._faiss_lock:
-            return fi.search(index, queries, k, self.params)
+            return fi.search(index, queries, k, params)
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray, target: str) -> list[dict]:
         hits = []
