@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import asdict, fields, replace
@@ -450,8 +451,10 @@ def _check_out(run: Path) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise UserError(f"--out {run}: {parent} is a file, not a folder")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise UserError(f"--out {run}: no permission to write in {parent}")
+    try:  # a real write: access() says yes to root on read-only places (/proc, a read-only mount)
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as err:
+        raise UserError(f"--out {run}: cannot write in {parent} ({err.strerror or err})") from None
 
 
 def _saved_run(run: Path, resume: bool) -> dict | None:
