@@ -30,10 +30,10 @@ def test_trained_tricl_run_indexes_and_searches(capsys, tmp_path, shapes_dir, mo
     for factory in ("Flat", "HNSW32"):
         summary = _json(capsys, "index", "build", "--run", run, "--data", train, "--out", tmp_path / factory,
                         "--dims", 8, "--factory", factory)  # fmt: skip
-        assert (summary["m"], summary["factory"]) == (8, factory)
+        assert (summary["dims"][0], summary["factories"]["8"]) == (8, factory)
     for query in QUERIES:
         rows = {
-            f: _json(capsys, "search", "--index", tmp_path / f, "--text", query, "-k", 10, "--json")
+            f: _json(capsys, "search", "--index", tmp_path / f, "--text", query, "-k", 10, "--m", 8, "--json")
             for f in ("Flat", "HNSW32")
         }
         for hits in rows.values():
@@ -41,7 +41,7 @@ def test_trained_tricl_run_indexes_and_searches(capsys, tmp_path, shapes_dir, mo
             assert [h["score"] for h in hits] == sorted((h["score"] for h in hits), reverse=True)
         overlap = len({h["id"] for h in rows["Flat"]} & {h["id"] for h in rows["HNSW32"]}) / 10
         assert overlap >= 0.8
-    meta = [json.loads(line) for line in (tmp_path / "Flat" / "meta.jsonl").read_text().splitlines()]
+    meta = [json.loads(line) for line in (tmp_path / "Flat" / "v000001" / "meta.jsonl").read_text().splitlines()]
     for row in meta[:5]:
         hits = _json(capsys, "search", "--index", tmp_path / "Flat", "--image", row["image"], "-k", 3, "--json")
         assert hits[0]["id"] == row["id"]
