@@ -62,7 +62,8 @@ def save_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
     opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
     for name, module in extra.items():
         opt_tensors.update({f"extra.{name}.{k}": v.detach().contiguous().cpu() for k, v in module.state_dict().items()})
-    save_file(opt_tensors, str(tmp / "optim.safetensors"))
+    with atomic_path(tmp / "optim.safetensors") as path:  # safetensors itself writes 0600 files
+        save_file(opt_tensors, str(path))
     (tmp / "state.json").write_text(json.dumps({**state, "optimizer": opt_meta}, indent=2))
     swap_dir(tmp, run / CHECKPOINT)
 
