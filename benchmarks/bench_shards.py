@@ -11,8 +11,9 @@ power-law spectrum around 10,000 clusters, dimensions already in importance orde
 written as ``--shard-size`` shards of float16 ``.npy`` files like ``triclip embed`` writes
 them, then memory-mapped. The index is built at m = D/8 over the re-normalised prefix.
 
-Two pipelines, each in its own fresh process so that ``ru_maxrss`` (peak resident memory)
-is its own; the line also gives the process's memory after its imports (``base_mb``):
+Two pipelines, each in its own fresh process so that the peak resident memory (``VmHWM``,
+``ru_maxrss`` where there is no /proc) is its own; the line also gives the peak after the
+imports (``base_mb``):
 
 - ``shards``: ``index.from_embeddings`` (IVF trained once on a sample drawn across the
   shards, each shard added to a copy of the trained index, merged with id offsets; Flat /
@@ -50,7 +51,13 @@ K = 10
 
 
 def _peak_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """Peak resident memory of this process, MB: ``VmHWM`` (reset by exec, unlike ``ru_maxrss``,
+    which a spawned child inherits from the parent that forked it), else ``ru_maxrss``."""
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("VmHWM:")) / 1024  # KiB
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def write_shards(folder: Path, n: int, dim: int, shard_size: int, seed: int) -> list[Path]:

@@ -33,16 +33,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from retrieval.compact import CompactTransform, make_transform
-from retrieval.data import DataConfig, PairSet, load_pairs
-from retrieval.embed import embed_pairs, embed_records, pick_device
 from retrieval.errors import UserError
 from retrieval.io import write_json_atomic
-from retrieval.run import load_run, run_fingerprint
+
+# torch and the model code load inside the embedding functions: reading shards (index build
+# --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
 
 FORMAT = "triclip-embeddings/1"  # manifest["format"]
 MANIFEST = "manifest.json"
@@ -78,6 +75,10 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     Works alone or under ``torchrun`` (``WORLD_SIZE`` > 1 starts a process group: NCCL on
     GPUs, gloo on the CPU). Every rank returns the summary of the whole folder.
     """
+    from retrieval.compact import CompactTransform
+    from retrieval.data import DataConfig, load_pairs
+    from retrieval.run import load_run, run_fingerprint
+
     started = time.perf_counter()
     _validate(cfg)
     rank, world, owned = init_distributed()
@@ -107,6 +108,8 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         return summary
     finally:
         if owned:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
 
 
@@ -212,6 +215,9 @@ def init_distributed() -> tuple[int, int, bool]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world <= 1:
         return 0, 1, False
+    import torch
+    import torch.distributed as dist
+
     if dist.is_initialized():
         return dist.get_rank(), dist.get_world_size(), False
     if torch.cuda.is_available():
@@ -222,16 +228,22 @@ def init_distributed() -> tuple[int, int, bool]:
 
 def barrier(world: int) -> None:
     if world > 1:
+        import torch.distributed as dist
+
         dist.barrier()
 
 
-def _device(name: str | None) -> torch.device:
+def _device(name: str | None):
+    import torch
+
+    from retrieval.embed import pick_device
+
     if name is None and torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())  # this rank's GPU (set in init_distributed)
     return pick_device(name)
 
 
-def _workers(workers: int | None, device: torch.device) -> int:
+def _workers(workers: int | None, device) -> int:
     if workers is not None:
         return workers
     if device.type != "cuda":
@@ -242,6 +254,10 @@ def _workers(workers: int | None, device: torch.device) -> int:
 
 def _prepare_folder(cfg, out: Path, model, run_config, fingerprint: str, pairs: PairSet, num_shards, device) -> None:
     """Rank 0: check a folder being resumed, or write the manifest of a new one."""
+    from retrieval.compact import make_transform
+    from retrieval.data import PairSet
+    from retrieval.embed import embed_records
+
     for leftover in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shards
         shutil.rmtree(leftover, ignore_errors=True)
     if (out / MANIFEST).is_file():
@@ -286,6 +302,10 @@ def _prepare_folder(cfg, out: Path, model, run_config, fingerprint: str, pairs: 
 
 def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, device, batch: int, workers: int, rank):
     """Embed records of shard ``s`` and rename the finished folder into place."""
+    import torch
+
+    from retrieval.data import PairSet
+
     started = time.perf_counter()
     lo, hi = s * cfg.shard_size, min(len(pairs.records), (s + 1) * cfg.shard_size)
     part = PairSet(pairs.records[lo:hi], Counter(), pairs.source, pairs.max_pixels)
@@ -323,6 +343,13 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
         os.replace(tmp, out / shard_name(s))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def embed_pairs(*args, **kwargs):
+    """:func:`retrieval.embed.embed_pairs`, imported on first use (a module attribute: tests count calls)."""
+    from retrieval.embed import embed_pairs as embed
+
+    return embed(*args, **kwargs)
 
 
 def _shard_reasons(part: PairSet) -> Counter:
