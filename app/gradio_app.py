@@ -1,6 +1,7 @@
 """``triclip app``: a Gradio search page over an index folder.
 
-    app = build_app(Searcher.load("INDEX"))   # gr.Blocks; or serve("INDEX", host, port)
+    blocks, app = build_app(Searcher.load("INDEX"), AppConfig("INDEX"))
+    launch(blocks, app, "127.0.0.1", 7860)     # or serve("INDEX", host, port): load, launch, Ctrl-C
 
 Text -> image, image -> image (upload, or click a result: "more like this", which
 searches with the stored vector of that image), image -> text when the index holds
@@ -17,7 +18,10 @@ a traceback, and the app keeps serving.
 
 Private by default: bound to 127.0.0.1, no share link, analytics and version checks
 off, system fonts only (nothing is fetched from outside hosts), no server-side
-rendering process. Gallery images are served straight from the index's image folders.
+rendering process. Gallery images are served by one route of the app,
+``/triclip/image/<row>``, which answers only for the index's own images (by row
+number: no file path is ever taken from a request), straight from disk with a cache
+header; nothing is copied into Gradio's cache.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from pathlib import Path  # noqa: E402
 
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
+from starlette.responses import FileResponse, PlainTextResponse  # noqa: E402
+from starlette.routing import Route  # noqa: E402
 
 from retrieval.errors import UserError  # noqa: E402
 
@@ -42,6 +48,7 @@ ENDPOINTS = ("search_text", "search_image", "more_like_this", "image_to_text")
 SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]  # no web fonts: nothing fetched from outside
 MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "monospace"]
 CAPTION_CHARS = 90  # a gallery label shows this much of a caption
+IMAGE_ROUTE = "/triclip/image"  # + "/<row>": an indexed image, served by the app
 
 
 @dataclass
@@ -75,10 +82,14 @@ class SearchApp:
         }  # t2i recall@10 measured at m
         self.importance: list[float] = list(manifest.get("importance") or [])  # w in index order
         self.has_text: bool = bool(searcher.has_text)
+        meta = searcher.contents.meta
+        self.files: list[str] = [row["image"] for row in meta]  # row -> image file, served by IMAGE_ROUTE
+        self.rows: dict[str, int] = {row["id"]: i for i, row in enumerate(meta)}  # id -> row
+        self.default_base = f"http://{cfg.host}:{cfg.port}"  # image URLs when no request says where we are
 
     # -- endpoints: (gallery, status, ids) or (rows, status)
 
-    def search_text(self, query: str, m: int, funnel: bool, k: int):
+    def search_text(self, query: str, m: int, funnel: bool, k: int, request: gr.Request | None = None):
         """Text -> image."""
         text = (query or "").strip()
         note = ""
@@ -87,23 +98,25 @@ class SearchApp:
         if not text:
             return self._fail("Type a query first: the text is empty.")
         shown = text if len(text) <= 60 else text[:57] + "..."
-        return self._gallery(lambda **kw: self.searcher.search_text([text], **kw), m, funnel, k, f"“{shown}”", note)
+        search = lambda **kw: self.searcher.search_text([text], **kw)  # noqa: E731
+        return self._gallery(search, m, funnel, k, request, f"“{shown}”", note)
 
-    def search_image(self, image: str | None, m: int, funnel: bool, k: int):
+    def search_image(self, image: str | None, m: int, funnel: bool, k: int, request: gr.Request | None = None):
         """Image -> image, for an uploaded image file."""
         if not image:
             return self._fail("Upload an image first.")
         search = _explained(image, lambda **kw: self.searcher.search_image([image], **kw))
-        return self._gallery(search, m, funnel, k, "the uploaded image")
+        return self._gallery(search, m, funnel, k, request, "the uploaded image")
 
-    def more_like_this(self, image_id: str, m: int, funnel: bool, k: int):
+    def more_like_this(self, image_id: str, m: int, funnel: bool, k: int, request: gr.Request | None = None):
         """Image -> image for an indexed image, by its id (its stored vector: no re-embedding)."""
         image_id = (image_id or "").strip()
         if not image_id:
             return self._fail("Click a result first (or give an image id).")
-        return self._gallery(lambda **kw: self.searcher.search_ids([image_id], **kw), m, funnel, k, f"image {image_id}")
+        search = lambda **kw: self.searcher.search_ids([image_id], **kw)  # noqa: E731
+        return self._gallery(search, m, funnel, k, request, f"image {image_id}")
 
-    def image_to_text(self, image: str | None, m: int, funnel: bool, k: int):
+    def image_to_text(self, image: str | None, m: int, funnel: bool, k: int, request: gr.Request | None = None):
         """Image -> text: the indexed captions nearest to an uploaded image."""
         if not self.has_text:
             return _empty_rows(), self._message("This index holds no caption vectors (built without the text index).")
@@ -121,12 +134,13 @@ class SearchApp:
 
     # -- the shared path
 
-    def _gallery(self, search, m, funnel, k, what: str, note: str = ""):
+    def _gallery(self, search, m, funnel, k, request, what: str, note: str = ""):
         try:
             hits, ms, where = self._run(search, m, funnel, k)
         except UserError as err:
             return self._fail(str(err))
-        items = [(h["image"], f"{h['score']:.3f} · {_short(h['caption'])}") for h in hits]
+        base = self._base(request)
+        items = [(f"{base}{IMAGE_ROUTE}/{self.rows[h['id']]}", f"{h['score']:.3f} · {_short(h['caption'])}") for h in hits]
         status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}"
         return items, status, [h["id"] for h in hits]
 
@@ -145,6 +159,20 @@ class SearchApp:
             raise UserError(f"search failed: {type(err).__name__}: {err}") from None
         ms = (time.perf_counter() - started) * 1000
         return hits, ms, self._describe(m, use_funnel)
+
+    def _base(self, request) -> str:
+        """The app's address as the client reached it (so image URLs work from any host it is served to)."""
+        try:
+            return str(request.base_url).rstrip("/")
+        except AttributeError:  # no request: called from Python
+            return self.default_base
+
+    def image_response(self, request):
+        """``GET IMAGE_ROUTE/<row>``: the indexed image of that row, or 404."""
+        row = request.path_params["row"]
+        if not 0 <= row < len(self.files) or not os.path.isfile(self.files[row]):
+            return PlainTextResponse("no such image", status_code=404)
+        return FileResponse(self.files[row], headers={"Cache-Control": "public, max-age=86400"})
 
     def _describe(self, m: int, funnel: bool) -> str:
         recall = self.recall.get(m)
@@ -257,8 +285,8 @@ def query_image(**kwargs) -> gr.Image:
     return image
 
 
-def build_app(searcher, cfg: AppConfig) -> gr.Blocks:
-    """The page and its API endpoints over a loaded Searcher."""
+def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
+    """The page and its API endpoints over a loaded Searcher, and the functions behind them."""
     app = SearchApp(searcher, cfg)
     run_name = Path(searcher.manifest.get("run", "")).name or "?"
     with gr.Blocks(title="triclip search", analytics_enabled=False) as blocks:
@@ -326,19 +354,19 @@ def build_app(searcher, cfg: AppConfig) -> gr.Blocks:
             app.more_like_this, [clicked] + knobs, shown, api_visibility="private"
         ).then(lambda i: ("id", i), clicked, last, api_visibility="private")
 
-        def rerun(previous, m_value, funnel_value, k_value):
+        def rerun(previous, m_value, funnel_value, k_value, request: gr.Request):
             """Re-run the last query when m, the funnel or k change."""
             if not previous:
                 return gr.skip(), gr.skip(), gr.skip()
             kind, value = previous
             fn = {"text": app.search_text, "image": app.search_image, "id": app.more_like_this}[kind]
-            return fn(value, m_value, funnel_value, k_value)
+            return fn(value, m_value, funnel_value, k_value, request)
 
         for knob in (m, funnel):
             knob.change(rerun, [last] + knobs, shown, api_visibility="private")
         k.release(rerun, [last] + knobs, shown, api_visibility="private")
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
-    return blocks
+    return blocks, app
 
 
 def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
@@ -346,38 +374,35 @@ def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
     return ids[evt.index] if ids and 0 <= evt.index < len(ids) else ""
 
 
-def image_roots(searcher) -> list[str]:
-    """The folders holding the indexed images (served to the browser, nothing else)."""
-    dirs = sorted({os.path.dirname(os.path.abspath(row["image"])) for row in searcher.contents.meta})
-    roots: list[str] = []
-    for d in dirs:  # sorted: a folder comes right before the folders inside it
-        if not roots or not (d == roots[-1] or d.startswith(roots[-1].rstrip(os.sep) + os.sep)):
-            roots.append(d)
-    return roots
-
-
 def theme() -> gr.themes.Base:
     """Gradio's default look with system fonts (the default theme loads Google fonts)."""
     return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
 
 
-def launch(blocks: gr.Blocks, roots: list[str], host: str, port: int, block: bool = True):
-    """Start the server (``block=False``: return once it answers, for tests)."""
-    gr.set_static_paths(roots)  # served in place, never copied into Gradio's cache
-    return blocks.launch(
-        server_name=host,
-        server_port=port,
-        share=False,
-        inbrowser=False,
-        allowed_paths=roots,
-        ssr_mode=False,  # no Node server process
-        mcp_server=False,
-        theme=theme(),
-        show_error=False,  # our messages go to the status line; no tracebacks in the page
-        max_file_size="50mb",
-        prevent_thread_lock=not block,
-        quiet=not block,
-    )
+def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool = True):
+    """Start the server (``block=False``: return once it answers, for tests).
+
+    Raises:
+        UserError: the address cannot be bound (port in use, unknown host).
+    """
+    image_route = Route(IMAGE_ROUTE + "/{row:int}", app.image_response)  # before Gradio's own routes
+    try:
+        return blocks.launch(
+            server_name=host,
+            server_port=port,
+            share=False,
+            inbrowser=False,
+            app_kwargs={"routes": [image_route]},
+            ssr_mode=False,  # no Node server process
+            mcp_server=False,
+            theme=theme(),
+            show_error=False,  # our messages go to the status line; no tracebacks in the page
+            max_file_size="50mb",
+            prevent_thread_lock=not block,
+            quiet=not block,
+        )
+    except OSError as err:
+        raise UserError(f"cannot serve on {host}:{port}: {err}") from None
 
 
 def serve(index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None = None, device: str | None = None):
@@ -386,10 +411,10 @@ def serve(index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None
 
     searcher = Searcher.load(index, run=run, device=device)
     cfg = AppConfig(index=index, host=host, port=port)
-    blocks = build_app(searcher, cfg)
+    blocks, app = build_app(searcher, cfg)
     print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     try:
-        launch(blocks, image_roots(searcher), host, port, block=True)
+        launch(blocks, app, host, port, block=True)
     except KeyboardInterrupt:
         pass
     finally:

@@ -42,13 +42,13 @@ def app_index(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def app_url(app_index):
     """The app over ``app_index``, served on a free port; yields its URL."""
-    from app.gradio_app import AppConfig, build_app, image_roots, launch
+    from app.gradio_app import AppConfig, build_app, launch
     from index.search import Searcher
 
     searcher = Searcher.load(app_index)
     port = free_port()
-    blocks = build_app(searcher, AppConfig(index=str(app_index), port=port))
-    launch(blocks, image_roots(searcher), "127.0.0.1", port, block=False)
+    blocks, app = build_app(searcher, AppConfig(index=str(app_index), port=port))
+    launch(blocks, app, "127.0.0.1", port, block=False)
     try:
         yield f"http://127.0.0.1:{port}/"
     finally:

@@ -33,9 +33,18 @@ def test_text_search_returns_served_images_with_score_labels(client, app_url):
     scores = [float(item["caption"].split(" · ")[0]) for item in gallery]
     assert scores == sorted(scores, reverse=True)
     url = gallery[0]["image"]["url"]
-    assert url.startswith(app_url)  # served by the app itself, from the index's image folder
+    assert url.startswith(app_url + "triclip/image/")  # served by the app's own image route
     response = httpx.get(url)
     assert response.status_code == 200 and response.content[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_image_route_serves_indexed_images_only(app_url, app_index):
+    from index.store import load_contents
+
+    count = len(load_contents(app_index).meta)
+    assert httpx.get(f"{app_url}triclip/image/{count - 1}").status_code == 200
+    for path in (f"triclip/image/{count}", "triclip/image/-1", "triclip/image/..%2F..%2Fetc%2Fpasswd", "triclip/image/x"):
+        assert httpx.get(app_url + path).status_code == 404, path
 
 
 def test_m_and_funnel_choose_the_index_searched(client):
@@ -53,7 +62,7 @@ def test_more_like_this_ranks_the_clicked_image_first(client, app_index):
     some_id = load_contents(app_index).meta[3]["id"]
     gallery, status = client.predict(some_id, 16, False, 4, api_name="/more_like_this")
     assert len(gallery) == 4 and f"image {some_id}" in status
-    assert gallery[0]["image"]["path"].endswith(some_id.split("/")[-1])
+    assert gallery[0]["image"]["url"].endswith("/triclip/image/3")  # row 3 itself first
     _, unknown = client.predict("no/such/image.png", 16, False, 4, api_name="/more_like_this")
     assert "⚠️" in unknown and "unknown id" in unknown
 
@@ -64,7 +73,7 @@ def test_image_search_and_image_to_text(client, app_index):
     row = load_contents(app_index).meta[5]
     gallery, status = client.predict(handle_file(row["image"]), 32, False, 3, api_name="/search_image")
     assert len(gallery) == 3 and "the uploaded image" in status
-    assert gallery[0]["image"]["path"].endswith(row["image"].split("/")[-1])  # itself, at the top
+    assert gallery[0]["image"]["url"].endswith("/triclip/image/5")  # itself (row 5), at the top
     rows, status = client.predict(handle_file(row["image"]), 32, False, 5, api_name="/image_to_text")
     assert len(rows["data"]) == 5 and rows["headers"] == ["score", "caption", "image id"]
     assert "5 captions" in status
