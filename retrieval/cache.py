@@ -52,8 +52,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     from retrieval.data import PairDataset, collate_pairs
 
     transform = model.image_transform(train=False)
-    key = _key("image", module_hash(model.image_tower), repr(transform), pairs.fingerprint)
-    path = cache_dir() / f"image-{key}.safetensors"
+    path = image_cache_path(model, pairs)
     if path.exists():
         return load_file(str(path))
     dataset = PairDataset(pairs, transform, train=False)
@@ -81,9 +80,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
-    max_length = getattr(model.text_tower, "max_length", None)  # truncation changes the outputs
-    key = _key("text", module_hash(model.text_tower), f"max_length={max_length}", pairs.fingerprint)
-    path = cache_dir() / f"text-{key}.safetensors"
+    path = text_cache_path(model, pairs)
     if path.exists():
         return load_file(str(path))
     captions = [c for r in pairs.records for c in r.captions]
@@ -104,6 +101,29 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
+
+
+def image_cache_path(model, pairs) -> Path:
+    """Where the locked image tower's outputs for ``pairs`` are (or would be) cached."""
+    key = _key("image", module_hash(model.image_tower), repr(model.image_transform(train=False)), pairs.fingerprint)
+    return cache_dir() / f"image-{key}.safetensors"
+
+
+def text_cache_path(model, pairs) -> Path:
+    """Where the locked text tower's outputs for ``pairs`` are (or would be) cached."""
+    max_length = getattr(model.text_tower, "max_length", None)  # truncation changes the outputs
+    key = _key("text", module_hash(model.text_tower), f"max_length={max_length}", pairs.fingerprint)
+    return cache_dir() / f"text-{key}.safetensors"
+
+
+def existing_locked_outputs(model, pairs) -> dict:
+    """Like :func:`locked_tower_outputs`, but only what is cached already (``None`` elsewhere); computes nothing."""
+    image_locked, text_locked = getattr(model, "_locked", (False, False))
+    image, text = image_cache_path(model, pairs), text_cache_path(model, pairs)
+    return {
+        "image": load_file(str(image)) if image_locked and image.exists() else None,
+        "text": load_file(str(text)) if text_locked and text.exists() else None,
+    }
 
 
 def skipped_images(cached: dict[str, torch.Tensor]) -> Counter:

@@ -18,6 +18,10 @@ exist and a killed job resumes. Under ``torchrun`` rank ``r`` of ``W`` takes sha
 ``r, r + W, r + 2W, ...``; rank 0 writes the manifest first (the other ranks wait at a
 barrier), so every rank applies the same transform. The sign fix is anchored on the first
 ``anchor_rows`` images of the source, the same for any number of ranks.
+
+A run trained on locked towers reuses the tower outputs that training (or ``index build``)
+cached for this very data (``retrieval.cache``), sliced per shard; nothing new is cached:
+at scale the tower outputs would dwarf the embeddings.
 """
 
 from __future__ import annotations
@@ -75,6 +79,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     Works alone or under ``torchrun`` (``WORLD_SIZE`` > 1 starts a process group: NCCL on
     GPUs, gloo on the CPU). Every rank returns the summary of the whole folder.
     """
+    from retrieval.cache import existing_locked_outputs
     from retrieval.compact import CompactTransform
     from retrieval.data import DataConfig, load_pairs
     from retrieval.run import load_run, run_fingerprint
@@ -87,10 +92,11 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         device = _device(cfg.device)
         model, run_config = load_run(cfg.run, device)
         fingerprint = run_fingerprint(cfg.run)
+        cache = existing_locked_outputs(model, pairs)  # a locked tower's outputs, if training cached this data
         num_shards = math.ceil(len(pairs.records) / cfg.shard_size)
         out = Path(cfg.out)
         if rank == 0:
-            _prepare_folder(cfg, out, model, run_config, fingerprint, pairs, num_shards, device)
+            _prepare_folder(cfg, out, model, run_config, fingerprint, pairs, num_shards, device, cache)
         barrier(world)
         manifest = read_manifest(out)
         transform = CompactTransform.from_dict(manifest["transform"])
@@ -100,7 +106,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         todo = [s for s in mine if not (out / shard_name(s) / SHARD_INFO).is_file()]
         bar = tqdm(todo, desc=f"rank {rank}/{world} shards", unit="shard", position=rank, disable=None)
         for s in bar:
-            _write_shard(out, s, pairs, cfg, model, transform, device, batch, workers, rank)
+            _write_shard(out, s, pairs, cfg, model, transform, device, batch, workers, rank, cache)
         barrier(world)
         summary = summarize(out)
         summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
@@ -252,11 +258,10 @@ def _workers(workers: int | None, device) -> int:
     return max(1, min(8, (os.cpu_count() or 1) // local_ranks))
 
 
-def _prepare_folder(cfg, out: Path, model, run_config, fingerprint: str, pairs: PairSet, num_shards, device) -> None:
+def _prepare_folder(cfg, out: Path, model, run_config, fingerprint, pairs: PairSet, num_shards, device, cache) -> None:
     """Rank 0: check a folder being resumed, or write the manifest of a new one."""
     from retrieval.compact import make_transform
     from retrieval.data import PairSet
-    from retrieval.embed import embed_records
 
     for leftover in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shards
         shutil.rmtree(leftover, ignore_errors=True)
@@ -271,7 +276,7 @@ def _prepare_folder(cfg, out: Path, model, run_config, fingerprint: str, pairs: 
                 )
         return
     anchors = PairSet(pairs.records[: cfg.anchor_rows], Counter(), pairs.source, pairs.max_pixels)
-    anchor_emb, _, _ = embed_records(model, anchors, device, min(64, cfg.anchor_rows))  # (a, D)
+    anchor_emb = embed_pairs(model, anchors, device, 64, cache_rows(cache, 0, len(anchors.records))).image  # (a, D)
     dim = int(anchor_emb.shape[1])
     importance = model.importance().detach().float().cpu()  # (D,)
     transform = make_transform("importance", dim, dim, importance).with_signs_from(anchor_emb)
@@ -300,7 +305,7 @@ def _prepare_folder(cfg, out: Path, model, run_config, fingerprint: str, pairs: 
 # ---------------------------------------------------------------------------- one shard
 
 
-def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, device, batch: int, workers: int, rank):
+def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, device, batch: int, workers: int, rank, cache):
     """Embed records of shard ``s`` and rename the finished folder into place."""
     import torch
 
@@ -310,7 +315,10 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
     lo, hi = s * cfg.shard_size, min(len(pairs.records), (s + 1) * cfg.shard_size)
     part = PairSet(pairs.records[lo:hi], Counter(), pairs.source, pairs.max_pixels)
     try:
-        emb = embed_pairs(model, part, device, batch, None, workers)
+        part_cache = cache_rows(cache, lo, hi)
+        if part_cache["image"] is not None and not part_cache["image"]["valid"].any():
+            raise UserError("no image of this shard decodes")
+        emb = embed_pairs(model, part, device, batch, part_cache, workers)
         image, text, text_to_image, keep, skipped = emb
     except UserError:  # no image of this shard decodes: an empty shard, counted
         image, text, text_to_image = torch.zeros(0, transform.dim), torch.zeros(0, transform.dim), torch.zeros(0)
@@ -343,6 +351,18 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
         os.replace(tmp, out / shard_name(s))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def cache_rows(cache: dict, lo: int, hi: int) -> dict:
+    """The locked-tower cache entries of records ``lo:hi`` (``retrieval.cache`` layout, offsets re-based)."""
+    out = {"image": None, "text": None}
+    if cache.get("image") is not None:
+        out["image"] = {k: v[lo:hi] for k, v in cache["image"].items()}  # features (n, F), valid, bad
+    if cache.get("text") is not None:
+        offsets = cache["text"]["offsets"]  # (N + 1,)
+        first, last = int(offsets[lo]), int(offsets[hi])
+        out["text"] = {"features": cache["text"]["features"][first:last], "offsets": offsets[lo : hi + 1] - first}
+    return out
 
 
 def embed_pairs(*args, **kwargs):

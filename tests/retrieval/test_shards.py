@@ -181,3 +181,30 @@ def test_torchrun_two_processes(run, data, single, tmp_path):
     for a, b in zip(_union(single)[:2], _union(out)[:2]):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-6)
     assert [r["id"] for r in _union(out)[2]] == [r["id"] for r in _union(single)[2]]
+
+
+def test_locked_towers_reuse_the_cached_tower_outputs(data, tmp_path, monkeypatch):
+    import retrieval.embed
+    from retrieval.cache import locked_tower_outputs
+
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
+    run = make_run(tmp_path / "locked", seed=2)
+    config = json.loads((run / "config.json").read_text())
+    config["train"] = {"lock_image": True, "lock_text": True}
+    (run / "config.json").write_text(json.dumps(config))
+    towers = embed_to_shards(_cfg(run, data, tmp_path / "towers"))  # no cache yet: the towers run
+    model, _ = load_run(run)
+    locked_tower_outputs(model, load_pairs(data), torch.device("cpu"))  # what training writes
+
+    def no_tower(*args, **kw):
+        raise AssertionError("the tower ran although its outputs were cached")
+
+    monkeypatch.setattr(retrieval.embed, "embed_records", no_tower)
+    monkeypatch.setattr(retrieval.embed, "embed_texts", no_tower)
+    cached = embed_to_shards(_cfg(run, data, tmp_path / "cached"))
+    assert cached["count"] == towers["count"] and cached["text_count"] == towers["text_count"]
+    for a, b in zip(_union(tmp_path / "towers"), _union(tmp_path / "cached")):
+        if isinstance(a, np.ndarray):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
+        else:
+            assert a == b
