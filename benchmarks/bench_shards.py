@@ -83,10 +83,12 @@ def _measure(pipeline: str, files: list[str], queries_file: str, m: int, factory
     import faiss
 
     from index import faiss_index as fi
-    from index.from_embeddings import ShardedBuilder, ShardVectors, choose_factory, exact_topk, prefix, tune_nprobe
+    from index.from_embeddings import (
+        ShardedBuilder, ShardFile, ShardVectors, choose_factory, exact_topk, prefix, tune_nprobe,
+    )
 
     base_mb = _peak_mb()
-    shards = ShardVectors.of([np.load(f, mmap_mode="r") for f in files])
+    shards = ShardVectors.of([ShardFile(f) for f in files])
     queries_all = np.load(queries_file)
     factory = choose_factory(shards.count, m, budget, factory)
     start = time.perf_counter()

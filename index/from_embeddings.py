@@ -44,7 +44,7 @@ from tqdm.auto import tqdm
 from index import faiss_index as fi
 from index.store import FORMAT, IndexContents, is_empty_dir, is_index_dir, write_version, writer_lock
 from retrieval.errors import UserError
-from retrieval.shards import barrier, check_complete, init_distributed, load_shard
+from retrieval.shards import IMAGE, TEXT, barrier, check_complete, init_distributed, load_shard, shard_name
 
 TUNE_K = 10  # recall@k that nprobe is tuned for
 
@@ -133,13 +133,13 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
 class ShardVectors:
     """The vectors of one kind (image or text) across shards, memory-mapped, in shard order."""
 
-    parts: list[np.ndarray]  # per shard (n_s, D), float16 or float32, memory-mapped
+    parts: list  # per shard (n_s, D), float16 or float32: ShardFile (or any array)
     offsets: np.ndarray  # (S + 1,) int64: shard s holds rows offsets[s]:offsets[s + 1]
 
     @classmethod
     def open(cls, emb: str, num_shards: int, kind: str) -> "ShardVectors":
-        parts = [load_shard(emb, s, text=kind == "text")[kind] for s in range(num_shards)]
-        return cls.of(parts)
+        name = {"image": IMAGE, "text": TEXT}[kind]
+        return cls.of([ShardFile(Path(emb) / shard_name(s) / name) for s in range(num_shards)])
 
     @classmethod
     def of(cls, parts: list[np.ndarray]) -> "ShardVectors":
@@ -162,6 +162,29 @@ class ShardVectors:
     def shard(self, s: int, m: int) -> np.ndarray:
         """Top-m embeddings of shard ``s``. Shape: (n_s, m)."""
         return prefix(self.parts[s], m)
+
+
+class ShardFile:
+    """One shard's ``.npy`` vectors, memory-mapped only while a slice is copied out.
+
+    A long-lived memory map would keep every page read so far resident (all of them: a
+    prefix of each row touches every page), so the process would hold all shards at once.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        arr = np.load(self.path, mmap_mode="r")
+        self.shape, self.dtype = arr.shape, arr.dtype
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, key) -> np.ndarray:
+        return np.array(np.load(self.path, mmap_mode="r")[key])  # a copy; the map closes on return
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        arr = np.load(self.path)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
 
 
 def prefix(vectors: np.ndarray, m: int) -> np.ndarray:
