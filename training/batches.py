@@ -65,8 +65,7 @@ class BatchSource:
 
     def epoch(self, epoch: int, first_batch: int, rank: int, world: int):
         """Yield ``(b, Batch)`` for b = first_batch .. batches_per_epoch-1."""
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        perm = self.indices[torch.randperm(len(self.indices), generator=g)]
+        perm = self._perm(epoch)
         self.dataset.set_epoch(epoch)
         local = self.global_batch // world
         plan = [
@@ -88,6 +87,18 @@ class BatchSource:
             else:
                 image = self.image_cache["features"][idx].to(self.device)
             yield first_batch + offset, Batch(image, self._text(idx), self.image_locked, self.text_locked, len(idx))
+
+    def check_leftover(self, epoch: int) -> None:
+        """Decode the records that epoch ``epoch`` left out (its last, partial batch): after one
+        full epoch and this, every image has been decoded once and every bad one counted."""
+        if self.image_locked:
+            return  # the cache decoded every image already
+        for i in self._perm(epoch)[self.batches_per_epoch() * self.global_batch :].tolist():
+            self.dataset[i]  # marks a bad record (PairDataset.skipped)
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return self.indices[torch.randperm(len(self.indices), generator=g)]  # (N_valid,)
 
     def _text(self, idx: list[int]):
         chosen = [self.dataset.caption_index(i) for i in idx]

@@ -147,6 +147,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     writer = _tensorboard(run) if rank == 0 else None
     skipped = _Skipped(train_pairs, val_pairs)
     last_eval: dict = {}
+    leftover_checked = False
     step = state["step"]
     for epoch in range(state["epoch"], cfg.epochs):
         first_batch = state["batch"] if epoch == state["epoch"] else 0
@@ -154,8 +155,10 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         speed = _Throughput(window=20)
         model.train()
         done, epoch_start_step = first_batch, step  # batches of this epoch finished; step at its start
+        stopped = False  # by total_steps, before the end of the epoch
         for b, batch in source.epoch(epoch, first_batch, rank, world):
             if step >= total_steps:
+                stopped = True
                 break
             lr_scale = _lr_scale(step, cfg.warmup_steps, total_steps)
             for group, base in zip(optimizer.param_groups, base_lrs):
@@ -174,6 +177,12 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
             if cfg.save_every and step % cfg.save_every == 0 and done < steps_per_epoch:
                 _save(run, rank, model, loss_fn, optimizer, {"step": step, "epoch": epoch, "batch": done})
         bar.close()
+        if not stopped:
+            done = steps_per_epoch  # also when the last batches had no decodable image
+        epoch_done = done >= steps_per_epoch
+        if rank == 0 and epoch_done and first_batch == 0 and not leftover_checked:
+            source.check_leftover(epoch)  # then every training image has been decoded once
+            leftover_checked = True
         skipped.train.update_from(source)
         if step == epoch_start_step and first_batch < steps_per_epoch and step < total_steps:
             if rank == 0:
@@ -182,7 +191,6 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
                 f"no training batch of {cfg.train_data} could be used (no image decoded);"
                 f" skipped: {skipped.train.text() or 'none'}; no weights were saved"
             )
-        epoch_done = done >= steps_per_epoch
         if rank == 0 and val_pairs is not None:
             last_eval = evaluate(
                 model,

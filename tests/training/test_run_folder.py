@@ -161,3 +161,37 @@ def test_files_and_folders_follow_the_umask(shapes_data, tmp_path):
             assert mode == (0o755 if path.is_dir() else 0o644), (path, oct(mode))
     finally:
         os.umask(old)
+
+
+def _with_truncated(shapes_data, tmp_path, good: int, bad: int):
+    rows = [json.loads(line) for line in (shapes_data / "train.jsonl").read_text().splitlines()]
+    out = [{**r, "image": str(shapes_data / r["image"])} for r in rows[:good]]
+    for i, r in enumerate(rows[good : good + bad]):
+        data = (shapes_data / r["image"]).read_bytes()
+        (tmp_path / f"cut{i}.png").write_bytes(data[: len(data) // 2])
+        out.append({"image": str(tmp_path / f"cut{i}.png"), "captions": r["captions"]})
+    manifest = tmp_path / "mixed.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in out))
+    return manifest
+
+
+def test_training_towers_count_every_bad_image_after_one_epoch(shapes_data, tmp_path):
+    """20 of 84 records are truncated; an epoch of 2 batches of 32 leaves 20 records out, yet all are counted."""
+    manifest = _with_truncated(shapes_data, tmp_path, good=64, bad=20)
+    run = tmp_path / "run"
+    train(_cfg(shapes_data, run, train_data=str(manifest), val_data=None))
+    assert json.loads((run / "skipped.json").read_text())["train"] == {"corrupt_image": 20}
+
+
+def test_eval_reports_every_skipped_record_by_reason(shapes_data, tmp_path):
+    from training.config import EvalConfig
+    from training.evaluate import evaluate_run
+
+    run = tmp_path / "run"
+    train(_cfg(shapes_data, run, val_data=None, max_steps=1))
+    manifest = _with_truncated(shapes_data, tmp_path, good=30, bad=4)
+    with manifest.open("a") as f:
+        f.write(json.dumps({"image": str(tmp_path / "missing.png"), "captions": ["gone"]}) + "\n")
+    result = evaluate_run(EvalConfig(run=str(run), data=str(manifest), dims=[4]))
+    assert result["skipped"] == {"corrupt_image": 4, "missing_file": 1}
+    assert set(result["compact"]["importance"]) == {4}
