@@ -16,7 +16,6 @@ Every file gets the user's umask.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 

@@ -12,9 +12,9 @@ told ``weights="last"``), with every skipped record counted by reason.
 
 from __future__ import annotations
 
-import torch
-
 from collections import Counter
+
+import torch
 
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import compact_curve, topm_embed
