@@ -32,20 +32,6 @@ def _print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def _parse_kv(pairs: Sequence[str]) -> dict:
-    """``["tau_plus=0.1", "mining=hardest"]`` -> ``{"tau_plus": 0.1, "mining": "hardest"}``."""
-    out = {}
-    for item in pairs:
-        if "=" not in item:
-            raise UserError(f"expected key=value, got {item!r}")
-        key, value = item.split("=", 1)
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def _parse_dims(text: str | None) -> list[int]:
     if not text:
         return []
