@@ -49,6 +49,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     Records whose image fails to decode get ``valid = False`` and ``bad = k + 1`` for
     reason ``REASONS[k]`` (see :func:`skipped_images`).
     """
+    from retrieval.accel import image_features
     from retrieval.data import PairDataset, collate_pairs
 
     transform = model.image_transform(train=False)
@@ -62,7 +63,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     for batch in tqdm(loader, desc="caching locked image tower", unit="batch"):
         if batch is None:
             continue
-        out = model.image_features(batch["image"].to(device)).float().cpu()  # (b, F)
+        out = image_features(model, batch["image"].to(device)).float().cpu()  # (b, F), fast path on the CPU
         if feats is None:
             feats = torch.zeros(len(pairs.records), out.shape[1])
         idx = torch.as_tensor(batch["index"])
@@ -80,6 +81,8 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
+    from retrieval.accel import text_features
+
     path = text_cache_path(model, pairs)
     if path.exists():
         return load_file(str(path))
@@ -93,7 +96,7 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
         rows = order[start : start + batch_size]
         tokens = model.tokenize([captions[i] for i in rows])
         tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
-        out = model.text_features(tokens).float().cpu()  # (b, F)
+        out = text_features(model, tokens).float().cpu()  # (b, F), fast path on the CPU
         if feats is None:
             feats = torch.zeros(len(captions), out.shape[1])
         feats[torch.tensor(rows)] = out

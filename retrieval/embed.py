@@ -16,6 +16,7 @@ from typing import NamedTuple, Sequence
 import torch
 from tqdm.auto import tqdm
 
+from retrieval.accel import image_features, text_features
 from retrieval.cache import skipped_images
 from retrieval.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, collate_pairs, decode_image
 from retrieval.errors import UserError
@@ -90,7 +91,7 @@ def embed_records(
     for batch in tqdm(loader, desc="embedding images", unit="batch", disable=len(loader) < 2):
         if batch is not None:
             keep.append(batch["index"])
-            embs.append(model.encode_image(batch["image"].to(device)).float().cpu())  # (B, D)
+            embs.append(model.project_image(image_features(model, batch["image"].to(device))).float().cpu())  # (B, D)
     if not embs:
         raise UserError(f"no image of {pairs.source or 'the data'} could be decoded; skipped: {dict(dataset.skipped)}")
     return torch.cat(embs), torch.cat(keep), dataset.skipped
@@ -101,12 +102,13 @@ def embed_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> t
     """Embed captions or text queries. Shape: (M, D)."""
     if not texts:
         return torch.zeros(0, model.embed_dim)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths: little padding
     starts = range(0, len(texts), batch_size)
     out = [
-        model.encode_text(list(texts[s : s + batch_size])).float().cpu()  # (B, D)
+        model.project_text(text_features(model, [texts[i] for i in order[s : s + batch_size]])).float().cpu()  # (B, D)
         for s in tqdm(starts, desc="embedding texts", unit="batch", disable=len(starts) < 2)
     ]
-    return torch.cat(out)
+    return torch.cat(out)[torch.tensor(order).argsort()]  # back to the input order
 
 
 def load_query_image(path: str | os.PathLike):
@@ -125,7 +127,7 @@ def embed_pil_images(model, images: Sequence, device, batch_size: int = 64) -> t
     transform = model.image_transform(train=False)
     tensors = [transform(image) for image in images]
     out = [
-        model.encode_image(torch.stack(tensors[s : s + batch_size]).to(device)).float().cpu()  # (B, D)
+        model.project_image(image_features(model, torch.stack(tensors[s : s + batch_size]).to(device))).float().cpu()  # (B, D)
         for s in range(0, len(tensors), batch_size)
     ]
     return torch.cat(out)

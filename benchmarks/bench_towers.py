@@ -1,0 +1,239 @@
+"""Inference speed of the ``lite`` towers on the CPU: eager fp32 against the fast paths.
+
+Usage::
+
+    .venv/bin/python -m benchmarks.bench_towers                       # openclipart if prepared, else noise
+    .venv/bin/python -m benchmarks.bench_towers --rounds 5 --json out.json
+
+Image tower (EfficientNet-Lite0), one batch of ``--batch`` images (real openclipart
+thumbnails through the eval transform when ``--data`` exists, else Gaussian noise):
+
+- ``eager``: the module as trained, NCHW, fp32.
+- ``channels_last``: the same module and input in ``channels_last``.
+- ``jit``: ``retrieval.accel``'s fallback (trace, freeze, optimize_for_inference).
+- ``onnxruntime``: ``retrieval.accel``'s default where ``onnx`` + ``onnxruntime`` import.
+- ``openvino``: for comparison only, where the ``openvino`` package imports.
+
+Every method runs once per round, the methods alternating, so a load change on a
+shared machine hits them all alike; a method's speed is its best round and its
+ratio is to ``eager``'s best round of the same run. ``min cos`` is the lowest
+cosine between a method's output rows and eager's. Text tower (all-MiniLM-L6-v2):
+``--texts`` captions in batches of ``--text-batch``, in data order and sorted by
+length (less padding), eager and ``onnxruntime``. Input pipeline: decode + eval
+transform of one process (images/s), the ceiling of ``embed_records`` with
+``workers=0``. The header prints threads and the load average.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import time
+import warnings
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+from retrieval import accel
+from retrieval.towers import IMAGE_SIZE, ImageTower, TextTower
+
+DEFAULT_DATA = "data/openclipart/train.jsonl"  # prepared by `triclip data prepare openclipart` (or the demo)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64, help="images per forward")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds per method (best counts)")
+    parser.add_argument("--texts", type=int, default=512, help="captions for the text tower")
+    parser.add_argument("--text-batch", type=int, default=256, help="captions per forward")
+    parser.add_argument("--data", default=DEFAULT_DATA, help="a prepared data set (jsonl) for real images and captions")
+    parser.add_argument("--skip-text", action="store_true", help="image tower only")
+    parser.add_argument("--json", help="also write the results here")
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(False)
+    print(f"threads {torch.get_num_threads()}, load average {_load()}, torch {torch.__version__}", flush=True)
+    pairs = _pairs(args.data)
+    result = {"threads": torch.get_num_threads(), "load_before": _load(), "batch": args.batch}
+    result["images"] = bench_images(pairs, args.batch, args.rounds)
+    result["pipeline_img_s"] = bench_pipeline(pairs, 4 * args.batch) if pairs is not None else None
+    if result["pipeline_img_s"]:
+        print(f"decode + eval transform, one process: {result['pipeline_img_s']:.0f} img/s")
+    if not args.skip_text:
+        result["texts"] = bench_texts(pairs, args.texts, args.text_batch, args.rounds)
+    result["load_after"] = _load()
+    print(f"load average after: {result['load_after']}")
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump(result, out, indent=1)
+    return result
+
+
+# ---------------------------------------------------------------------------- image tower
+
+
+def bench_images(pairs, batch: int, rounds: int) -> list[dict]:
+    """Rows ``{"method", "img_s", "ratio", "min_cos", "prepare_s"}`` for every available method."""
+    tower = ImageTower().eval()
+    images = _image_batch(pairs, tower, batch)  # (B, 3, 224, 224)
+    methods = image_methods(tower)
+    reference = tower(images)  # (B, 1280) eager fp32
+    rows = _race(methods, images, reference, rounds, batch)
+    _print_table("image tower", "img/s", rows)
+    return rows
+
+
+def image_methods(tower: ImageTower) -> dict[str, tuple[Callable, float]]:
+    """name -> (forward, seconds to prepare it)."""
+    cl_tower = copy.deepcopy(tower).to(memory_format=torch.channels_last)  # ``tower`` stays NCHW
+    methods = {
+        "eager": (tower, 0.0),
+        "channels_last": (lambda x: cl_tower(x.contiguous(memory_format=torch.channels_last)), 0.0),
+    }
+    for backend in ("jit", "onnxruntime"):
+        if backend == "onnxruntime" and not accel.onnxruntime_available():
+            print("onnxruntime: not installed (pip install onnx onnxruntime)")
+            continue
+        start = time.perf_counter()
+        methods[backend] = (accel.inference_module(tower, backend), time.perf_counter() - start)
+    openvino = _openvino_forward(tower)
+    if openvino is not None:
+        methods["openvino"] = openvino
+    return methods
+
+
+def _openvino_forward(tower) -> tuple[Callable, float] | None:
+    """OpenVINO's CPU plugin on the converted tower (comparison only), or None when not installed."""
+    try:
+        import openvino as ov
+    except ImportError:
+        return None
+    start = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = ov.convert_model(tower, example_input=torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE), input=[(-1, 3, IMAGE_SIZE, IMAGE_SIZE)])
+    compiled = ov.Core().compile_model(graph, "CPU", {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"})
+    request = compiled.create_infer_request()
+    run = lambda x: torch.from_numpy(request.infer({0: x.numpy()})[0].copy())  # noqa: E731
+    return run, time.perf_counter() - start
+
+
+def _image_batch(pairs, tower, batch: int) -> torch.Tensor:
+    """(B, 3, 224, 224): real thumbnails through the eval transform, else noise."""
+    if pairs is None:
+        return torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
+    from retrieval.data import PairDataset
+
+    dataset = PairDataset(pairs, tower.image_transform(train=False), train=False)
+    items = [dataset[i] for i in range(min(len(dataset), 4 * batch))]
+    tensors = [item["image"] for item in items if item is not None][:batch]
+    return torch.stack(tensors)
+
+
+# ---------------------------------------------------------------------------- text tower
+
+
+def bench_texts(pairs, count: int, batch: int, rounds: int) -> list[dict]:
+    """Rows like ``bench_images``' for eager and onnxruntime, data order and sorted by length."""
+    tower = TextTower().eval()
+    texts = _captions(pairs, count)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+
+    def embed(forward, sort: bool) -> Callable:
+        def run(_):
+            rows = order if sort else list(range(len(texts)))
+            out = torch.zeros(len(texts), tower.output_dim)
+            for s in range(0, len(rows), batch):
+                chunk = rows[s : s + batch]
+                out[chunk] = forward(tower.tokenize([texts[i] for i in chunk]))
+            return out
+
+        return run
+
+    methods = {"eager": (embed(tower, False), 0.0), "eager sorted": (embed(tower, True), 0.0)}
+    if accel.onnxruntime_available():
+        start = time.perf_counter()
+        fast = accel.inference_module(tower, "onnxruntime")
+        prepare = time.perf_counter() - start
+        methods["onnxruntime"] = (embed(fast, False), prepare)
+        methods["onnxruntime sorted"] = (embed(fast, True), prepare)
+    reference = methods["eager"][0](None)  # (N, 384)
+    rows = _race(methods, None, reference, rounds, len(texts))
+    _print_table(f"text tower ({len(texts)} captions, batch {batch})", "texts/s", rows)
+    return rows
+
+
+def _captions(pairs, count: int) -> list[str]:
+    """The first ``count`` captions of the data, else varied synthetic ones."""
+    if pairs is not None:
+        texts = [c for r in pairs.records for c in r.captions][:count]
+        if texts:
+            return texts
+    words = "red blue small large cat dog house tree car boat flower star person music icon".split()
+    return [" ".join(words[(i * 7 + k) % len(words)] for k in range(1 + i % 40)) for i in range(count)]
+
+
+# ---------------------------------------------------------------------------- shared
+
+
+def _race(methods: dict, inputs, reference: torch.Tensor, rounds: int, items: int) -> list[dict]:
+    """Alternate the methods for ``rounds`` rounds after one warm-up call each; best round counts."""
+    outputs, best = {}, {name: float("inf") for name in methods}
+    for name, (forward, _) in methods.items():
+        outputs[name] = forward(inputs)  # warm-up (oneDNN / ORT first-call work)
+    for _ in range(rounds):
+        for name, (forward, _) in methods.items():
+            start = time.perf_counter()
+            forward(inputs)
+            best[name] = min(best[name], time.perf_counter() - start)
+    base = best[next(iter(methods))]
+    return [
+        {
+            "method": name,
+            "per_s": items / best[name],
+            "ratio": base / best[name],
+            "min_cos": F.cosine_similarity(outputs[name].float(), reference, dim=1).min().item(),
+            "prepare_s": prepare,
+        }
+        for name, (_, prepare) in methods.items()
+    ]
+
+
+def bench_pipeline(pairs, count: int) -> float:
+    """Images/s of decode + eval transform in this process (no model)."""
+    from retrieval.data import PairDataset
+    from retrieval.towers import efficientnet_lite0_transform
+
+    dataset = PairDataset(pairs, efficientnet_lite0_transform(train=False), train=False)
+    n = min(count, len(dataset))
+    start = time.perf_counter()
+    for i in range(n):
+        dataset[i]
+    return n / (time.perf_counter() - start)
+
+
+def _print_table(title: str, unit: str, rows: list[dict]) -> None:
+    print(f"\n{title}")
+    print(f"{'method':<20} {unit:>9} {'ratio':>7} {'min cos':>10} {'prepare s':>10}")
+    for row in rows:
+        print(f"{row['method']:<20} {row['per_s']:9.1f} {row['ratio']:6.2f}x {row['min_cos']:10.6f} {row['prepare_s']:10.1f}")
+    print(flush=True)
+
+
+def _pairs(path: str):
+    if not path or not os.path.exists(path):
+        print(f"{path}: not found, timing on noise and synthetic captions")
+        return None
+    from retrieval.data import load_pairs
+
+    return load_pairs(path)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+if __name__ == "__main__":
+    main()

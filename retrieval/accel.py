@@ -1,0 +1,257 @@
+"""Fast CPU inference for the ``lite`` towers when they run without autograd.
+
+Embedding openclipart with the EfficientNet-Lite0 image tower is the demo's
+bottleneck. PyTorch's eager CPU path is slow for it (depthwise convolutions,
+TensorFlow "SAME" padding computed per call, unfolded BatchNorm). This module
+gives every embedding pass the fastest path available, measured by
+``python -m benchmarks.bench_towers`` (README "Fast tower passes"):
+
+1. ``onnxruntime``: the tower is exported to ONNX in memory (``torch.onnx``,
+   which needs the ``onnx`` package) and run by ONNX Runtime's CPU provider,
+   which folds BatchNorm into the convolutions and fuses the activations and
+   attention. Both PyPI packages are optional (``pip install triclip[fast]``).
+2. ``jit`` (image tower only; no extra package): ``torch.jit.trace`` in
+   ``channels_last``, ``freeze`` and ``optimize_for_inference`` (BatchNorm
+   folded, oneDNN convolutions).
+3. ``eager``: the module itself.
+
+``TRICLIP_ACCEL`` = ``auto`` (default: the first that works), ``onnxruntime``,
+``jit`` or ``eager`` picks one. The fast path is used only where it cannot
+change what is computed: the tower is in eval mode, on the CPU, gradients are
+off and the input has the shape it was exported for; otherwise the eager module
+runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
+parameters or buffers changes (PyTorch's in-place version counters), so a tower
+that trains between evaluations is never read stale. Outputs stay within cosine
+0.999 of the eager fp32 reference (tests/retrieval/test_accel.py). bf16 is never
+used: this CPU has no fast bf16 path (SPEC).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn as nn
+
+from retrieval.errors import UserError
+from retrieval.towers import IMAGE_SIZE, ImageTower, TextTower
+
+BACKENDS = ("auto", "onnxruntime", "jit", "eager")  # values of TRICLIP_ACCEL
+ENV = "TRICLIP_ACCEL"  # environment variable that picks the backend
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the text tower's token tensors, in ONNX order
+
+
+@dataclass
+class Prepared:
+    """A tower's fast forward and what it was prepared from."""
+
+    backend: str  # "onnxruntime", "jit" or "eager"
+    run: Callable  # same inputs and output as the tower's forward, no autograd
+    stamp: tuple  # the tower's weight versions when prepared (see _stamp)
+
+
+_PREPARED: "weakref.WeakKeyDictionary[nn.Module, Prepared]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # one preparation at a time (the app embeds from several threads)
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def image_features(model, images: torch.Tensor) -> torch.Tensor:
+    """``model.image_features`` through the fast path where it applies. Shape: (B, 3, H, W) -> (B, F)."""
+    tower = model.image_tower
+    if _fast_ok(tower) and images.device.type == "cpu" and tuple(images.shape[1:]) == (3, IMAGE_SIZE, IMAGE_SIZE):
+        return inference_module(tower)(images)
+    return model.image_features(images)
+
+
+def text_features(model, texts) -> torch.Tensor:
+    """``model.text_features`` of texts (list[str]) or tokens through the fast path. Shape: (B, F)."""
+    tokens = model.tokenize(list(texts)) if isinstance(texts, (list, tuple)) else texts
+    tower = model.text_tower
+    if _fast_ok(tower) and isinstance(tokens, Mapping) and all(v.device.type == "cpu" for v in tokens.values()):
+        return inference_module(tower)(tokens)
+    device = next(tower.parameters()).device
+    if isinstance(tokens, Mapping):
+        return model.text_features({k: v.to(device) for k, v in tokens.items()})
+    return model.text_features(tokens.to(device))
+
+
+def inference_module(tower: nn.Module, backend: str | None = None) -> Callable:
+    """The fastest available forward of ``tower`` for CPU inference without autograd.
+
+    Args:
+        tower: an ``ImageTower`` or ``TextTower``; any other module is returned as is.
+        backend: one of ``BACKENDS``; default ``$TRICLIP_ACCEL`` or ``auto``.
+
+    Returns:
+        A callable with the tower's inputs and output (float32 CPU tensors). The
+        caller must keep the tower in eval mode and call it under ``no_grad``.
+    """
+    if not isinstance(tower, (ImageTower, TextTower)):
+        return tower
+    backend = backend or os.environ.get(ENV, "auto")
+    if backend not in BACKENDS:
+        raise UserError(f"{ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
+    stamp = _stamp(tower)
+    with _LOCK:
+        prepared = _PREPARED.get(tower)
+        if prepared is None or prepared.stamp != stamp or backend not in ("auto", prepared.backend):
+            prepared = _prepare(tower, backend, stamp)
+            _PREPARED[tower] = prepared
+    return prepared.run
+
+
+def active_backend(tower: nn.Module) -> str:
+    """The backend prepared for ``tower`` so far (``"eager"`` when none was)."""
+    prepared = _PREPARED.get(tower)
+    return prepared.backend if prepared is not None else "eager"
+
+
+def onnxruntime_available() -> bool:
+    """True when both ``onnx`` (for the export) and ``onnxruntime`` import."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- preparation
+
+
+def _fast_ok(tower: nn.Module) -> bool:
+    """The fast path computes the same thing: eval mode, no autograd, weights on the CPU."""
+    if tower.training or torch.is_grad_enabled():
+        return False
+    first = next(tower.parameters(), None)
+    return first is not None and first.device.type == "cpu"
+
+
+def _stamp(tower: nn.Module) -> tuple:
+    """Identity and in-place version of every parameter and buffer: changes whenever the weights do."""
+    return tuple((t.data_ptr(), t._version) for t in (*tower.parameters(), *tower.buffers()))
+
+
+def _prepare(tower: nn.Module, backend: str, stamp: tuple) -> Prepared:
+    """Build the forward for ``backend``; ``auto`` tries onnxruntime, then jit (images), then eager."""
+    order = {"auto": ["onnxruntime", "jit", "eager"]}.get(backend, [backend])
+    if isinstance(tower, TextTower):
+        order = [b for b in order if b != "jit"] or ["eager"]  # jit does not help the text tower
+    for name in order:
+        if name == "onnxruntime" and not onnxruntime_available():
+            if backend == name:
+                raise UserError(f"{ENV}=onnxruntime needs the PyPI packages onnx and onnxruntime: pip install onnx onnxruntime")
+            continue
+        builder = {"onnxruntime": _onnxruntime_forward, "jit": _jit_forward, "eager": _eager_forward}[name]
+        try:
+            return Prepared(name, builder(tower), stamp)
+        except Exception as err:  # an exporter that cannot handle this torch version: next backend
+            if backend == name:
+                raise
+            warnings.warn(f"fast {type(tower).__name__} path {name} failed ({str(err).splitlines()[0][:200]}); trying the next")
+    return Prepared("eager", _eager_forward(tower), stamp)
+
+
+def _eager_forward(tower: nn.Module) -> Callable:
+    return tower.forward
+
+
+def _jit_forward(tower: nn.Module) -> Callable:
+    """Traced, frozen, inference-optimised copy of the image tower in channels_last."""
+    if not isinstance(tower, ImageTower):
+        raise ValueError("the jit path is for the image tower")
+    example = torch.zeros(2, 3, IMAGE_SIZE, IMAGE_SIZE).contiguous(memory_format=torch.channels_last)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        net = _clone(tower).to(memory_format=torch.channels_last)
+        frozen = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(net, example)))
+
+    def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, 224, 224) -> (B, 1280)
+        with torch.no_grad():
+            return frozen(images.contiguous(memory_format=torch.channels_last))
+
+    return run
+
+
+def _clone(tower: nn.Module) -> nn.Module:
+    """An eval-mode copy of the tower's network that shares nothing with it (tracing may fold weights)."""
+    import copy
+
+    return copy.deepcopy(tower).eval()
+
+
+class _TextGraph(nn.Module):
+    """The text tower with positional inputs, for export. Shape: 3 x (B, L) -> (B, 384)."""
+
+    def __init__(self, tower: TextTower):
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.tower({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids})
+
+
+def _onnx_bytes(tower: nn.Module) -> bytes:
+    """The tower exported to ONNX (opset 17) in memory, batch (and text length) dynamic."""
+    buffer = io.BytesIO()
+    if isinstance(tower, ImageTower):
+        graph, args = tower, (torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE),)
+        names, axes = ["images"], {"images": {0: "batch"}, "features": {0: "batch"}}
+    else:
+        graph = _TextGraph(tower)
+        tokens = tower.tokenize(["an example caption", "a longer example caption of the export"])
+        args = tuple(tokens[k] for k in TEXT_INPUTS)
+        names = list(TEXT_INPUTS)
+        axes = {**{k: {0: "batch", 1: "length"} for k in TEXT_INPUTS}, "features": {0: "batch"}}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph.eval(),
+            args,
+            buffer,
+            input_names=names,
+            output_names=["features"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+    return buffer.getvalue()
+
+
+def _onnxruntime_forward(tower: nn.Module) -> Callable:
+    """ONNX Runtime CPU session of the exported tower, with torch's thread count."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only
+    session = ort.InferenceSession(_onnx_bytes(tower), options, providers=["CPUExecutionProvider"])
+
+    if isinstance(tower, ImageTower):
+
+        def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, 224, 224) -> (B, 1280)
+            feed = {"images": images.detach().float().contiguous().numpy()}
+            return torch.from_numpy(session.run(None, feed)[0])
+
+        return run
+
+    def run_text(tokens: Mapping[str, Any]) -> torch.Tensor:  # 3 x (B, L) -> (B, 384)
+        ids = tokens["input_ids"]
+        feed = {
+            "input_ids": ids.long().numpy(),
+            "attention_mask": tokens.get("attention_mask", torch.ones_like(ids)).long().numpy(),
+            "token_type_ids": tokens.get("token_type_ids", torch.zeros_like(ids)).long().numpy(),
+        }
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    return run_text
