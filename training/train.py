@@ -145,7 +145,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
             find_unused_parameters=True,  # e.g. the logit scale under triplet / contrastive
         )
     writer = _tensorboard(run) if rank == 0 else None
-    skipped = _Skipped(train_pairs, val_pairs)
+    skipped = _Skipped(train_pairs, val_pairs, _previous_skipped(run) if cfg.resume else {})
     last_eval: dict = {}
     leftover_checked = False
     step = state["step"]
@@ -232,17 +232,20 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
 
 
 class _Counts:
-    """Records of one source left out: when it was read, and when images were decoded."""
+    """Records of one source left out: when it was read, when images were decoded, and (resumed
+    runs) what earlier processes counted: each reason's count is the largest seen, as a process
+    that resumes mid-epoch meets fewer records."""
 
-    def __init__(self, pairs):
+    def __init__(self, pairs, previous: dict):
         self.read = Counter(pairs.skipped) if pairs is not None else Counter()
         self.decoded: Counter = Counter()
+        self.previous = Counter({k: v for k, v in previous.items() if isinstance(v, int)})
 
     def update_from(self, source: BatchSource) -> None:
         self.decoded = Counter(source.skipped)
 
     def total(self) -> Counter:
-        return self.read + self.decoded
+        return (self.read + self.decoded) | self.previous
 
     def text(self) -> str:
         return ", ".join(f"{reason} {n}" for reason, n in sorted(self.total().items()))
@@ -251,8 +254,9 @@ class _Counts:
 class _Skipped:
     """Skipped records of the training and validation sources, by reason (RUN/skipped.json)."""
 
-    def __init__(self, train_pairs, val_pairs):
-        self.train, self.val = _Counts(train_pairs), _Counts(val_pairs)
+    def __init__(self, train_pairs, val_pairs, previous: dict):
+        self.train = _Counts(train_pairs, previous.get("train") or {})
+        self.val = _Counts(val_pairs, previous.get("val") or {})
         self.has_val = val_pairs is not None
 
     def as_dict(self) -> dict:
@@ -267,6 +271,19 @@ class _Skipped:
     def text(self) -> str:
         parts = [f"{name}: {counts.text() or 'none'}" for name, counts in (("train", self.train), ("val", self.val))]
         return "; ".join(parts if self.has_val else parts[:1])
+
+
+def _previous_skipped(run: Path) -> dict:
+    """RUN/skipped.json of the run being resumed ({} when missing or unreadable: it is only a report)."""
+    import json
+
+    try:
+        previous = json.loads((run / ckpt.SKIPPED).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}
+    if not isinstance(previous, dict):
+        return {}
+    return {k: v for k, v in previous.items() if isinstance(v, dict)}
 
 
 def _final_summary(run: Path, cfg: TrainConfig, step: int, best: dict | None, last_eval: dict, skipped: _Skipped) -> str:

@@ -181,6 +181,8 @@ def test_training_towers_count_every_bad_image_after_one_epoch(shapes_data, tmp_
     run = tmp_path / "run"
     train(_cfg(shapes_data, run, train_data=str(manifest), val_data=None))
     assert json.loads((run / "skipped.json").read_text())["train"] == {"corrupt_image": 20}
+    train(_cfg(shapes_data, run, train_data=str(manifest), val_data=None, resume=True))  # nothing left to do
+    assert json.loads((run / "skipped.json").read_text())["train"] == {"corrupt_image": 20}  # the count stays
 
 
 def test_eval_reports_every_skipped_record_by_reason(shapes_data, tmp_path):
