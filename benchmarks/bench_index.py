@@ -76,10 +76,10 @@ class Row:
     bytes_per_vector: float  # serialized index size / n
 
 
-def synthetic(n: int, dim: int, seed: int, centres: np.ndarray) -> np.ndarray:
+def synthetic(n: int, dim: int, seed: int, centres: np.ndarray, decay: float = 0.6) -> np.ndarray:
     """Unit rows with a power-law spectrum around ``centres`` (see the module docstring). Shape: (n, dim)."""
     rng = np.random.default_rng(seed)
-    scale = (np.arange(dim, dtype=np.float32) + 1) ** -0.6  # (D,)
+    scale = ((np.arange(dim, dtype=np.float32) + 1) ** -decay).astype(np.float32)  # (D,)
     out = np.empty((n, dim), dtype=np.float32)
     for start in range(0, n, CHUNK):
         rows = min(CHUNK, n - start)
@@ -110,15 +110,15 @@ def exact(base: np.ndarray, queries: np.ndarray) -> np.ndarray:
 
 def measure(index: faiss.Index, queries: np.ndarray, singles: int) -> tuple[float, np.ndarray, np.ndarray]:
     """Batch queries/s, single-query latencies in ms (Q,) and the batch's ids (Q, K)."""
-    fi.apply_search_params(index, K)
-    index.search(queries[:8], K)  # warm-up
+    params = fi.search_parameters(index, K)  # per call, as index.search.Searcher does
+    index.search(queries[:8], K, params=params)  # warm-up
     start = time.perf_counter()
-    _, ids = index.search(queries, K)
+    _, ids = index.search(queries, K, params=params)
     batch_qps = len(queries) / (time.perf_counter() - start)
     latencies = []
     for row in queries[:singles]:
         t0 = time.perf_counter()
-        index.search(row[None], K)
+        index.search(row[None], K, params=params)
         latencies.append(time.perf_counter() - t0)
     return batch_qps, np.array(latencies) * 1e3, ids
 
