@@ -12,8 +12,8 @@ which are re-ranked exactly on the stored full-D vectors (``index.search.rerank`
 what ``Searcher(..., funnel=m)`` runs). Three ways to answer the same queries:
 
 - ``full D``: exact search at D (Flat): the reference for recall and speed;
-- ``plain m``: the index at m alone (Flat: exact at m; HNSW32 with ``--hnsw``);
-- ``funnel m->D xF``: shortlist at m (Flat, or HNSW32 with ``--hnsw``), re-rank at D.
+- ``plain m=M``: the index at m alone (Flat: exact at m; HNSW32 with ``--hnsw``);
+- ``funnel M->D xF``: shortlist at m (Flat, or HNSW32 with ``--hnsw``), re-rank at D.
 
 recall@10 is measured against exact full-D search. Speed is measured two ways: a batch
 (``--queries`` queries in one call) and single queries (``--single`` calls of one query,
@@ -116,9 +116,9 @@ def measure(base: np.ndarray, queries: np.ndarray, indexes: dict, ms: list[int],
     for (kind, m), index in indexes.items():
         if m == dim:
             continue
-        methods.append(Method(f"plain m ({kind})", m, 0, plain(index, m)))
+        methods.append(Method(f"plain m={m} ({kind})", m, 0, plain(index, m)))
         for f in factors:
-            methods.append(Method(f"funnel m->D x{f} ({kind})", m, K * f, funnel(index, m, base, K * f)))
+            methods.append(Method(f"funnel {m}->D x{f} ({kind})", m, K * f, funnel(index, m, base, K * f)))
     truth = full.run(queries)  # exact full-D top-10
     recalls = {id(mt): fi.recall_at_k(mt.run(queries), truth) for mt in methods}
     time_rounds(methods, queries, args.single, args.rounds)
@@ -164,10 +164,10 @@ def folder_case(args) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 def table(results: list[Result], header: str) -> str:
-    lines = [header, f"{'method':<26} {'m':>4} {'cands':>6} {'recall@10':>9} {'batch q/s':>10} {'x':>6} {'1-query q/s':>11} {'x':>6}"]
+    lines = [header, f"{'method':<28} {'m':>4} {'cands':>6} {'recall@10':>9} {'batch q/s':>10} {'x':>6} {'1-query q/s':>11} {'x':>6}"]
     for r in results:
         lines.append(
-            f"{r.method:<26} {r.m:>4} {r.candidates:>6} {r.recall_at_10:>9.4f} {r.batch_qps:>10.1f} {r.batch_speedup:>6.2f}"
+            f"{r.method:<28} {r.m:>4} {r.candidates:>6} {r.recall_at_10:>9.4f} {r.batch_qps:>10.1f} {r.batch_speedup:>6.2f}"
             f" {r.single_qps:>11.1f} {r.single_speedup:>6.2f}"
         )
     return "\n".join(lines)
