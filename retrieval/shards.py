@@ -95,9 +95,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         cache = existing_locked_outputs(model, pairs)  # a locked tower's outputs, if training cached this data
         num_shards = math.ceil(len(pairs.records) / cfg.shard_size)
         out = Path(cfg.out)
-        if rank == 0:
-            _prepare_folder(cfg, out, model, run_config, fingerprint, pairs, num_shards, device, cache)
-        barrier(world)
+        on_rank0(world, rank, _prepare_folder, cfg, out, model, run_config, fingerprint, pairs, num_shards, device, cache)
         manifest = read_manifest(out)
         transform = CompactTransform.from_dict(manifest["transform"])
         batch = cfg.batch_size or (256 if device.type == "cuda" else 64)
@@ -230,6 +228,24 @@ def init_distributed() -> tuple[int, int, bool]:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
     return dist.get_rank(), dist.get_world_size(), True
+
+
+def on_rank0(world: int, rank: int, fn, *args) -> None:
+    """Run ``fn(*args)`` on rank 0 while the others wait; a UserError there is raised on every rank."""
+    error = None
+    if rank == 0:
+        try:
+            fn(*args)
+        except UserError as err:
+            error = str(err)
+    if world > 1:
+        import torch.distributed as dist
+
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise UserError(error)
 
 
 def barrier(world: int) -> None:

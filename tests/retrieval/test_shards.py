@@ -71,11 +71,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, cfg: EmbedConfig) -> None:
+def _rank_main(rank: int, world: int, port: int, cfg: EmbedConfig, error: str | None = None) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
     )
     torch.set_num_threads(1)
+    if error is not None:  # rank 0 finds the problem; every rank reports it instead of waiting forever
+        with pytest.raises(UserError, match=error):
+            embed_to_shards(cfg)
+        return
     summary = embed_to_shards(cfg)
     assert summary["world"] == world and summary["finished"] == summary["shards"]
 
@@ -92,6 +96,8 @@ def test_two_gloo_ranks_write_the_shards_of_one_process(run, data, single, tmp_p
     ranks = [json.loads((out / shards.shard_name(s) / shards.SHARD_INFO).read_text())["rank"] for s in range(6)]
     assert ranks == [0, 1, 0, 1, 0, 1]  # rank r took shards r, r + 2, ...
     assert read_manifest(out)["transform"] == read_manifest(single)["transform"]
+    other = make_run(tmp_path / "other", seed=1)
+    mp.spawn(_rank_main, args=(2, _free_port(), _cfg(other, data, out), "fingerprint"), nprocs=2, join=True)
 
 
 def test_resume_recomputes_only_missing_shards(run, data, single, tmp_path, monkeypatch):
