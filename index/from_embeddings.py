@@ -69,6 +69,8 @@ def from_build_config(cfg) -> EmbeddingsIndexConfig:
     """The settings of an ``index.build.IndexBuildConfig`` that has ``embeddings`` set."""
     if getattr(cfg, "add", False):
         raise UserError("--add with --embeddings is not supported: build the index from all the shards")
+    if getattr(cfg, "ordering", "importance") != "importance":
+        raise UserError("--embeddings: the shards hold the importance ordering; --ordering does not apply")
     dims = [cfg.dims] if isinstance(cfg.dims, int) else cfg.dims
     return EmbeddingsIndexConfig(
         embeddings=cfg.embeddings,
