@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
+from retrieval.data.images import open_regular
 from retrieval.data.reasons import BAD_ROW, EMPTY_CAPTION, BadRecord
 from retrieval.data.records import DataConfig, Record
 from retrieval.data.sources import clean_captions, clean_label, register_source, resolve_path
@@ -45,7 +46,7 @@ class DatasetCell:
         path = value.get("path") if isinstance(value, dict) else value
         if not isinstance(path, str) or not path:
             raise FileNotFoundError(2, "no image in this row")
-        return open(resolve_path(self.base_dir, path), "rb")
+        return open_regular(resolve_path(self.base_dir, path))
 
 
 def _is_saved_dataset(path: str) -> bool:

@@ -1,13 +1,22 @@
-"""Why a record is skipped. Users see these names in reports: keep them short and stable."""
+"""Why a record is skipped. Users see these names in reports: keep them short and stable.
+
+The order of :data:`REASONS` is stored (reason ``k`` as ``k + 1`` in caches and shared
+counters): add new reasons at the end only.
+"""
 
 from __future__ import annotations
 
-MISSING_FILE = "missing_file"  # the image file (or tar member, or dataset cell) is not there
-CORRUPT_IMAGE = "corrupt_image"  # the bytes are not a decodable image (truncated, garbage)
+from collections import Counter
+from typing import Mapping
+
+MISSING_FILE = "missing_file"  # the image file (or tar member, or dataset cell) is not there or cannot be opened
+CORRUPT_IMAGE = "corrupt_image"  # the bytes are not a decodable image (truncated, garbage, empty, text)
 EMPTY_CAPTION = "empty_caption"  # no non-empty caption
 DECOMPRESSION_BOMB = "decompression_bomb"  # more pixels than the configured limit
-BAD_ROW = "bad_row"  # wrong columns, bad JSON, wrong types
-REASONS = (MISSING_FILE, CORRUPT_IMAGE, EMPTY_CAPTION, DECOMPRESSION_BOMB, BAD_ROW)
+BAD_ROW = "bad_row"  # wrong columns, bad JSON, wrong types, malformed CSV quoting, a field over 128 KiB
+NOT_A_FILE = "not_a_file"  # the image path is a directory, FIFO, device or socket: never opened
+BAD_ENCODING = "bad_encoding"  # a manifest/CSV/caption line that is not valid UTF-8
+REASONS = (MISSING_FILE, CORRUPT_IMAGE, EMPTY_CAPTION, DECOMPRESSION_BOMB, BAD_ROW, NOT_A_FILE, BAD_ENCODING)
 
 
 class BadRecord(Exception):
@@ -19,3 +28,16 @@ class BadRecord(Exception):
         super().__init__(f"{reason}: {detail}" if detail else reason)
         self.reason = reason
         self.detail = detail
+
+
+def count_by_reason(*parts: Mapping[str, int]) -> dict[str, int]:
+    """Add up skip counts (e.g. a source's read-time skips and its decode-time skips).
+
+    Returns:
+        ``{reason: n}`` with zero counts dropped, sorted by reason name: the one form
+        that ``data inspect``, ``train``, ``eval`` and ``index build`` report.
+    """
+    total: Counter = Counter()
+    for part in parts:
+        total.update({reason: int(n) for reason, n in part.items()})
+    return {reason: n for reason, n in sorted(total.items()) if n > 0}

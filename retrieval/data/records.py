@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import numbers
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,6 +17,9 @@ from typing import Any
 from PIL import Image
 
 from retrieval.data.images import DEFAULT_MAX_PIXELS, ImageRef, decode_image
+from retrieval.errors import UserError
+
+BAD_SEPARATORS = '"\r\n\0'  # csv cannot split on a quote, a line break or NUL
 
 
 @dataclass(frozen=True)
@@ -25,15 +29,21 @@ class DataConfig:
     image_key: str | None = None  # JSONL field / CSV column / HF column / WebDataset extension of the image
     caption_key: str | None = None  # same, for the caption(s)
     label_key: str | None = None  # same, for the optional label
-    sep: str | None = None  # CSV/TSV separator (default: "," for .csv, tab for .tsv)
+    sep: str | None = None  # CSV/TSV separator, one character; "\\t" means a tab (default: "," for .csv, tab for .tsv)
     split: str | None = None  # split of a Hugging Face dataset (default: "train")
     max_pixels: int = DEFAULT_MAX_PIXELS  # images with more pixels are skipped as decompression_bomb
 
     def __post_init__(self) -> None:
-        if self.max_pixels <= 0:
-            raise ValueError(f"max_pixels must be positive, got {self.max_pixels}")
-        if self.sep is not None and len(self.sep) != 1:
-            raise ValueError(f"sep must be one character, got {self.sep!r}")
+        """Raises ``UserError`` (one line) for a setting no source can use."""
+        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, numbers.Integral) or self.max_pixels <= 0:
+            raise UserError(f"max_pixels must be a positive integer, got {self.max_pixels!r}")
+        if self.sep == "\\t":  # typed as --sep '\t' on a command line
+            object.__setattr__(self, "sep", "\t")
+        if self.sep is not None and (len(self.sep) != 1 or self.sep in BAD_SEPARATORS):
+            raise UserError(
+                f"--sep must be one character other than a quote, a line break or NUL (or \\t for a tab), "
+                f"got {self.sep!r}"
+            )
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,7 +7,7 @@ from collections import Counter
 
 from tqdm.auto import tqdm
 
-from retrieval.data.reasons import BadRecord
+from retrieval.data.reasons import BadRecord, count_by_reason
 from retrieval.data.records import DataConfig
 from retrieval.data.sources import load_pairs
 from retrieval.errors import UserError
@@ -29,19 +29,20 @@ def inspect(path: str | os.PathLike, config: DataConfig | None = None) -> dict:
         UserError: as :func:`load_pairs`, or when no image decodes.
     """
     pairs = load_pairs(path, config)
-    skipped, usable = Counter(pairs.skipped), []
+    decoded, usable = Counter(), []
     for record in tqdm(pairs.records, desc="decoding images", unit=" img", leave=False, disable=None):
         try:
             record.open_image(pairs.max_pixels).close()
             usable.append(record)
         except BadRecord as bad:
-            skipped[bad.reason] += 1
+            decoded[bad.reason] += 1
+    skipped = count_by_reason(pairs.skipped, decoded)
     if not usable:
-        raise UserError(f"no usable records in {os.fspath(path)}; skipped: {dict(sorted(skipped.items()))}")
-    pairs.records, pairs.skipped = usable, skipped
+        raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
+    pairs.records, pairs.skipped = usable, Counter(skipped)
     return {
         "records": len(usable),
-        "skipped": dict(sorted(skipped.items())),
+        "skipped": skipped,
         "source": pairs.source,
         "captions": sum(len(r.captions) for r in usable),
         "labels": len({r.label for r in usable if r.label is not None}),

@@ -3,23 +3,56 @@
 Columns default to open_clip's ``filepath`` and ``title`` (``--csv-img-key``,
 ``--csv-caption-key`` there); the separator defaults to ``,`` for ``.csv`` and a
 tab for ``.tsv``. Rows naming the same image are merged into one record with all
-their captions (COCO-style files list each image once per caption). A row with the
-wrong number of fields is a ``bad_row``.
+their captions (COCO-style files list each image once per caption).
+
+Hostile rows are skipped, never fatal: a row with the wrong number of fields, a
+field over :data:`MAX_FIELD_CHARS`, or malformed quoting is a ``bad_row``; a row
+with bytes that are not UTF-8 is ``bad_encoding``. A stray opening quote swallows
+the lines after it into one field; when such a multi-line row is bad, only its
+first line is skipped and the lines after it are read again as rows of their own.
 """
 
 from __future__ import annotations
 
 import csv
 import os
-from typing import Iterator
+from collections import deque
+from typing import BinaryIO, Iterator
 
 from retrieval.data.images import FileImage
-from retrieval.data.reasons import BAD_ROW, EMPTY_CAPTION, BadRecord
+from retrieval.data.reasons import BAD_ENCODING, BAD_ROW, EMPTY_CAPTION, BadRecord
 from retrieval.data.records import DataConfig, Record
 from retrieval.data.sources import clean_label, register_source, resolve_path
+from retrieval.data.text import Line, read_lines
 from retrieval.errors import UserError
 
 DEFAULT_SEPARATORS = {".csv": ",", ".tsv": "\t"}  # extension -> separator
+MAX_FIELD_CHARS = 128 * 1024  # a longer field makes its row a bad_row (csv's own default limit too)
+
+
+class _Lines:
+    """The text of a file's lines for ``csv.reader``, with push-back and a record of the lines taken."""
+
+    def __init__(self, handle: BinaryIO):
+        self._source = read_lines(handle)
+        self._pending: deque[Line] = deque()  # lines pushed back, read again first
+        self.taken: list[Line] = []  # lines handed out since the last take()
+
+    def __iter__(self) -> "_Lines":
+        return self
+
+    def __next__(self) -> str:
+        line = self._pending.popleft() if self._pending else next(self._source)
+        self.taken.append(line)
+        return line.text
+
+    def take(self) -> list[Line]:
+        """The lines of the row just read; starts the next row."""
+        taken, self.taken = self.taken, []
+        return taken
+
+    def push_back(self, lines: list[Line]) -> None:
+        self._pending.extendleft(reversed(lines))
 
 
 def _is_table(path: str) -> bool:
@@ -32,29 +65,76 @@ def _column(header: list[str], name: str, option: str, path: str) -> int:
     return header.index(name)
 
 
+def _reader(lines: _Lines, sep: str):
+    return csv.reader(lines, delimiter=sep, strict=True)  # strict: malformed quoting raises, the row is skipped
+
+
+def _rows(path: str, sep: str) -> Iterator[tuple[list[str], list[Line]] | BadRecord]:
+    """The header, then ``(fields, lines)`` for each row or a ``BadRecord`` for a row that cannot be read."""
+    with open(path, "rb") as handle:
+        lines = _Lines(handle)
+        reader = _reader(lines, sep)
+        try:
+            header = next(reader, [])
+        except csv.Error as err:
+            raise UserError(f"{path}: cannot read the header row: {err}") from None
+        yield header, lines.take()
+        while True:
+            try:
+                row, error = next(reader), None
+            except StopIteration:
+                return
+            except csv.Error as err:
+                row, error = None, str(err)
+            taken = lines.take()
+            if not taken:
+                return
+            problem = error or _shape_problem(row, len(header))
+            if problem is None:
+                if row and not all(line.valid for line in taken):
+                    yield BadRecord(BAD_ENCODING, f"line {taken[0].number}: not valid UTF-8")
+                elif row:
+                    yield row, taken
+                continue
+            yield BadRecord(BAD_ROW, f"line {taken[0].number}: {problem}")
+            if len(taken) > 1 or error:  # read the lines a stray quote swallowed again, with a fresh reader
+                lines.push_back(taken[1:])
+                reader = _reader(lines, sep)
+
+
+def _shape_problem(row: list[str], columns: int) -> str | None:
+    if not row:
+        return None
+    if len(row) != columns:
+        return f"{len(row)} fields for {columns} columns"
+    longest = max(len(field) for field in row)
+    return f"a field of {longest} characters (over {MAX_FIELD_CHARS})" if longest > MAX_FIELD_CHARS else None
+
+
 @register_source("csv", _is_table, "a .csv/.tsv file with a header row")
 def read_table(path: str, config: DataConfig) -> Iterator[Record | BadRecord]:
     """Yield one record per distinct image path, and a ``BadRecord`` per malformed row."""
     sep = config.sep or DEFAULT_SEPARATORS[os.path.splitext(path)[1].lower()]
     base = os.path.dirname(os.path.abspath(path))
-    with open(path, encoding="utf-8", errors="replace", newline="") as handle:
-        rows = csv.reader(handle, delimiter=sep)
-        header = [name.strip() for name in next(rows, [])]
-        image_col = _column(header, config.image_key or "filepath", "--image-key", path)
-        caption_col = _column(header, config.caption_key or "title", "--caption-key", path)
-        label_col = _label_column(header, config.label_key, path)
-        groups: dict[str, tuple[list[str], object]] = {}  # image as written -> (captions, label)
-        for number, row in enumerate(rows, 2):
-            if not row:
-                continue
-            image = row[image_col].strip() if len(row) == len(header) else ""
-            if not image:
-                yield BadRecord(BAD_ROW, f"row {number}: {len(row)} fields for {len(header)} columns")
-                continue
-            captions, _ = groups.setdefault(image, ([], row[label_col] if label_col is not None else None))
-            caption = " ".join(row[caption_col].split())
-            if caption and caption not in captions:
-                captions.append(caption)
+    rows = _rows(path, sep)
+    header = [name.strip() for name in next(rows)[0]]
+    image_col = _column(header, config.image_key or "filepath", "--image-key", path)
+    caption_col = _column(header, config.caption_key or "title", "--caption-key", path)
+    label_col = _label_column(header, config.label_key, path)
+    groups: dict[str, tuple[list[str], object]] = {}  # image as written -> (captions, label)
+    for item in rows:
+        if isinstance(item, BadRecord):
+            yield item
+            continue
+        row, taken = item
+        image = row[image_col].strip()
+        if not image:
+            yield BadRecord(BAD_ROW, f"line {taken[0].number}: no image path")
+            continue
+        captions, _ = groups.setdefault(image, ([], row[label_col] if label_col is not None else None))
+        caption = " ".join(row[caption_col].split())
+        if caption and caption not in captions:
+            captions.append(caption)
     for image, (captions, label) in groups.items():
         if not captions:
             yield BadRecord(EMPTY_CAPTION, image)

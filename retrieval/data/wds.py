@@ -6,6 +6,7 @@ WebDataset does (the key is the member path up to the first dot of its file
 name). Images are not read here: a record keeps the shard path and the member's
 byte offset, and reads just those bytes when decoded. Extensions are set with
 ``image_key`` (``;``-separated alternatives), ``caption_key`` and ``label_key``.
+A caption or label member that is not UTF-8 makes its sample ``bad_encoding``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import BinaryIO, Iterator
 
 from braceexpand import braceexpand
 
-from retrieval.data.reasons import BAD_ROW, EMPTY_CAPTION, MISSING_FILE, BadRecord
+from retrieval.data.images import open_regular
+from retrieval.data.reasons import BAD_ENCODING, BAD_ROW, EMPTY_CAPTION, MISSING_FILE, BadRecord
 from retrieval.data.records import DataConfig, Record
 from retrieval.data.sources import clean_captions, clean_label, register_source
 from retrieval.errors import UserError
@@ -43,7 +45,7 @@ class TarMember:
         return f"{self.tar_path}#{self.name}"
 
     def open(self) -> BinaryIO:
-        with open(self.tar_path, "rb") as handle:
+        with open_regular(self.tar_path) as handle:
             handle.seek(self.offset)
             return io.BytesIO(handle.read(self.size))
 
@@ -52,18 +54,19 @@ def _is_shards(path: str) -> bool:
     if "{" in path:
         return path.endswith(".tar")
     if os.path.isdir(path):
-        return bool(glob.glob(os.path.join(path, "*.tar")))
+        return any(os.path.isfile(p) for p in glob.glob(os.path.join(path, "*.tar")))
     return os.path.isfile(path) and path.endswith(".tar")
 
 
 def list_shards(path: str) -> list[str]:
     """The shard files of a path, pattern or directory; every one must exist."""
-    if os.path.isdir(path):
-        return sorted(glob.glob(os.path.join(path, "*.tar")))
+    if os.path.isdir(path):  # regular files only: opening a FIFO named x.tar would block
+        return sorted(p for p in glob.glob(os.path.join(path, "*.tar")) if os.path.isfile(p))
     shards = list(braceexpand(path))
     for shard in shards:
         if not os.path.isfile(shard):
-            raise UserError(f"shard not found: {shard}")
+            what = "not a regular file" if os.path.exists(shard) else "not found"
+            raise UserError(f"shard {what}: {shard}")
     return shards
 
 
@@ -100,7 +103,7 @@ def _text(tar: tarfile.TarFile, member: tarfile.TarInfo | None) -> str | None:
     if member is None:
         return None
     handle = tar.extractfile(member)
-    return handle.read().decode("utf-8", errors="replace") if handle else None
+    return handle.read().decode("utf-8-sig") if handle else None  # UnicodeDecodeError: bad_encoding
 
 
 def _sample(
@@ -114,6 +117,8 @@ def _sample(
         return BadRecord(MISSING_FILE, f"{where}: no {'/'.join(image_exts)} member")
     try:
         caption, label = _text(tar, members.get(caption_ext)), _text(tar, members.get(label_ext))
+    except UnicodeDecodeError:
+        return BadRecord(BAD_ENCODING, f"{where}: caption or label is not valid UTF-8")
     except (tarfile.TarError, OSError) as err:
         return BadRecord(BAD_ROW, f"{where}: {err}")
     captions = clean_captions(caption or "")
