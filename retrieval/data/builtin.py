@@ -44,14 +44,19 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
     out = os.fspath(out)
     if os.path.exists(out) and not os.path.isdir(out):
         raise UserError(f"--out must be a folder, but {out} is a file")
-    os.makedirs(out, exist_ok=True)
-    built = BUILTINS[name](out, num, seed)
     train, val = os.path.join(out, "train.jsonl"), os.path.join(out, "val.jsonl")
+    try:
+        os.makedirs(out, exist_ok=True)
+        built = BUILTINS[name](out, num, seed)
+        counts = write_manifest(train, built.train), write_manifest(val, built.val)
+    except OSError as err:  # unwritable, read-only, full, or not a folder on the way
+        where = err.filename or out
+        raise UserError(f"cannot build {name} in {out}: {where}: {err.strerror or err}") from None
     return {
         "dataset": name,
         "out": os.path.abspath(out),
-        "train": write_manifest(train, built.train),
-        "val": write_manifest(val, built.val),
+        "train": counts[0],
+        "val": counts[1],
         "skipped": dict(sorted(built.skipped.items())),
         "train_manifest": os.path.abspath(train),
         "val_manifest": os.path.abspath(val),

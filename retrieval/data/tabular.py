@@ -61,8 +61,14 @@ def _is_table(path: str) -> bool:
 
 def _column(header: list[str], name: str, option: str, path: str) -> int:
     if name not in header:
-        raise UserError(f"{path}: no column {name!r} (columns: {', '.join(header)}); choose one with {option}")
+        raise UserError(f"{path}: no column {name!r} (columns: {_shown(header)}); choose one with {option}")
     return header.index(name)
+
+
+def _shown(header: list[str], limit: int = 200) -> str:
+    """The header for an error line: printable, and short even when the file is not a table at all."""
+    text = ", ".join(name if name.isprintable() else repr(name) for name in header)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _reader(lines: _Lines, sep: str):

@@ -320,3 +320,22 @@ def test_inspect_report_adds_read_and_decode_skips(tmp_path: Path):
     assert inspect(manifest)["skipped"] == {"bad_encoding": 1, "bad_row": 1, "corrupt_image": 1}
     manifest.write_text('{"image": "a.png", "captions": ["ok"]}\n' + "[" * 100_000 + "\n", encoding="utf-8")
     assert load_pairs(manifest).skipped == {"bad_row": 1}
+
+
+# ---------------------------------------------------------------------------- one-line errors of data prepare
+
+
+def test_prepare_into_an_impossible_folder_is_one_line(tmp_path: Path, capsys):
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    out = tmp_path / "file" / "sub"  # a folder under a file: mkdir fails with ENOTDIR
+    assert cli_main(["data", "prepare", "shapes", "--out", str(out), "--num", "2"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot build shapes" in err and "Not a directory" in err
+
+
+def test_a_binary_file_named_csv_is_one_short_line(tmp_path: Path):
+    (tmp_path / "d.csv").write_bytes(image_bytes(size=(64, 64), noise=True))
+    with pytest.raises(UserError) as err:
+        load_pairs(tmp_path / "d.csv")
+    message = str(err.value)
+    assert "no column 'filepath'" in message and len(message) < 400 and message.isprintable()
