@@ -239,3 +239,32 @@ def test_build_errors_are_one_line_exit_2(tmp_path, capsys, run_dir, parts, argv
     assert re.search(needle, err), err
     assert not out.exists() or store.is_empty_dir(out)  # nothing half-built is left as an index
 
+
+
+def test_readers_during_writes_see_whole_versions(tmp_path, run_dir, parts, small_index):
+    index = _copy(small_index, tmp_path)
+    rows = _rows(parts[1])
+    chunks = [_write(tmp_path / f"part{i}.jsonl", rows[i * 15 : (i + 1) * 15]) for i in range(3)]
+    done, seen, errors = threading.Event(), set(), []
+
+    def read():
+        while not done.is_set():
+            try:
+                contents = store.load_contents(index)  # raises if any part disagrees with another
+                seen.add(len(contents.meta))
+            except BaseException as err:  # noqa: BLE001 - reported below
+                errors.append(err)
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for chunk in chunks:
+            build_index(IndexBuildConfig(run=str(run_dir), data=str(chunk), out=str(index), add=True))
+    finally:
+        done.set()
+        for t in readers:
+            t.join()
+    assert not errors, errors[:1]
+    assert seen <= {40, 55, 70, 85} and 40 in seen
+    assert len(store.load_contents(index).meta) == 85
