@@ -35,7 +35,8 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         """Raises ``UserError`` (one line) for a setting no source can use."""
-        if isinstance(self.max_pixels, bool) or not isinstance(self.max_pixels, numbers.Integral) or self.max_pixels <= 0:
+        integral = isinstance(self.max_pixels, numbers.Integral) and not isinstance(self.max_pixels, bool)
+        if not integral or self.max_pixels <= 0:
             raise UserError(f"max_pixels must be a positive integer, got {self.max_pixels!r}")
         if self.sep == "\\t":  # typed as --sep '\t' on a command line
             object.__setattr__(self, "sep", "\t")

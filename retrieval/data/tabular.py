@@ -7,9 +7,12 @@ their captions (COCO-style files list each image once per caption).
 
 Hostile rows are skipped, never fatal: a row with the wrong number of fields, a
 field over :data:`MAX_FIELD_CHARS`, or malformed quoting is a ``bad_row``; a row
-with bytes that are not UTF-8 is ``bad_encoding``. A stray opening quote swallows
-the lines after it into one field; when such a multi-line row is bad, only its
+with bytes that are not UTF-8 is ``bad_encoding``. Rows are parsed strictly, so a
+stray quote cannot silently glue rows together: a stray opening quote swallows the
+lines after it into one field, and when such a multi-line row fails, only its
 first line is skipped and the lines after it are read again as rows of their own.
+A single line that fails only strictly (``a.png,"Quoted" title``) is read leniently,
+as pandas (open_clip's reader) reads it.
 """
 
 from __future__ import annotations
@@ -95,7 +98,10 @@ def _rows(path: str, sep: str) -> Iterator[tuple[list[str], list[Line]] | BadRec
             taken = lines.take()
             if not taken:
                 return
-            problem = error or _shape_problem(row, len(header))
+            if error is not None:  # a fresh reader after an error; a line refused only by strict parsing: lenient
+                reader = _reader(lines, sep)
+                row = _lenient(taken[0].text, sep) if len(taken) == 1 else None
+            problem = error if row is None else _shape_problem(row, len(header))
             if problem is None:
                 if row and not all(line.valid for line in taken):
                     yield BadRecord(BAD_ENCODING, f"line {taken[0].number}: not valid UTF-8")
@@ -103,9 +109,19 @@ def _rows(path: str, sep: str) -> Iterator[tuple[list[str], list[Line]] | BadRec
                     yield row, taken
                 continue
             yield BadRecord(BAD_ROW, f"line {taken[0].number}: {problem}")
-            if len(taken) > 1 or error:  # read the lines a stray quote swallowed again, with a fresh reader
+            if len(taken) > 1:  # the lines a stray quote swallowed are read again, as rows of their own
                 lines.push_back(taken[1:])
                 reader = _reader(lines, sep)
+
+
+def _lenient(text: str, sep: str) -> list[str] | None:
+    """One line that strict parsing refused, parsed as pandas and csv's default do (``"a" b`` -> ``a b``);
+    ``None`` when that fails too or a quote stays open to the line's end."""
+    try:
+        row = next(csv.reader([text], delimiter=sep), [])
+    except csv.Error:
+        return None
+    return None if any("\n" in field or "\r" in field for field in row) else row
 
 
 def _shape_problem(row: list[str], columns: int) -> str | None:

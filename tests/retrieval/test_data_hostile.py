@@ -70,17 +70,22 @@ def test_csv_stray_quote_skips_one_row_and_keeps_the_rest(tmp_path: Path):
         "a.png,good\n"
         'b.png,"unterminated quote\n'  # swallows the lines after it until csv gives up
         "c.png,kept\n"
-        'd.png,"closed" then junk\n'  # text after a closing quote: malformed
-        'e.png,"a caption\nover two lines"\n',  # valid CSV: one row
+        "lonely\n"  # swallowed, then read again once: one bad_row
+        'd.png,"Quoted" then more\n'  # text after a closing quote: read as pandas does
+        'e.png,"a caption\nover two lines"\n'  # valid CSV: one row
+        'a.png,"opens\nb.png,"closes" and glues two rows\n'  # strict parsing refuses to glue them
+        "b.png,last\n",
         encoding="utf-8",
     )
     pairs = load_pairs(tmp_path / "d.csv")
     assert {r.key: r.captions for r in pairs.records} == {
         "a.png": ["good"],
         "c.png": ["kept"],
+        "d.png": ["Quoted then more"],
         "e.png": ["a caption over two lines"],
+        "b.png": ["closes and glues two rows", "last"],
     }
-    assert pairs.skipped == {"bad_row": 2}
+    assert pairs.skipped == {"bad_row": 3}
 
 
 def test_stray_quote_on_the_last_row_is_a_bad_row(tmp_path: Path):
@@ -211,7 +216,8 @@ def test_decode_and_dataset_never_block_on_a_fifo(tmp_path: Path):
 
     write_image(tmp_path / "a.png")
     write_image(tmp_path / "b.png")
-    pairs = load_pairs(write_manifest(tmp_path / "m.jsonl", [{"image": n, "captions": ["x"]} for n in ("a.png", "b.png")]))
+    rows = [{"image": name, "captions": ["x"]} for name in ("a.png", "b.png")]
+    pairs = load_pairs(write_manifest(tmp_path / "m.jsonl", rows))
     (tmp_path / "b.png").unlink()
     os.mkfifo(tmp_path / "b.png")  # swapped for a FIFO after loading
     with no_hang():
