@@ -260,7 +260,8 @@ class ShardedBuilder:
             return build_in_memory(vectors, m, empty, self.seed)
         if self.world == 1:
             trained = train_once(vectors, m, empty, self.seed)
-            parts = (add_shard(trained, vectors.shard(s, m)) for s in range(len(vectors.parts)))
+            shards = tqdm(range(len(vectors.parts)), desc=f"adding shards (m={m})", unit="shard", disable=None)
+            parts = (add_shard(trained, vectors.shard(s, m)) for s in shards)
             return merge_parts(trained, parts, vectors.offsets)
         return self._build_distributed(vectors, m, empty, tag)
 
