@@ -67,7 +67,11 @@ def _load(path: str, split: str):
         except Exception as err:  # offline, unknown name, no such split: all the user's to fix
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise UserError(f"cannot load {name!r} from the Hugging Face hub: {first}") from None
-    data = datasets.load_from_disk(path)
+    try:
+        data = datasets.load_from_disk(path)
+    except Exception as err:  # noqa: BLE001  damaged or foreign folder: datasets raises many types
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise UserError(f"{path}: not a readable datasets.save_to_disk folder: {type(err).__name__}: {first}") from None
     if isinstance(data, datasets.DatasetDict):
         if split not in data:
             raise UserError(f"{path}: no split {split!r} (splits: {', '.join(data)}); choose one with --split")

@@ -345,3 +345,16 @@ def test_a_binary_file_named_csv_is_one_short_line(tmp_path: Path):
         load_pairs(tmp_path / "d.csv")
     message = str(err.value)
     assert "no column 'filepath'" in message and len(message) < 400 and message.isprintable()
+
+
+def test_a_damaged_saved_dataset_is_one_line(tmp_path: Path):
+    (tmp_path / "ds").mkdir()
+    (tmp_path / "ds" / "state.json").write_text("{garbage", encoding="utf-8")
+    with pytest.raises(UserError, match="not a readable datasets.save_to_disk folder") as err:
+        load_pairs(tmp_path / "ds")
+    assert "\n" not in str(err.value)
+
+
+def test_big_endian_16_bit_is_scaled():
+    image = Image.frombytes("I;16B", (3, 1), np.array([0, 32896, 65535], dtype=">u2").tobytes())
+    assert np.asarray(to_rgb(image))[0, :, 0].tolist() == [0, 128, 255]
