@@ -102,9 +102,7 @@ def open_regular(path: str) -> BinaryIO:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
             raise BadRecord(NOT_A_FILE, f"{path}: {_kind(mode)}")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return os.fdopen(fd, "rb")
+        return os.fdopen(fd, "rb")  # left non-blocking: no effect on disk files, no hang on /proc/kmsg-like ones
     except BaseException:
         os.close(fd)
         raise
