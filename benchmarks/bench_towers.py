@@ -20,8 +20,9 @@ ratio is to ``eager``'s best round of the same run. ``min cos`` is the lowest
 cosine between a method's output rows and eager's. Text tower (all-MiniLM-L6-v2):
 ``--texts`` captions in batches of ``--text-batch``, in data order and sorted by
 length (less padding), eager and ``onnxruntime``. Input pipeline: decode + eval
-transform of one process (images/s), the ceiling of ``embed_records`` with
-``workers=0``. The header prints threads and the load average.
+transform in one process (images/s, no model), and ``retrieval.embed.embed_records``
+end to end (decode, fast tower, head) with DataLoader ``workers`` 0 and 1. The
+header prints threads and the load average.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batch", type=int, default=64, help="images per forward")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per method (best counts)")
     parser.add_argument("--texts", type=int, default=512, help="captions for the text tower")
-    parser.add_argument("--text-batch", type=int, default=256, help="captions per forward")
+    parser.add_argument("--text-batch", type=int, default=128, help="captions per forward")
     parser.add_argument("--data", default=DEFAULT_DATA, help="a prepared data set (jsonl) for real images and captions")
     parser.add_argument("--skip-text", action="store_true", help="image tower only")
     parser.add_argument("--json", help="also write the results here")
@@ -58,9 +59,12 @@ def main(argv: list[str] | None = None) -> dict:
     pairs = _pairs(args.data)
     result = {"threads": torch.get_num_threads(), "load_before": _load(), "batch": args.batch}
     result["images"] = bench_images(pairs, args.batch, args.rounds)
-    result["pipeline_img_s"] = bench_pipeline(pairs, 4 * args.batch) if pairs is not None else None
-    if result["pipeline_img_s"]:
-        print(f"decode + eval transform, one process: {result['pipeline_img_s']:.0f} img/s")
+    if pairs is not None:
+        result["decode_img_s"] = bench_decode(pairs, 4 * args.batch)
+        print(f"decode + eval transform, one process: {result['decode_img_s']:.0f} img/s")
+        result["pipeline_img_s"] = {w: bench_pipeline(pairs, 4 * args.batch, args.batch, w) for w in (0, 1)}
+        for workers, rate in result["pipeline_img_s"].items():
+            print(f"embed_records (decode + fast tower + head), workers={workers}: {rate:.1f} img/s")
     if not args.skip_text:
         result["texts"] = bench_texts(pairs, args.texts, args.text_batch, args.rounds)
     result["load_after"] = _load()
@@ -201,7 +205,7 @@ def _race(methods: dict, inputs, reference: torch.Tensor, rounds: int, items: in
     ]
 
 
-def bench_pipeline(pairs, count: int) -> float:
+def bench_decode(pairs, count: int) -> float:
     """Images/s of decode + eval transform in this process (no model)."""
     from retrieval.data import PairDataset
     from retrieval.towers import efficientnet_lite0_transform
@@ -212,6 +216,25 @@ def bench_pipeline(pairs, count: int) -> float:
     for i in range(n):
         dataset[i]
     return n / (time.perf_counter() - start)
+
+
+def bench_pipeline(pairs, count: int, batch: int, workers: int) -> float:
+    """Images/s of ``retrieval.embed.embed_records`` (the default fast path) over the first ``count`` records."""
+    from retrieval.data import PairSet
+    from retrieval.embed import embed_records
+    from retrieval.model import ModelConfig, build_model
+
+    global _LITE
+    if _LITE is None:
+        _LITE = build_model(ModelConfig(preset="lite")).eval()
+    subset = PairSet(pairs.records[:count], source=pairs.source, max_pixels=pairs.max_pixels)
+    embed_records(_LITE, PairSet(subset.records[:batch], source=pairs.source), "cpu", batch, workers)  # warm-up
+    start = time.perf_counter()
+    emb, _, _ = embed_records(_LITE, subset, "cpu", batch, workers)
+    return len(emb) / (time.perf_counter() - start)
+
+
+_LITE = None  # the lite model of bench_pipeline, built once
 
 
 def _print_table(title: str, unit: str, rows: list[dict]) -> None:
