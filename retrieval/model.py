@@ -190,6 +190,8 @@ class DualEncoder(nn.Module):
             self.image_tower.eval()  # frozen BN statistics too
         if text_locked:
             self.text_tower.eval()
+        for bottom, _ in getattr(self, "_split", {}).values():  # partly locked (retrieval.split)
+            bottom.eval()
         return self
 
 

@@ -5,7 +5,8 @@ in a fixed order drawn from ``(seed, e)`` (captions: ``retrieval.data.pick_capti
 ``perm[b*G:(b+1)*G]`` and rank r takes slice r of it, so K ranks see exactly the
 batches of one process with a K times larger batch. A locked tower's input is
 replaced by its cached output (``retrieval.cache``): no image is decoded when the
-image tower is locked.
+image tower is locked. A partly locked tower (``retrieval.split``) gets the cached
+output of its frozen bottom instead (images: view ``epoch_views(seed, e)[i]`` of record i).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch
 
 from retrieval.data import PairDataset, collate_pairs
 from retrieval.cache import locked_tower_outputs, skipped_images
+from retrieval.split import epoch_views, image_bottom_outputs, select_rows, splits, text_bottom_outputs
 
 
 @dataclass
@@ -26,6 +28,8 @@ class Batch:
     image_is_features: bool
     text_is_features: bool
     size: int  # B
+    image_is_bottom: bool = False  # image holds the frozen bottom's outputs (dict): run the top
+    text_is_bottom: bool = False  # text holds the frozen bottom's outputs (dict): run the top
 
 
 class BatchSource:
@@ -36,15 +40,26 @@ class BatchSource:
         pairs: the training PairSet.
         global_batch: batch size summed over ranks.
         workers: DataLoader workers for image decoding.
+        views: cached views per image of a partly locked image tower.
+        budget_gb: most GB the cached activations below a cut may take.
     """
 
-    def __init__(self, model, pairs, seed: int, device: torch.device, global_batch: int, workers: int = 0):
+    def __init__(
+        self, model, pairs, seed: int, device: torch.device, global_batch: int, workers: int = 0,
+        views: int = 1, budget_gb: float = 4.0,
+    ):
         self.model, self.pairs, self.seed, self.device = model, pairs, seed, device
-        self.global_batch, self.workers = global_batch, workers
+        self.global_batch, self.workers, self.views = global_batch, workers, views
         self.image_locked, self.text_locked = getattr(model, "_locked", (False, False))
         caches = locked_tower_outputs(model, pairs, device, workers)
         self.image_cache, self.text_cache = caches["image"], caches["text"]
-        valid = self.image_cache["valid"] if self.image_cache else torch.ones(len(pairs.records), dtype=torch.bool)
+        parts = splits(model)
+        self.image_bottom = (
+            image_bottom_outputs(model, pairs, device, views, seed, workers, budget_gb) if "image" in parts else None
+        )
+        self.text_bottom = text_bottom_outputs(model, pairs, device, budget_gb) if "text" in parts else None
+        decoded = self.image_cache or self.image_bottom
+        valid = decoded["valid"] if decoded else torch.ones(len(pairs.records), dtype=torch.bool)
         self.indices = valid.nonzero().squeeze(1)  # (N_valid,)
         self.dataset = PairDataset(pairs, model.image_transform(train=True), train=True, seed=seed)
         if len(self.indices) < global_batch:
@@ -59,8 +74,8 @@ class BatchSource:
     def skipped(self) -> Counter:
         """Records whose image did not decode, by reason: all of them when the image tower is
         locked (its cache decoded every image), else those met by the epochs so far."""
-        if self.image_cache is not None:
-            return skipped_images(self.image_cache)
+        if self.image_cache is not None or self.image_bottom is not None:
+            return skipped_images(self.image_cache or self.image_bottom)
         return self.dataset.skipped
 
     def epoch(self, epoch: int, first_batch: int, rank: int, world: int):
@@ -72,7 +87,9 @@ class BatchSource:
             perm[b * self.global_batch + rank * local : b * self.global_batch + (rank + 1) * local].tolist()
             for b in range(first_batch, self.batches_per_epoch())
         ]
-        loader = None if self.image_locked else iter(
+        from_cache = self.image_locked or self.image_bottom is not None
+        view = epoch_views(self.seed, epoch, len(self.pairs.records), self.views)  # (N,)
+        loader = None if from_cache else iter(
             torch.utils.data.DataLoader(self.dataset, batch_sampler=plan, num_workers=self.workers, collate_fn=collate_pairs)
         )
         for offset, idx in enumerate(plan):
@@ -84,14 +101,21 @@ class BatchSource:
                     continue  # no negatives left: nothing to learn from
                 idx = batch["index"].tolist()
                 image = batch["image"].to(self.device)
+            elif self.image_bottom is not None:
+                rows = torch.tensor(idx) * self.views + view[idx]  # (B,) row i * V + v
+                image = select_rows(self.image_bottom, rows, self.device)
             else:
                 image = self.image_cache["features"][idx].to(self.device)
-            yield first_batch + offset, Batch(image, self._text(idx), self.image_locked, self.text_locked, len(idx))
+            text = self._text(idx)
+            yield first_batch + offset, Batch(
+                image, text, self.image_locked, self.text_locked, len(idx),
+                self.image_bottom is not None, self.text_bottom is not None,
+            )
 
     def check_leftover(self, epoch: int) -> None:
         """Decode the records that epoch ``epoch`` left out (its last, partial batch): after one
         full epoch and this, every image has been decoded once and every bad one counted."""
-        if self.image_locked:
+        if self.image_locked or self.image_bottom is not None:
             return  # the cache decoded every image already
         for i in self._perm(epoch)[self.batches_per_epoch() * self.global_batch :].tolist():
             self.dataset[i]  # marks a bad record (PairDataset.skipped)
@@ -105,6 +129,9 @@ class BatchSource:
         if self.text_locked:
             rows = self.text_cache["offsets"][torch.tensor(idx)] + torch.tensor(chosen)
             return self.text_cache["features"][rows].to(self.device)
+        if self.text_bottom is not None:
+            rows = self.text_bottom["offsets"][torch.tensor(idx)] + torch.tensor(chosen)
+            return select_rows(self.text_bottom, rows, self.device)
         tokens = self.model.tokenize([self.pairs.records[i].captions[c] for i, c in zip(idx, chosen)])
         if isinstance(tokens, dict):
             return {k: v.to(self.device) for k, v in tokens.items()}

@@ -40,6 +40,10 @@ class TrainConfig:
     resume: bool = False  # continue the run in --out with the settings of its config.json
     lock_image: bool = False  # freeze the image tower, cache its outputs
     lock_text: bool = False  # freeze the text tower, cache its outputs
+    unlock_image_groups: int = 0  # train only the top N groups of the image tower; the rest runs once, cached (0: off)
+    unlock_text_layers: int = 0  # train only the top N layers of the text tower; the rest runs once, cached (0: off)
+    cached_views: int = 1  # with --unlock-image-groups: augmented views cached per image, one drawn per epoch
+    cache_budget: float = 4.0  # GB that cached activations below the cut may take; larger is refused
     seed: int = 0  # seeds the model's initialisation, the batch order and the caption choice
     workers: int = 0  # DataLoader worker processes for image decoding
     save_every: int = 0  # also checkpoint every N steps (0: only per epoch)

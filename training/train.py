@@ -36,7 +36,7 @@ import torch
 import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from retrieval.cache import locked_tower_outputs
+from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError
 from retrieval.io import write_json_atomic
@@ -57,7 +57,7 @@ DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (READ
 DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
-RUNTIME = ("out", "resume", "workers", "device", "save_every", "log_every", "eval_batch_size")  # --resume: as given
+RUNTIME = ("out", "resume", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -107,11 +107,14 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     )
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
-    model.lock(image=cfg.lock_image, text=cfg.lock_text)
+    model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
+    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
 
-    source = BatchSource(model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers)
+    source = BatchSource(
+        model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers, cfg.cached_views, cfg.cache_budget
+    )
     steps_per_epoch = source.batches_per_epoch()
     total_steps = min(steps_per_epoch * cfg.epochs, cfg.max_steps or math.inf)
     if cfg.warmup_steps is None:
@@ -197,7 +200,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
                 val_pairs,
                 device,
                 batch_size=cfg.eval_batch_size,
-                cache=locked_tower_outputs(model, val_pairs, device, cfg.workers),
+                cache=eval_caches(model, val_pairs, device, cfg.workers, cfg.cache_budget),
                 workers=cfg.workers,
             )
             skipped.val.decoded = Counter(last_eval.pop("skipped", {}))
@@ -313,10 +316,16 @@ class _StepModule(torch.nn.Module):
         self.model = model
         self.loss_fn = loss_fn
 
-    def forward(self, image_input, text_input, image_is_features: bool, text_is_features: bool):
+    def forward(self, image_input, text_input, image_is_features: bool, text_is_features: bool,
+                image_is_bottom: bool = False, text_is_bottom: bool = False):
         m = self.model
-        img_feats = image_input if image_is_features else m.image_features(image_input)
-        txt_feats = text_input if text_is_features else m.text_features(text_input)
+        parts = getattr(m, "_split", {})
+        img_feats = image_input if image_is_features else (
+            parts["image"][1](image_input) if image_is_bottom else m.image_features(image_input)
+        )
+        txt_feats = text_input if text_is_features else (
+            parts["text"][1](text_input) if text_is_bottom else m.text_features(text_input)
+        )
         image_z, text_z = m.project_image(img_feats), m.project_text(txt_feats)  # (B, D) each
         return self.loss_fn(image_z.float(), text_z.float(), m.logit_scale(), m.importance())
 
@@ -324,7 +333,9 @@ class _StepModule(torch.nn.Module):
 def _train_step(step_module, batch, optimizer, model: DualEncoder, grad_clip: float, device) -> dict[str, float]:
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
     with autocast:
-        terms = step_module(batch.image, batch.text, batch.image_is_features, batch.text_is_features)
+        terms = step_module(
+            batch.image, batch.text, batch.image_is_features, batch.text_is_features, batch.image_is_bottom, batch.text_is_bottom
+        )
     loss = sum(terms.values())
     if not torch.isfinite(loss):
         values = {k: float(v.detach()) for k, v in terms.items()}
@@ -417,12 +428,18 @@ def _validate(cfg: TrainConfig) -> None:
         "importance_spread": 1,  # the ramp 1 ... 1/spread
         "eval_batch_size": 1,
         "log_every": 1,
+        "unlock_image_groups": 0,
+        "unlock_text_layers": 0,
+        "cached_views": 1,
+        "cache_budget": 0,
     }
     for name, low in at_least.items():
         value = getattr(cfg, name)
         if value is not None and value < low:
             why = " (contrastive losses need negatives)" if name == "batch_size" else ""
             raise UserError(f"{_flag(name)} must be >= {low}{why}, got {value}")
+    if cfg.cached_views > 1 and not cfg.unlock_image_groups:
+        raise UserError("--cached-views needs --unlock-image-groups N (views are cached below the cut)")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
     if cfg.head not in (None, "linear", "mlp"):
