@@ -26,6 +26,7 @@ uses view :func:`epoch_views` of each record, a pure function of ``(seed, e, ind
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -312,14 +313,16 @@ def _collate(batch):
     return {"image": torch.stack([i["image"] for i in items]), "index": torch.tensor([i["index"] for i in items])}
 
 
-def image_bottom_path(model, pairs, views: int, seed: int) -> "Path":  # noqa: F821
+def image_bottom_path(model, pairs, views: int, seed: int) -> Path:
+    """Where the image bottom's outputs for ``pairs`` are (or would be) cached."""
     bottom, _ = splits(model)["image"]
     seeded = f"views={views} seed={seed}" if views > 1 else "views=1"
     key = _key("image-bottom", module_hash(bottom), repr(model.image_transform(train=False)), seeded, pairs.fingerprint)
     return cache_dir() / f"image-bottom-{key}.safetensors"
 
 
-def text_bottom_path(model, pairs) -> "Path":  # noqa: F821
+def text_bottom_path(model, pairs) -> Path:
+    """Where the text bottom's outputs for ``pairs`` are (or would be) cached."""
     bottom, _ = splits(model)["text"]
     max_length = getattr(model.text_tower, "max_length", None)
     key = _key("text-bottom", module_hash(bottom), f"max_length={max_length}", pairs.fingerprint)
@@ -335,9 +338,10 @@ def _report(side: str, path, result: dict, new: bool) -> None:
 def _check_budget(side: str, rows: int, per_row: int, budget_gb: float) -> None:
     need = rows * per_row / GB
     if need > budget_gb:
+        fix = "fewer --cached-views" if side == "image" else "a smaller --text-max-length"
         raise UserError(
-            f"the {side} activations below the cut would take {need:.2f} GB ({rows} rows x {per_row / 1e6:.2f} MB),"
-            f" over --cache-budget {budget_gb:g} GB: unlock fewer groups, use fewer --cached-views or raise the budget"
+            f"the {side} activations below the cut would take {need:.2f} GB ({rows} rows x {per_row / 1e6:.3f} MB),"
+            f" over --cache-budget {budget_gb:g} GB: unlock fewer groups, use {fix} or raise the budget"
         )
 
 
@@ -431,8 +435,7 @@ def text_bottom_outputs(model, pairs, device, budget_gb: float = 4.0, batch_size
 
 def _longest_tokens(model, captions: list[str]) -> int | None:
     """The padded length that fits every caption (lite: dict tokens padded per batch); None: fixed length."""
-    probe = model.tokenize(captions[:1])
-    if not isinstance(probe, dict):
+    if not isinstance(model.tokenize(captions[:1]), dict):
         return None
     return max(int(model.tokenize(captions[s : s + 512])["attention_mask"].shape[1]) for s in range(0, len(captions), 512))
 
