@@ -77,16 +77,10 @@ class IndexBuildConfig:
     lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
     embeddings: str | None = None  # build from triclip embed shards instead of run + data (index.from_embeddings)
     memory_budget: int | None = None  # with embeddings: bytes one index may take in memory (None: half the available)
-    embeddings: str | None = None  # build from `triclip embed` shards instead (run and data unused)
-    memory_budget: int | None = None  # with embeddings: bytes one index may take in memory (None: half the free)
 
 
 def build_index(cfg: IndexBuildConfig) -> dict:
     """Build (or extend) the index folder ``cfg.out``; returns a JSON-able summary."""
-    if cfg.embeddings:  # from embedding shards, without the model (index.from_embeddings)
-        from index.from_embeddings import build_from_embeddings, from_build_config
-
-        return build_from_embeddings(from_build_config(cfg))
     if cfg.embeddings is not None:
         from index.from_embeddings import build_from_embeddings, from_build_config
 
