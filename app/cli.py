@@ -125,6 +125,15 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
+def _index_build_options(p: argparse.ArgumentParser) -> None:
+    """``index build``'s options: every field of IndexBuildConfig (and its DataConfig)."""
+    from app.options import add_options
+    from index.config import IndexBuildConfig
+
+    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
+    p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
+
+
 def _loss_names() -> list[str]:
     from retrieval.losses import available_losses
 
@@ -162,31 +171,16 @@ def cmd_embed(ns: argparse.Namespace) -> int:
 
 
 def cmd_index_build(ns: argparse.Namespace) -> int:
-    from index.build import IndexBuildConfig, build_index
+    from app.options import to_config
+    from index.build import build_index
+    from index.config import IndexBuildConfig
 
     if ns.embeddings is not None and (ns.run is not None or ns.data is not None):
         raise UserError("--embeddings replaces --run and --data: give one or the other")
     if ns.embeddings is None and (ns.run is None or ns.data is None):
         raise UserError("give --run RUN --data P, or --embeddings EMB (from triclip embed)")
-    cfg = IndexBuildConfig(
-        run=ns.run,
-        data=ns.data,
-        out=ns.out,
-        dims=_parse_dims(ns.dims) or None,
-        factory=ns.factory,
-        add=ns.add,
-        batch_size=ns.batch_size,
-        device=ns.device,
-        data_config=_data_config(ns),
-        text_index=not ns.no_text_index,
-        ordering=ns.ordering,
-        seed=ns.seed,
-        workers=ns.workers,
-        lock_timeout=ns.lock_timeout,
-        embeddings=ns.embeddings,
-        memory_budget=_memory_budget(ns.memory_budget),
-    )
-    summary = build_index(cfg)
+    ns.memory_budget = _memory_budget(ns.memory_budget)
+    summary = build_index(to_config(IndexBuildConfig, ns))
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
         _print_json(summary)
     return 0
@@ -336,23 +330,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     index = sub.add_parser("index", help="build FAISS indexes")
     isub = index.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
-    p = isub.add_parser("build", help="embed a data source once and index it at several m in one folder")
-    p.add_argument("--run", default=None, help="the run (with --data); or give --embeddings")
-    p.add_argument("--data", default=None, help="the data source to embed and index")
-    p.add_argument("--embeddings", default=None, help="build from `triclip embed` shards (no model, no --data)")
-    p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
-    p.add_argument("--out", required=True)
-    p.add_argument("--dims", default=None, help="m's to index besides D (always indexed), e.g. 16,32,64")
-    p.add_argument("--factory", default="auto", help="FAISS index-factory string for every m, or auto (default)")
-    p.add_argument("--add", action="store_true", help="append to an existing index")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default=None)
-    p.add_argument("--no-text-index", action="store_true", help="do not index the captions (no image->text)")
-    p.add_argument("--ordering", default="importance", help="compact ordering: importance (default), first, random, pca")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random ordering and of index training")
-    p.add_argument("--workers", type=int, default=0, help="image decoding worker processes")
-    p.add_argument("--lock-timeout", type=float, default=600.0, help="seconds to wait for another writer (default 600)")
-    _data_args(p)
+    p = isub.add_parser(
+        "build",
+        help="embed a data source once and index it at several m in one folder",
+        description="Build an index folder (options: index.config.IndexBuildConfig).",
+    )
+    _index_build_options(p)
     p.set_defaults(func=cmd_index_build)
 
     p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")

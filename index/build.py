@@ -31,7 +31,6 @@ import json
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,29 +53,8 @@ from retrieval.compact import ORDERINGS, CompactTransform, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
+from index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
 from retrieval.run import METRICS, load_run, run_fingerprint
-
-
-@dataclass
-class IndexBuildConfig:
-    """What ``triclip index build`` was asked to do."""
-
-    run: str | None = None  # run directory (triclip train --out); not with embeddings
-    data: str | None = None  # data source to index (any format retrieval.data accepts); not with embeddings
-    out: str = ""  # index folder to write
-    dims: list[int] | int | None = None  # m's indexed besides D, which always is (None: D only; with add: the index's)
-    factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
-    add: bool = False  # append to the existing index at out instead of building a new one
-    batch_size: int = 64  # images per embedding batch
-    device: str | None = None  # torch device (None: cuda when available, else cpu)
-    data_config: DataConfig | None = None  # how to read data (None: the format's defaults)
-    text_index: bool = True  # also index every caption (image->text and text->text search)
-    ordering: str = "importance"  # compact ordering (retrieval.compact.ORDERINGS); pca fits on this data
-    seed: int = 0  # seed of the random ordering and of index training
-    workers: int = 0  # DataLoader worker processes decoding images
-    lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
-    embeddings: str | None = None  # build from triclip embed shards instead of run + data (index.from_embeddings)
-    memory_budget: int | None = None  # with embeddings: bytes one index may take in memory (None: half the available)
 
 
 def build_index(cfg: IndexBuildConfig) -> dict:
@@ -92,8 +70,8 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
     device = pick_device(cfg.device)
-    model, run_config = load_run(cfg.run, device)
-    fingerprint = run_fingerprint(cfg.run)
+    model, run_config = load_run(cfg.run, device, which=cfg.weights)
+    fingerprint = run_fingerprint(cfg.run, which=cfg.weights)
     if base is not None:
         _check_same_run(base.manifest, cfg, dims, fingerprint)
     else:
@@ -336,6 +314,7 @@ def _manifest(cfg, contents, run_config, fingerprint, transform, model, pairs, a
         "format": FORMAT,
         "run": run,
         "fingerprint": fingerprint,
+        "weights": previous.get("weights", cfg.weights),  # which of the run's weights (retrieval.run)
         "model": run_config.get("model"),
         "ordering": transform.ordering,
         "dim": transform.dim,

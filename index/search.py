@@ -89,14 +89,15 @@ class Searcher:
         manifest = contents.manifest
         t1 = time.perf_counter()
         run = os.fspath(run) if run is not None else manifest.get("run", "")
-        fingerprint = _fingerprint(run)
+        weights = manifest.get("weights", "best")  # the run's weights the index was built with
+        fingerprint = _fingerprint(run, weights)
         if fingerprint != manifest["fingerprint"]:
             raise UserError(
                 f"run {run} (fingerprint {fingerprint}) is not the run index {index_dir} was built with"
                 f" ({manifest.get('run')}, fingerprint {manifest['fingerprint']}); rebuild the index or pass that --run"
             )
         dev = pick_device(device)
-        model, _ = load_run(run, dev)
+        model, _ = load_run(run, dev, which=weights)
         transform = _transform(manifest, index_dir, int(model.embed_dim))
         searcher = cls(contents, model, transform, dev)
         searcher.timings = {"index_load": t1 - t0, "model_load": time.perf_counter() - t1}
@@ -312,7 +313,7 @@ def _transform(manifest: dict, index_dir, dim: int) -> CompactTransform:
     return transform
 
 
-def _fingerprint(run: str) -> str:
-    """The run's fingerprint; UserError when the run (or its weights) is missing."""
+def _fingerprint(run: str, weights: str = "best") -> str:
+    """The fingerprint of the run's ``weights``; UserError when the run (or its weights) is missing."""
     read_config(run)  # UserError: not a run
-    return run_fingerprint(run)  # UserError: no weights
+    return run_fingerprint(run, which=weights)  # UserError: no weights

@@ -104,3 +104,18 @@ def test_m_funnel_and_text_target(capsys, cli_index):
     code, out, _ = _run(capsys, *base, "--target", "text", "--m", "16")
     hits = json.loads(out)
     assert code == 0 and len(hits) == 5 and len({h["caption"] for h in hits}) >= 2
+
+
+def test_index_build_options_come_from_the_config():
+    """Every IndexBuildConfig field is an `index build` option (issue 10: settings live in one place)."""
+    import dataclasses
+
+    from app.cli import build_parser
+    from index.config import IndexBuildConfig
+
+    sub = build_parser()._subparsers._group_actions[0].choices["index"]
+    build = sub._subparsers._group_actions[0].choices["build"]
+    dests = {a.dest for a in build._actions}
+    flat = [f.name for f in dataclasses.fields(IndexBuildConfig) if f.name != "data_config"]
+    assert set(flat) <= dests
+    assert "sep" in dests and "image_key" in dests  # the nested DataConfig, flattened

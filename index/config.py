@@ -1,0 +1,35 @@
+"""The settings of ``triclip index build``, one field each.
+
+Torch- and FAISS-free on purpose: the command line builds its options from this class
+(``app.options``) without loading either. A field's comment is its ``--help`` text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from retrieval.data.records import DataConfig
+
+
+@dataclass
+class IndexBuildConfig:
+    """What ``triclip index build`` was asked to do."""
+
+    run: str | None = None  # run directory (triclip train --out); not with --embeddings
+    data: str | None = None  # data source to index (any format retrieval.data accepts); not with --embeddings
+    out: str = ""  # index folder to write
+    dims: list[int] | None = None  # m's indexed besides D, which always is, e.g. 16,32,64 (None: D only; with --add: the index's)
+    factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
+    add: bool = False  # append to the existing index at --out instead of building a new one
+    weights: Literal["best", "last"] = "best"  # the run's best epoch by validation t2i_r10 (last when none is kept), or its last
+    batch_size: int = 64  # images per embedding batch
+    device: str | None = None  # torch device (None: cuda when available, else cpu)
+    data_config: DataConfig = field(default_factory=DataConfig)  # how to read data (flattened into --sep, --image-key, ...)
+    text_index: bool = True  # caption vectors too, for image->text and text->text search (--no-text-index: images only)
+    ordering: Literal["importance", "first", "random", "pca"] = "importance"  # compact ordering; pca fits on this data
+    seed: int = 0  # seed of the random ordering and of index training
+    workers: int = 0  # DataLoader worker processes decoding images
+    lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
+    embeddings: str | None = None  # build from `triclip embed` shards instead of --run + --data (index.from_embeddings)
+    memory_budget: int | None = None  # with --embeddings: bytes one index may take in memory, e.g. 8G (None: half the available)
