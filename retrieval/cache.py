@@ -106,9 +106,15 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     return result
 
 
+# Bumped when image decoding changes what a file decodes to (2: EXIF orientation, 16-bit scaling),
+# so features cached by an older decoder are not reused.
+DECODER_VERSION = 2
+
+
 def image_cache_path(model, pairs) -> Path:
     """Where the locked image tower's outputs for ``pairs`` are (or would be) cached."""
-    key = _key("image", module_hash(model.image_tower), repr(model.image_transform(train=False)), pairs.fingerprint)
+    transform = repr(model.image_transform(train=False))
+    key = _key("image", module_hash(model.image_tower), transform, f"decoder={DECODER_VERSION}", pairs.fingerprint)
     return cache_dir() / f"image-{key}.safetensors"
 
 
