@@ -462,6 +462,7 @@ def serve(index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None
 
     searcher = Searcher.load(index, run=run, device=device)
     cfg = AppConfig(index=index, host=host, port=port)
+    searcher.embed_texts(["warm-up"])  # the first query pays for lazy initialisation (ONNX sessions), not a user
     blocks, app = build_app(searcher, cfg)
     print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
