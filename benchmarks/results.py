@@ -211,6 +211,8 @@ def mean_sd(values: list[float]) -> str:
     if len(values) < 2:
         return f"{values[0]:.3f}" if values else "–"
     sd = statistics.stdev(values)
+    if abs(statistics.mean(values)) >= 10:  # seconds
+        return f"{statistics.mean(values):.0f}±{sd:.0f}"
     return f"{statistics.mean(values):.3f}±{sd:.3f}".replace("±0.", "±.")
 
 

@@ -116,6 +116,7 @@ class PairLoss(nn.Module):
     name: ClassVar[str] = ""  # set by @register_loss
     uses_logit_scale: ClassVar[bool] = True  # False: logit_scale is ignored (the trainer may freeze it)
     needs_importance: ClassVar[bool] = False  # True: importance must be given (D,)
+    nesting_defaults: ClassVar[dict] = {}  # nesting options build_loss applies unless given (mrl: nested=4, prefix)
 
     def __init__(self, **options) -> None:
         super().__init__()

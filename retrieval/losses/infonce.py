@@ -124,6 +124,20 @@ class InfoNCELoss(PairLoss):
         return {"contrastive_loss": symmetric_infonce((image * scale) @ text.t())}  # logits (B, B)
 
 
+@register_loss("mrl")
+class MRLLoss(InfoNCELoss):
+    """Matryoshka Representation Learning (Kusupati et al. 2022, https://arxiv.org/abs/2205.13147) on CLIP.
+
+    ``infonce`` with prefix nesting on by default (``nested=4``, ``nested_order=prefix``):
+    ``contrastive_loss`` plus ``nested_loss``, the InfoNCE of the re-normalised first m
+    dimensions at m = D/2 ... D/16 (:mod:`retrieval.losses.nested`). The same as
+    ``build_loss("infonce", nested=4, nested_order="prefix")``; ``nested`` and
+    ``nested_weight`` can be changed like for any loss. Shape: features (B, D).
+    """
+
+    nesting_defaults = {"nested": 4, "nested_order": "prefix"}
+
+
 @dataclass
 class DebiasedConfig:
     """Options of ``debiased``."""

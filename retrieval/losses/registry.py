@@ -42,7 +42,7 @@ def loss_options(name: str) -> dict[str, object]:
 
     cls = _lookup(name)
     fields = [*dataclasses.fields(cls.Config), *dataclasses.fields(NestingConfig)]
-    return {f.name: f.default for f in fields}
+    return {**{f.name: f.default for f in fields}, **getattr(cls, "nesting_defaults", {})}
 
 
 def _lookup(name: str) -> type[nn.Module]:
@@ -75,7 +75,7 @@ def build_loss(name: str, **options) -> nn.Module:
     if unknown:
         accepted = ", ".join(sorted(known | set(NESTING_OPTIONS)))
         raise LossConfigError(f"loss {name!r} has no option {', '.join(unknown)} (its options: {accepted})")
-    nesting = {k: options.pop(k) for k in NESTING_OPTIONS if k in options}
+    nesting = {**getattr(cls, "nesting_defaults", {}), **{k: options.pop(k) for k in NESTING_OPTIONS if k in options}}
     try:
         NestingConfig(**nesting)  # checked even when nested = 0
         loss = cls(**options)

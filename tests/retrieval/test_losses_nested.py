@@ -40,11 +40,14 @@ def ref_nested_term(image, text, s, w, levels, weight, order):
     return weight * total
 
 
+WRAPPABLE = [name for name in available_losses() if name != "mrl"]  # mrl is infonce + nesting already
+
+
 def _case(name):
     return next((opts, ref) for n, opts, ref in CASES if n == name)
 
 
-@pytest.mark.parametrize("name", available_losses())
+@pytest.mark.parametrize("name", WRAPPABLE)
 @pytest.mark.parametrize("order", ["prefix", "importance"])
 @pytest.mark.parametrize("dim,levels", [(8, 2), (12, 3), (4, 5)])
 def test_wrapper_matches_reference_loop(name, order, dim, levels):
@@ -96,7 +99,7 @@ def test_wrapper_uses_the_logit_scale_even_for_scale_free_objectives():
     assert grad.abs() > 0
 
 
-@pytest.mark.parametrize("name", available_losses())
+@pytest.mark.parametrize("name", WRAPPABLE)
 def test_nested_zero_is_the_plain_objective(name):
     opts, _ = _case(name)
     torch.manual_seed(0)
@@ -155,3 +158,19 @@ def test_cli_trains_an_mrl_model(tmp_path):
     assert torch.equal(model.importance(), torch.ones_like(model.importance()))
     assert build_loss(config["loss"], **config["loss_options"]).order == "prefix"
     assert main([*args, "--loss-opt", "nested_order=pca", "--out", str(tmp_path / "bad")]) == 2
+
+
+def test_mrl_is_infonce_with_prefix_nesting_by_default():
+    image, text, s, w = _inputs(6, 16, 9.0, seed=5)
+    mrl = build_loss("mrl")
+    assert isinstance(mrl, Nested) and mrl.order == "prefix" and mrl.config.nested == 4 and not mrl.needs_importance
+    want = build_loss("infonce", nested=4, nested_order="prefix")(image, text, s)
+    got = mrl(image, text, s)
+    assert got.keys() == want.keys() == {"contrastive_loss", "nested_loss"}
+    for key in want:
+        torch.testing.assert_close(got[key], want[key], rtol=0, atol=0)
+    slow = ref_infonce(image, text, s) + ref_nested_term(image, text, s, None, 4, 1.0, "prefix")
+    torch.testing.assert_close(sum(got.values()), slow, rtol=1e-9, atol=1e-9)
+    plain = build_loss("mrl", nested=0)(image, text, s)
+    assert set(plain) == {"contrastive_loss"}
+    assert build_loss("mrl", nested=2, nested_weight=0.5).config.nested == 2
