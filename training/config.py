@@ -29,7 +29,7 @@ class TrainConfig:
     importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
     tower_lr_scale: float = 1.0  # unlocked towers' learning rate = lr * this (pretrained towers: < 1)
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
-    loss: str = "tricl"  # objective name (retrieval.losses)
+    loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
     loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1
     epochs: int = 1  # passes over the training data
     batch_size: int = 64  # pairs per step, per rank

@@ -53,8 +53,9 @@ __all__ = ["TrainConfig", "train"]
 DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4}  # other (open_clip) models: 5e-4
 DEFAULT_HEAD = {"lite": "mlp"}  # pretrained towers: MLP heads beat linear ones for every objective (README ablation)
 DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
-# Objective options the trainer adds unless given: tricl trains its top-m scores too (README: the ablation).
-DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}}
+# Objective options the trainer adds unless given (so config.json records them): tricl and mrl train their
+# top-m scores too; mrl (infonce + prefix nesting) is the default objective (docs/results.md, section 7).
+DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_order": "prefix"}}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
 RUNTIME = ("out", "resume", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
