@@ -2,9 +2,9 @@
 
 1. data: the Debian ``openclipart`` packages (installed with apt-get when run as root,
    else the command to run is printed), thumbnails and manifests in ``WORKDIR/data``;
-2. train ``lite`` (offline EfficientNet-Lite0 + MiniLM) with the default objective on
-   locked towers: their outputs are computed once and cached, then only the heads,
-   the logit scale and the importance train (``WORKDIR/run``);
+2. train ``lite`` (offline EfficientNet-Lite0 + MiniLM) with the default objective (MRL,
+   ``training.config.TrainConfig.loss``) on locked towers: their outputs are computed once
+   and cached, then only the projection heads and the logit scale train (``WORKDIR/run``);
 3. evaluate on the validation split, with the compact curve (recall@10 against m);
 4. index every image (train + validation) at several m in one folder (``WORKDIR/index``),
    reusing the cached tower outputs;
