@@ -35,7 +35,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from tqdm.auto import tqdm
 
-from retrieval.cache import _key, cache_dir, locked_tower_outputs, module_hash
+from retrieval.cache import DECODER_VERSION, _key, cache_dir, locked_tower_outputs, module_hash
 from retrieval.errors import UserError
 from retrieval.io import atomic_path
 
@@ -317,7 +317,8 @@ def image_bottom_path(model, pairs, views: int, seed: int) -> Path:
     """Where the image bottom's outputs for ``pairs`` are (or would be) cached."""
     bottom, _ = splits(model)["image"]
     seeded = f"views={views} seed={seed}" if views > 1 else "views=1"
-    key = _key("image-bottom", module_hash(bottom), repr(model.image_transform(train=False)), seeded, pairs.fingerprint)
+    transform = repr(model.image_transform(train=False))
+    key = _key("image-bottom", module_hash(bottom), transform, f"decoder={DECODER_VERSION}", seeded, pairs.fingerprint)
     return cache_dir() / f"image-bottom-{key}.safetensors"
 
 

@@ -228,7 +228,7 @@ def test_damaged_index_is_one_line_exit_2(tmp_path, small_index, capsys, damage)
         (["--dims", "0"], "--dims must be positive"),
         (["--dims", "8,x"], "comma-separated integers"),
         (["--factory", "Bogus99"], "bad FAISS factory"),
-        (["--ordering", "sideways"], "unknown ordering"),
+        (["--ordering", "sideways"], "invalid choice: 'sideways'"),
     ],
 )
 def test_build_errors_are_one_line_exit_2(tmp_path, capsys, run_dir, parts, argv, needle):

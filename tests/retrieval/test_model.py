@@ -45,7 +45,10 @@ def test_logit_scale_init_and_clamp(tiny):
     assert math.isclose(float(tiny.logit_scale().detach()), 1 / 0.07, rel_tol=1e-5)
     with torch.no_grad():
         tiny.logit_scale_param.fill_(10.0)
-    assert float(tiny.logit_scale().detach()) == MAX_LOGIT_SCALE
+    assert float(tiny.logit_scale().detach()) > MAX_LOGIT_SCALE  # exp(param): no clamp inside (its gradient lives)
+    with torch.no_grad():
+        tiny.clamp_logit_scale_()  # what the trainer does after each optimizer step
+    assert math.isclose(float(tiny.logit_scale().detach()), MAX_LOGIT_SCALE, rel_tol=1e-6)
     with torch.no_grad():
         tiny.logit_scale_param.fill_(math.log(1 / 0.07))
 
