@@ -113,7 +113,13 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     from app.options import LazyChoices, add_options
     from training.config import TrainConfig
 
-    aliases = {"weight_decay": ["--wd"], "warmup_steps": ["--warmup"], "loss_options": ["--loss-opt"]}
+    aliases = {
+        "weight_decay": ["--wd"],
+        "warmup_steps": ["--warmup"],
+        "loss_options": ["--loss-opt"],
+        "unlock_image_groups": ["--lock-image-unlocked-groups"],  # open_clip's names
+        "unlock_text_layers": ["--lock-text-unlocked-layers"],
+    }
     add_options(p, TrainConfig, aliases=aliases, choices={"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)})
 
 
