@@ -31,6 +31,7 @@ class TrainConfig:
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
     loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1
+    fixed_logit_scale: float | None = None  # hold the logit scale s at this value, 1-100 (not trained); None: learned, clamped to 100
     epochs: int = 1  # passes over the training data
     batch_size: int = 64  # pairs per step, per rank
     lr: float | None = None  # peak learning rate (None: 1e-3 for tiny, 1e-4 for lite, else 5e-4)

@@ -112,6 +112,10 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
+    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
+        with torch.no_grad():
+            model.logit_scale_param.fill_(math.log(cfg.fixed_logit_scale))
+        model.logit_scale_param.requires_grad_(False)
 
     source = BatchSource(
         model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers, cfg.cached_views, cfg.cache_budget
@@ -441,6 +445,8 @@ def _validate(cfg: TrainConfig) -> None:
             raise UserError(f"{_flag(name)} must be >= {low}{why}, got {value}")
     if cfg.cached_views > 1 and not cfg.unlock_image_groups:
         raise UserError("--cached-views needs --unlock-image-groups N (views are cached below the cut)")
+    if cfg.fixed_logit_scale is not None and not 1.0 <= cfg.fixed_logit_scale <= 100.0:
+        raise UserError(f"--fixed-logit-scale must be in [1, 100] (the trainer's clamp), got {cfg.fixed_logit_scale}")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
     if cfg.head not in (None, "linear", "mlp"):
