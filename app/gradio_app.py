@@ -27,6 +27,7 @@ header; nothing is copied into Gradio's cache.
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when gradio is imported: no telemetry
 # Gradio's queue rebuilds a pandas summary of its last GRADIO_ANALYTICS_MAX_EVENTS (10,000) events after
@@ -223,6 +224,17 @@ class SearchApp:
         if not 0 <= row < len(self.files) or not os.path.isfile(self.files[row]):
             return PlainTextResponse("no such image", status_code=404)
         return FileResponse(self.files[row], headers={"Cache-Control": "public, max-age=86400"})
+
+    def client_image_response(self, request):
+        """``GET /gradio_api/file=http.../triclip/image/<row>``: what gradio_client asks for to fetch
+        a gallery result (``download_files=True``, its default: it sends every result's path, here
+        our image URL, to Gradio's file route). Only the index's own images; Gradio's route keeps
+        every other ``file=`` path (those never start with ``http``)."""
+        match = re.search(re.escape(IMAGE_ROUTE) + r"/(\d+)$", request.path_params["rest"])
+        if match is None:
+            return PlainTextResponse("no such image", status_code=404)
+        request.path_params["row"] = int(match.group(1))
+        return self.image_response(request)
 
     def _describe(self, m: int, funnel: bool) -> str:
         recall = self.recall.get(m)
@@ -438,13 +450,16 @@ def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool 
         UserError: the address cannot be bound (port in use, unknown host).
     """
     image_route = Route(IMAGE_ROUTE + "/{row:int}", app.image_response)  # before Gradio's own routes
+    # gradio_client downloads every result file through Gradio's file route, with the result's
+    # path, which is our image URL: answer those requests for our own images here as well.
+    client_route = Route("/gradio_api/file=http{rest:path}", app.client_image_response)
     try:
         return blocks.launch(
             server_name=host,
             server_port=port,
             share=False,
             inbrowser=False,
-            app_kwargs={"routes": [image_route]},
+            app_kwargs={"routes": [image_route, client_route]},
             ssr_mode=False,  # no Node server process
             mcp_server=False,
             theme=theme(),

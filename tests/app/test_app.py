@@ -38,6 +38,18 @@ def test_text_search_returns_served_images_with_score_labels(client, app_url):
     assert response.status_code == 200 and response.content[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_default_client_downloads_the_result_images(app_url, tmp_path):
+    """gradio_client's default (download_files=True) fetches each result through Gradio's file route."""
+    default = Client(app_url, verbose=False, download_files=str(tmp_path))
+    gallery, status = default.predict("two red circles", 32, False, 3, api_name="/search_text")
+    assert len(gallery) == 3 and status.startswith("**3 results**")
+    for item in gallery:
+        with open(item["image"], "rb") as fh:  # a local copy of the served PNG
+            assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
+    foreign = httpx.get(app_url + "gradio_api/file=http://example.invalid/etc/passwd")
+    assert foreign.status_code == 404  # only the index's own images answer on that route
+
+
 def test_the_image_route_serves_indexed_images_only(app_url, app_index):
     from index.store import load_contents
 
