@@ -17,6 +17,12 @@ EXPERIMENT:
   dimension by dimension; and after the best one-to-one matching of dimensions.
 - ``align_uniform``: ``align`` / ``uniform`` (Wang & Isola) against t2i R@10 for every
   ``compact`` and ``falseneg`` run found under ``--out`` (a scatter plot).
+- ``scales``: ``infonce`` and MRL (``--variants``) trained with the logit scale held at each
+  of ``--scales`` (``--fixed-logit-scale``; runs in ``OUT/scales/sS/VARIANT/seedN``) beside the
+  learned one (the ``compact`` runs, ``OUT/VARIANT/seedN``): align, uniform, t2i R@1 / R@10.
+- ``epochs``: ``infonce`` / MRL / ``tricl`` (``--variants``) trained with per-epoch validation
+  (runs in ``OUT/epochs/VARIANT/seedN``); align, uniform, t2i R@10 and the logit scale against
+  the epoch, from each run's ``metrics.jsonl``.
 - ``prepare-tuxpaint``: writes ``DIR/{train,val}.jsonl`` from the Debian package
   ``tuxpaint-stamps-default`` (photos and drawings, each with a human-written English
   description; label = top-level folder; split by a hash of the file name).
@@ -86,6 +92,7 @@ class ResultsConfig:
     lock: bool = True  # both towers locked (and cached)
     png: str | None = None  # plot path
     title: str = ""  # plot title
+    scales: list[float] = field(default_factory=lambda: [2.0, 5.0, 10.0, 20.0, 50.0, 100.0])  # ``scales``: fixed s
 
 
 # ---------------------------------------------------------------------------- train and evaluate one run
@@ -95,11 +102,16 @@ def run_dir(cfg: ResultsConfig, variant: str, seed: int) -> Path:
     return Path(cfg.out) / variant / f"seed{seed}"
 
 
-def train_run(cfg: ResultsConfig, variant: str, seed: int) -> Path:
-    """Train one variant at one seed unless its weights exist; returns the run folder."""
+def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = None, **overrides) -> Path:
+    """Train one variant at one seed unless its weights exist; returns the run folder.
+
+    Args:
+        run: the run folder (None: ``run_dir``).
+        overrides: further ``TrainConfig`` fields (``fixed_logit_scale``, ``val_data``).
+    """
     from training.train import TrainConfig, train
 
-    run = run_dir(cfg, variant, seed)
+    run = run or run_dir(cfg, variant, seed)
     if (run / "model.safetensors").exists():
         return run
     data = Path(cfg.data)
@@ -120,6 +132,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int) -> Path:
             lock_text=cfg.lock,
             seed=seed,
             **VARIANTS[variant],
+            **overrides,
         )
     )
     (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
@@ -394,6 +407,126 @@ def align_uniform_plot(cfg: ResultsConfig) -> None:
         print(f"plot: {cfg.png}")
 
 
+def scale_dir(cfg: ResultsConfig, scale: float, variant: str, seed: int) -> Path:
+    return Path(cfg.out) / "scales" / f"s{scale:g}" / variant / f"seed{seed}"
+
+
+def scales(cfg: ResultsConfig) -> None:
+    """align / uniform / recall with the logit scale held at each of ``cfg.scales``, and learned."""
+    val = str(Path(cfg.data) / "val.jsonl")
+    results: dict[tuple[str, str], list[dict]] = {}  # (variant, scale label) -> result per seed
+    for variant in cfg.variants or ["infonce", "mrl"]:
+        for scale in cfg.scales:
+            for seed in cfg.seeds:
+                run = train_run(cfg, variant, seed, scale_dir(cfg, scale, variant, seed), fixed_logit_scale=scale)
+                results.setdefault((variant, f"{scale:g}"), []).append(evaluate_run(run, val))
+        for seed in cfg.seeds:
+            results.setdefault((variant, "learned"), []).append(evaluate_run(train_run(cfg, variant, seed), val))
+        print(json.dumps({"variant": variant, "runs": len(cfg.scales) * len(cfg.seeds) + len(cfg.seeds)}))
+    print(f"\nmean ± sd over seeds {cfg.seeds}:\n")
+    print(scales_table(results))
+    if cfg.png:
+        plot_scales(results, cfg.png, cfg.title or cfg.data)
+        print(f"\nplot: {cfg.png}")
+
+
+def scales_table(results: dict[tuple[str, str], list[dict]]) -> str:
+    keys = ["logit_scale", "align", "uniform", "t2i_r1", "t2i_r10"]
+    lines = ["| objective | s | final s | align | uniform | t2i R@1 | t2i R@10 |", "|---|---|" + "---:|" * len(keys)]
+    for (variant, label), runs in results.items():
+        lines.append(f"| {variant} | {label} | " + " | ".join(mean_sd([r[k] for r in runs]) for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def plot_scales(results: dict[tuple[str, str], list[dict]], path: str, title: str) -> None:
+    """Left: align and uniform against s; right: t2i R@10 against s; learned runs at their final s (hollow)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=120)
+    for n, variant in enumerate(dict.fromkeys(v for v, _ in results)):
+        fixed = [(float(lab), runs) for (v, lab), runs in results.items() if v == variant and lab != "learned"]
+        xs = [x for x, _ in fixed]
+        for ax, key, style in ((left, "align", "-"), (left, "uniform", "--"), (right, "t2i_r10", "-")):
+            means = [statistics.mean(r[key] for r in runs) for _, runs in fixed]
+            sds = [statistics.stdev([r[key] for r in runs]) if len(runs) > 1 else 0.0 for _, runs in fixed]
+            line = ax.errorbar(xs, means, yerr=sds, ls=style, marker="o", ms=3, capsize=2, color=f"C{n}",
+                               label=f"{variant} {key}")  # fmt: skip
+            learned = results.get((variant, "learned"))
+            if learned:
+                ax.errorbar([statistics.mean(r["logit_scale"] for r in learned)],
+                            [statistics.mean(r[key] for r in learned)], marker="s", ms=7, mfc="none",
+                            color=line[0].get_color())  # fmt: skip
+    for ax, ylabel in ((left, "align (solid), uniform (dashed)"), (right, "t2i recall@10 (distinct texts)")):
+        ax.set_xscale("log")
+        ax.set_xticks([2, 5, 10, 20, 50, 100], ["2", "5", "10", "20", "50", "100"])
+        ax.set_xlabel("logit scale s (held fixed; hollow square: learned, at its final s)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    _save(fig, path)
+
+
+EPOCH_KEYS = [("align", "align"), ("uniform", "uniform"), ("t2i_r10", "t2i R@10"), ("logit_scale", "s")]
+
+
+def epochs(cfg: ResultsConfig) -> None:
+    """align / uniform / t2i R@10 / s after every epoch, from runs trained with validation data."""
+    val = str(Path(cfg.data) / "val.jsonl")
+    curves: dict[str, list[list[dict]]] = {}  # variant -> per seed, the metrics.jsonl records
+    for variant in cfg.variants or ["infonce", "mrl", "tricl"]:
+        for seed in cfg.seeds:
+            run = train_run(cfg, variant, seed, Path(cfg.out) / "epochs" / variant / f"seed{seed}", val_data=val)
+            records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+            curves.setdefault(variant, []).append(records)
+    print(f"\nmean ± sd over seeds {cfg.seeds}, validation after each epoch:\n")
+    print(epochs_table(curves))
+    if cfg.png:
+        plot_epochs(curves, cfg.png, cfg.title or cfg.data)
+        print(f"\nplot: {cfg.png}")
+
+
+def epochs_table(curves: dict[str, list[list[dict]]], shown: tuple[int, ...] = (1, 2, 5, 10, 20, 30, 40)) -> str:
+    lines = ["| objective | epoch | " + " | ".join(label for _, label in EPOCH_KEYS) + " |",
+             "|---|---:|" + "---:|" * len(EPOCH_KEYS)]  # fmt: skip
+    for variant, per_seed in curves.items():
+        for epoch in shown:
+            rows = [next((r for r in recs if r["epoch"] == epoch), None) for recs in per_seed]
+            if any(r is None for r in rows):
+                continue
+            cells = [mean_sd([r[k] for r in rows]) for k, _ in EPOCH_KEYS]
+            lines.append(f"| {variant} | {epoch} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot_epochs(curves: dict[str, list[list[dict]]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(EPOCH_KEYS), figsize=(3.2 * len(EPOCH_KEYS), 3.4), dpi=120)
+    for n, (variant, per_seed) in enumerate(curves.items()):
+        count = min(len(recs) for recs in per_seed)
+        xs = [per_seed[0][i]["epoch"] for i in range(count)]
+        for ax, (key, label) in zip(axes, EPOCH_KEYS):
+            means = [statistics.mean(recs[i][key] for recs in per_seed) for i in range(count)]
+            ax.plot(xs, means, color=f"C{n}", label=variant)
+            if len(per_seed) > 1:
+                sds = [statistics.stdev([recs[i][key] for recs in per_seed]) for i in range(count)]
+                ax.fill_between(xs, [m - s for m, s in zip(means, sds)], [m + s for m, s in zip(means, sds)],
+                                color=f"C{n}", alpha=0.2)  # fmt: skip
+            ax.set_xlabel("epoch")
+            ax.set_title(label, fontsize=9)
+            ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    _save(fig, path)
+
+
 def _spearman(xs: list[float], ys: list[float]) -> float:
     def ranks(v):
         order = sorted(range(len(v)), key=v.__getitem__)
@@ -435,7 +568,8 @@ def prepare_tuxpaint(out: str, root: str = "/usr/share/tuxpaint/stamps", val_sha
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("experiment", choices=["compact", "falseneg", "identifiability", "align_uniform", "prepare-tuxpaint"])
+    p.add_argument("experiment", choices=["compact", "falseneg", "identifiability", "align_uniform", "scales", "epochs",
+                                          "prepare-tuxpaint"])  # fmt: skip
     p.add_argument("--data", required=True)
     p.add_argument("--out", default=None, help="run folder root (default runs/results/<data folder name>)")
     p.add_argument("--seeds", default="0,1,2")
@@ -448,6 +582,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-lock", action="store_true", help="train the towers too (slow)")
     p.add_argument("--png", default=None)
     p.add_argument("--title", default="")
+    p.add_argument("--scales", default="2,5,10,20,50,100", help="scales: the fixed logit scales")
     ns = p.parse_args(argv)
     start = time.perf_counter()
     if ns.experiment == "prepare-tuxpaint":
@@ -457,9 +592,10 @@ def main(argv=None) -> int:
         data=ns.data, out=ns.out or str(Path("runs/results") / Path(ns.data).name),
         seeds=[int(s) for s in ns.seeds.split(",") if s.strip()], variants=ns.variants, model=ns.model,
         embed_dim=ns.embed_dim, steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock,
-        png=ns.png, title=ns.title,
+        png=ns.png, title=ns.title, scales=[float(s) for s in ns.scales.split(",") if s.strip()],
     )  # fmt: skip
-    {"compact": compact, "falseneg": falseneg, "identifiability": identifiability, "align_uniform": align_uniform_plot}[
+    {"compact": compact, "falseneg": falseneg, "identifiability": identifiability, "align_uniform": align_uniform_plot,
+     "scales": scales, "epochs": epochs}[
         ns.experiment
     ](cfg)
     print(f"\nwall time: {time.perf_counter() - start:.0f} s")

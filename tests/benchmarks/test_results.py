@@ -82,3 +82,20 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     R.identifiability(R.ResultsConfig(**{**cfg.__dict__, "variants": ["infonce", "tricl"]}))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| infonce") or line.startswith("| tricl")]
     assert len(lines) == 2 and all(0.0 <= float(cell) <= 1.0 for cell in lines[0].strip("| ").split(" | ")[-1:])
+
+
+def test_scales_table_one_row_per_objective_and_scale():
+    run = lambda s, r10: {"logit_scale": s, "align": 1.0, "uniform": -3.0, "t2i_r1": 0.2, "t2i_r10": r10}  # noqa: E731
+    results = {("infonce", "10"): [run(10.0, 0.5), run(10.0, 0.7)], ("infonce", "learned"): [run(30.0, 0.6)] * 2}
+    lines = R.scales_table(results).splitlines()
+    assert lines[0] == "| objective | s | final s | align | uniform | t2i R@1 | t2i R@10 |"
+    assert lines[2] == f"| infonce | 10 | 10±0 | 1.000±.000 | -3.000±.000 | 0.200±.000 | {R.mean_sd([0.5, 0.7])} |"
+    assert lines[3].startswith("| infonce | learned | 30±0 |")
+
+
+def test_epochs_table_averages_the_same_epoch_over_seeds_and_skips_missing_ones():
+    rec = lambda e, r10: {"epoch": e, "align": 1.0, "uniform": -3.0, "t2i_r10": r10, "logit_scale": 14.0}  # noqa: E731
+    curves = {"mrl": [[rec(1, 0.2), rec(2, 0.4)], [rec(1, 0.4)]]}  # seed 1 stopped after epoch 1
+    lines = R.epochs_table(curves, shown=(1, 2)).splitlines()
+    assert len(lines) == 3  # header, rule, epoch 1 only
+    assert lines[2] == f"| mrl | 1 | 1.000±.000 | -3.000±.000 | {R.mean_sd([0.2, 0.4])} | 14±0 |"
