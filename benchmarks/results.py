@@ -489,7 +489,7 @@ def epochs(cfg: ResultsConfig) -> None:
         print(f"\nplot: {cfg.png}")
 
 
-def epochs_table(curves: dict[str, list[list[dict]]], shown: tuple[int, ...] = (1, 2, 5, 10, 20, 30, 40)) -> str:
+def epochs_table(curves: dict[str, list[list[dict]]], shown: tuple[int, ...] = (1, 2, 3, 4, 5, 10, 20, 30, 40)) -> str:
     lines = ["| objective | epoch | " + " | ".join(label for _, label in EPOCH_KEYS) + " |",
              "|---|---:|" + "---:|" * len(EPOCH_KEYS)]  # fmt: skip
     for variant, per_seed in curves.items():
@@ -497,7 +497,8 @@ def epochs_table(curves: dict[str, list[list[dict]]], shown: tuple[int, ...] = (
             rows = [next((r for r in recs if r["epoch"] == epoch), None) for recs in per_seed]
             if any(r is None for r in rows):
                 continue
-            cells = [mean_sd([r[k] for r in rows]) for k, _ in EPOCH_KEYS]
+            cells = [mean_sd([r[k] for r in rows]) for k, _ in EPOCH_KEYS[:-1]]
+            cells.append(f"{statistics.mean(r['logit_scale'] for r in rows):.2f}")  # s moves little: 2 decimals
             lines.append(f"| {variant} | {epoch} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -98,4 +98,4 @@ def test_epochs_table_averages_the_same_epoch_over_seeds_and_skips_missing_ones(
     curves = {"mrl": [[rec(1, 0.2), rec(2, 0.4)], [rec(1, 0.4)]]}  # seed 1 stopped after epoch 1
     lines = R.epochs_table(curves, shown=(1, 2)).splitlines()
     assert len(lines) == 3  # header, rule, epoch 1 only
-    assert lines[2] == f"| mrl | 1 | 1.000±.000 | -3.000±.000 | {R.mean_sd([0.2, 0.4])} | 14±0 |"
+    assert lines[2] == f"| mrl | 1 | 1.000±.000 | -3.000±.000 | {R.mean_sd([0.2, 0.4])} | 14.00 |"
