@@ -93,6 +93,7 @@ class ResultsConfig:
     png: str | None = None  # plot path
     title: str = ""  # plot title
     scales: list[float] = field(default_factory=lambda: [2.0, 5.0, 10.0, 20.0, 50.0, 100.0])  # ``scales``: fixed s
+    per_epoch: bool = False  # ``scales``: validate after every epoch (runs in OUT/scales_val, OUT/epochs), best epoch too
 
 
 # ---------------------------------------------------------------------------- train and evaluate one run
@@ -407,21 +408,35 @@ def align_uniform_plot(cfg: ResultsConfig) -> None:
         print(f"plot: {cfg.png}")
 
 
-def scale_dir(cfg: ResultsConfig, scale: float, variant: str, seed: int) -> Path:
-    return Path(cfg.out) / "scales" / f"s{scale:g}" / variant / f"seed{seed}"
+def scale_dir(cfg: ResultsConfig, scale: float | None, variant: str, seed: int) -> Path:
+    """Fixed-scale runs (None: the learned one); with ``per_epoch`` separate runs that validate every epoch."""
+    if scale is None:
+        return Path(cfg.out) / "epochs" / variant / f"seed{seed}" if cfg.per_epoch else run_dir(cfg, variant, seed)
+    return Path(cfg.out) / ("scales_val" if cfg.per_epoch else "scales") / f"s{scale:g}" / variant / f"seed{seed}"
+
+
+def _with_best_epoch(result: dict, run: Path) -> dict:
+    """``result`` plus ``best_t2i_r10`` / ``best_epoch`` from the run's metrics.jsonl (when it has one)."""
+    metrics = run / "metrics.jsonl"
+    if not metrics.exists():
+        return result
+    records = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    best = max(records, key=lambda r: r["t2i_r10"])  # the first of equals, as the trainer keeps it
+    return {**result, "best_t2i_r10": best["t2i_r10"], "best_epoch": best["epoch"]}
 
 
 def scales(cfg: ResultsConfig) -> None:
     """align / uniform / recall with the logit scale held at each of ``cfg.scales``, and learned."""
     val = str(Path(cfg.data) / "val.jsonl")
     results: dict[tuple[str, str], list[dict]] = {}  # (variant, scale label) -> result per seed
+    extra = {"val_data": val} if cfg.per_epoch else {}
     for variant in cfg.variants or ["infonce", "mrl"]:
-        for scale in cfg.scales:
+        for scale in [*cfg.scales, None]:
             for seed in cfg.seeds:
-                run = train_run(cfg, variant, seed, scale_dir(cfg, scale, variant, seed), fixed_logit_scale=scale)
-                results.setdefault((variant, f"{scale:g}"), []).append(evaluate_run(run, val))
-        for seed in cfg.seeds:
-            results.setdefault((variant, "learned"), []).append(evaluate_run(train_run(cfg, variant, seed), val))
+                run = scale_dir(cfg, scale, variant, seed)
+                run = train_run(cfg, variant, seed, run, **extra, **({} if scale is None else {"fixed_logit_scale": scale}))
+                label = "learned" if scale is None else f"{scale:g}"
+                results.setdefault((variant, label), []).append(_with_best_epoch(evaluate_run(run, val), run))
         print(json.dumps({"variant": variant, "runs": len(cfg.scales) * len(cfg.seeds) + len(cfg.seeds)}))
     print(f"\nmean ± sd over seeds {cfg.seeds}:\n")
     print(scales_table(results))
@@ -432,7 +447,11 @@ def scales(cfg: ResultsConfig) -> None:
 
 def scales_table(results: dict[tuple[str, str], list[dict]]) -> str:
     keys = ["logit_scale", "align", "uniform", "t2i_r1", "t2i_r10"]
-    lines = ["| objective | s | final s | align | uniform | t2i R@1 | t2i R@10 |", "|---|---|" + "---:|" * len(keys)]
+    header = "| objective | s | final s | align | uniform | t2i R@1 | t2i R@10 |"
+    best = all("best_t2i_r10" in r for runs in results.values() for r in runs)
+    if best:
+        keys, header = keys + ["best_t2i_r10", "best_epoch"], header + " best-epoch t2i R@10 | best epoch |"
+    lines = [header, "|---|---|" + "---:|" * len(keys)]
     for (variant, label), runs in results.items():
         lines.append(f"| {variant} | {label} | " + " | ".join(mean_sd([r[k] for r in runs]) for k in keys) + " |")
     return "\n".join(lines)
@@ -584,6 +603,7 @@ def main(argv=None) -> int:
     p.add_argument("--png", default=None)
     p.add_argument("--title", default="")
     p.add_argument("--scales", default="2,5,10,20,50,100", help="scales: the fixed logit scales")
+    p.add_argument("--per-epoch", action="store_true", help="scales: validate every epoch, report the best epoch too")
     ns = p.parse_args(argv)
     start = time.perf_counter()
     if ns.experiment == "prepare-tuxpaint":
@@ -594,6 +614,7 @@ def main(argv=None) -> int:
         seeds=[int(s) for s in ns.seeds.split(",") if s.strip()], variants=ns.variants, model=ns.model,
         embed_dim=ns.embed_dim, steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock,
         png=ns.png, title=ns.title, scales=[float(s) for s in ns.scales.split(",") if s.strip()],
+        per_epoch=ns.per_epoch,
     )  # fmt: skip
     {"compact": compact, "falseneg": falseneg, "identifiability": identifiability, "align_uniform": align_uniform_plot,
      "scales": scales, "epochs": epochs}[

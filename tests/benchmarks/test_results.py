@@ -99,3 +99,15 @@ def test_epochs_table_averages_the_same_epoch_over_seeds_and_skips_missing_ones(
     lines = R.epochs_table(curves, shown=(1, 2)).splitlines()
     assert len(lines) == 3  # header, rule, epoch 1 only
     assert lines[2] == f"| mrl | 1 | 1.000±.000 | -3.000±.000 | {R.mean_sd([0.2, 0.4])} | 14.00 |"
+
+
+def test_scales_table_adds_the_best_epoch_only_when_every_run_has_one(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"epoch": e, "t2i_r10": v}) + "\n" for e, v in ((1, 0.5), (2, 0.8), (3, 0.8))))
+    base = {"logit_scale": 2.0, "align": 1.0, "uniform": -3.0, "t2i_r1": 0.2, "t2i_r10": 0.6}
+    with_best = R._with_best_epoch(base, run)
+    assert (with_best["best_t2i_r10"], with_best["best_epoch"]) == (0.8, 2)  # the first of equals
+    assert R._with_best_epoch(base, tmp_path) == base  # no metrics.jsonl: unchanged
+    assert R.scales_table({("infonce", "2"): [with_best] * 2}).splitlines()[0].endswith("| best-epoch t2i R@10 | best epoch |")
+    assert "best" not in R.scales_table({("infonce", "2"): [with_best, base]}).splitlines()[0]
