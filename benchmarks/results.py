@@ -20,6 +20,8 @@ EXPERIMENT:
 - ``scales``: ``infonce`` and MRL (``--variants``) trained with the logit scale held at each
   of ``--scales`` (``--fixed-logit-scale``; runs in ``OUT/scales/sS/VARIANT/seedN``) beside the
   learned one (the ``compact`` runs, ``OUT/VARIANT/seedN``): align, uniform, t2i R@1 / R@10.
+  ``--per-epoch``: runs that validate every epoch instead, evaluated with their best epoch's
+  weights (picked on the same validation data: optimistic, alike for every scale).
 - ``epochs``: ``infonce`` / MRL / ``tricl`` (``--variants``) trained with per-epoch validation
   (runs in ``OUT/epochs/VARIANT/seedN``); align, uniform, t2i R@10 and the logit scale against
   the epoch, from each run's ``metrics.jsonl``.
@@ -93,7 +95,7 @@ class ResultsConfig:
     png: str | None = None  # plot path
     title: str = ""  # plot title
     scales: list[float] = field(default_factory=lambda: [2.0, 5.0, 10.0, 20.0, 50.0, 100.0])  # ``scales``: fixed s
-    per_epoch: bool = False  # ``scales``: validate after every epoch (runs in OUT/scales_val, OUT/epochs), best epoch too
+    per_epoch: bool = False  # ``scales``: validate every epoch (runs in OUT/scales_val, OUT/epochs); evaluates RUN/best
 
 
 # ---------------------------------------------------------------------------- train and evaluate one run
