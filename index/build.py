@@ -54,7 +54,7 @@ from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
 from index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
-from retrieval.run import METRICS, load_run, run_fingerprint
+from retrieval.run import METRICS, best_info, load_run, run_fingerprint
 
 
 def build_index(cfg: IndexBuildConfig) -> dict:
@@ -270,8 +270,10 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
     return len(rows)
 
 
-def run_recall(run: str, ordering: str, dims: list[int]) -> dict[str, float | None]:
-    """t2i recall@10 per m from the run's last evaluation with a compact curve (None where absent).
+def run_recall(run: str, ordering: str, dims: list[int], weights: str = "best") -> dict[str, float | None]:
+    """t2i recall@10 per m from the run's evaluation of the indexed weights (None where absent):
+    the kept best epoch's for ``weights="best"`` (when the run keeps one), else the last one
+    with a compact curve.
 
     The curve of the index's ordering gives m < D; at m = D the ``importance`` ordering's
     score is the model's own score, i.e. the evaluation's ``t2i_r10``. A missing or damaged
@@ -282,12 +284,15 @@ def run_recall(run: str, ordering: str, dims: list[int]) -> dict[str, float | No
         lines = (Path(run) / METRICS).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError):
         lines = []
+    epoch = _best_epoch(run) if weights == "best" else None
     for line in reversed(lines):
         try:
             candidate = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(candidate, dict) and isinstance(candidate.get("compact"), dict):
+        if not isinstance(candidate, dict) or not isinstance(candidate.get("compact"), dict):
+            continue
+        if epoch is None or candidate.get("epoch") == epoch:
             record = candidate
             break
     out: dict[str, float | None] = {str(m): None for m in dims}
@@ -300,6 +305,15 @@ def run_recall(run: str, ordering: str, dims: list[int]) -> dict[str, float | No
             value = record.get("t2i_r10")
         out[str(m)] = float(value) if isinstance(value, (int, float)) else None
     return out
+
+
+def _best_epoch(run: str) -> int | None:
+    """The epoch ``RUN/best`` holds, or None (no best kept, or its record unreadable)."""
+    try:
+        info = best_info(run)
+    except UserError:
+        return None
+    return None if info is None else info["epoch"]
 
 
 def _manifest(cfg, contents, run_config, fingerprint, transform, model, pairs, added, skipped, previous) -> dict:
@@ -321,7 +335,7 @@ def _manifest(cfg, contents, run_config, fingerprint, transform, model, pairs, a
         "dims": dims,
         "transform": transform.to_dict(),
         "importance": [round(float(v), 6) for v in importance],
-        "recall": run_recall(cfg.run, transform.ordering, dims),
+        "recall": run_recall(cfg.run, transform.ordering, dims, cfg.weights),
         "recall_source": os.path.join(os.path.abspath(cfg.run), METRICS),
         "factories": previous.get("factories", contents.manifest.get("factories")),
         "text_factories": previous.get("text_factories", contents.manifest.get("text_factories")),

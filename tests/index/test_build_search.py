@@ -277,3 +277,24 @@ def test_bad_queries_raise_one_line_user_errors(searcher, call, needle):
     with pytest.raises(UserError, match=needle) as err:
         call(searcher)
     assert "\n" not in str(err.value)
+
+
+def test_index_recall_comes_from_the_evaluation_of_the_indexed_weights(tmp_path):
+    """The manifest's recall per m is the kept best epoch's (what is indexed), not the last epoch's."""
+    import json
+
+    from index.build import run_recall
+
+    run = tmp_path / "run"
+    (run / "best").mkdir(parents=True)
+    records = [
+        {"epoch": 1, "t2i_r10": 0.5, "compact": {"importance": {"8": 0.30}}},
+        {"epoch": 2, "t2i_r10": 0.7, "compact": {"importance": {"8": 0.45}}},  # the best
+        {"epoch": 3, "t2i_r10": 0.6, "compact": {"importance": {"8": 0.40}}},  # the last
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (run / "best" / "best.json").write_text(json.dumps({"epoch": 2, "step": 20, "metric": "t2i_r10", "value": 0.7}))
+    assert run_recall(str(run), "importance", [8, 32]) == {"8": 0.45, "32": 0.7}
+    assert run_recall(str(run), "importance", [8, 32], weights="last") == {"8": 0.40, "32": 0.6}
+    (run / "best" / "best.json").write_text("{damaged")
+    assert run_recall(str(run), "importance", [8, 32]) == {"8": 0.40, "32": 0.6}  # informative only: falls back
