@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
+from retrieval.errors import UserError
+
 
 def current_umask() -> int:
     """The process umask, read without changing it (Linux: /proc), else by setting it back at once."""
@@ -69,6 +71,14 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def read_json(path: str | os.PathLike):
+    """The JSON value in ``path``; UserError (one line) when it cannot be read or parsed."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"cannot read {path}: {err}") from None
 
 
 def write_json_atomic(path: str | os.PathLike, obj) -> None:

@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load_file
 
 from retrieval.errors import UserError
-from retrieval.io import recover_dir
+from retrieval.io import read_json, recover_dir
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
 CONFIG = "config.json"
@@ -44,10 +44,7 @@ def read_config(run: str | os.PathLike) -> dict:
     path = Path(run) / CONFIG
     if not path.is_file():
         raise UserError(f"{run} is not a triclip run (no {CONFIG})")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}") from None
+    config = read_json(path)
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise UserError(f"{path} is damaged (no model section)")
     return config
@@ -72,10 +69,7 @@ def best_info(run: str | os.PathLike) -> dict | None:
     path = recover_dir(Path(run) / BEST) / BEST_INFO
     if not path.is_file():
         return None
-    try:
-        info = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}") from None
+    info = read_json(path)
     if not isinstance(info, dict) or not isinstance(info.get("epoch"), int):
         raise UserError(f"{path} is damaged (no epoch)")
     return info

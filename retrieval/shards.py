@@ -40,7 +40,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from retrieval.errors import UserError
-from retrieval.io import write_json_atomic
+from retrieval.io import read_json, write_json_atomic
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -125,10 +125,7 @@ def read_manifest(emb: str | os.PathLike) -> dict:
     path = Path(emb) / MANIFEST
     if not path.is_file():
         raise UserError(f"{emb} is not a triclip embeddings folder (no {MANIFEST})")
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise UserError(f"cannot read {path}: {err}") from None
+    manifest = read_json(path)
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise UserError(f"{path} has an unknown format (expected {FORMAT})")
     return manifest
