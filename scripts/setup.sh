@@ -27,8 +27,11 @@ PY=${PYTHON:-python3}
 stamp=".venv/.triclip-installed"
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  echo "setup: installing Python packages into .venv (first time: a few minutes, ~6 GB)"
-  .venv/bin/python -m pip install -q --upgrade pip
-  .venv/bin/python -m pip install -q -e ".[test,fast]"
+  free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
+  echo "setup: installing Python packages into .venv (first time: a few minutes, ~8 GB; ${free_gb} GB free here)"
+  [ "$free_gb" -ge 10 ] || echo "setup: warning: less than 10 GB free; the install (torch with its CUDA libraries) may run out of disk" >&2
+  # --no-cache-dir: no second copy of every wheel in ~/.cache/pip
+  .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip
+  .venv/bin/python -m pip install -q --no-cache-dir -e ".[test,fast]"
   echo "$want" > "$stamp"
 fi
