@@ -95,7 +95,8 @@ class ResultsConfig:
     png: str | None = None  # plot path
     title: str = ""  # plot title
     scales: list[float] = field(default_factory=lambda: [2.0, 5.0, 10.0, 20.0, 50.0, 100.0])  # ``scales``: fixed s
-    per_epoch: bool = False  # ``scales``: validate every epoch (runs in OUT/scales_val, OUT/epochs); evaluates RUN/best
+    per_epoch: bool = False  # ``scales`` / ``compact``: validate every epoch (runs in OUT/scales_val, OUT/epochs); evaluates RUN/best
+    curve_metric: str = "t2i_r10"  # ``compact``: the metric against m: t2i_r10, t2i_r1 or class_map (image -> image)
 
 
 # ---------------------------------------------------------------------------- train and evaluate one run
@@ -106,7 +107,7 @@ def run_dir(cfg: ResultsConfig, variant: str, seed: int) -> Path:
 
 
 def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = None, **overrides) -> Path:
-    """Train one variant at one seed unless its weights exist; returns the run folder.
+    """Train one variant at one seed unless its weights (or its evaluation) exist; returns the run folder.
 
     Args:
         run: the run folder (None: ``run_dir``).
@@ -115,7 +116,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
     from training.train import TrainConfig, train
 
     run = run or run_dir(cfg, variant, seed)
-    if (run / "model.safetensors").exists():
+    if (run / "model.safetensors").exists() or (run / "result.json").exists():  # weights of some deleted (disk)
         return run
     data = Path(cfg.data)
     n_train = sum(1 for line in open(data / "train.jsonl") if line.strip())
@@ -148,18 +149,25 @@ def dims_for(dim: int) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate_run(run: Path, val: str, zero_shot: dict | None = None) -> dict:
-    """Every number the tables need, for one run (cached in ``run/result.json``)."""
+def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metric: str = "t2i_r10") -> dict:
+    """Every number the tables need, for one run (cached in ``run/result.json``).
+
+    Args:
+        curve_metric: a cached result without this compact curve is evaluated again.
+    """
     from retrieval.cache import locked_tower_outputs
     from retrieval.compact import compact_curve, topm_embed
     from retrieval.data import load_pairs
     from retrieval.embed import embed_pairs, embed_texts
+    from retrieval.io import write_text_atomic
     from retrieval.metrics import align_uniform, class_map, retrieval_recall, zero_shot_accuracy
     from retrieval.run import load_run
 
     saved = run / "result.json"
     if saved.exists():
-        return json.loads(saved.read_text())
+        cached = json.loads(saved.read_text())
+        if curve_metric == "t2i_r10" or curve_metric in cached.get("curves", {}):
+            return cached
     device = torch.device("cpu")
     model, _ = load_run(run, device)
     pairs = load_pairs(val)
@@ -179,6 +187,7 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None) -> dict:
     out["w_mass"] = {m: float(w[order[:m]].sum() / w.sum()) for m in dims_for(dim)}  # share of w in the top m
     out["w_prefix_overlap"] = {m: len(set(order[:m].tolist()) & set(range(m))) / m for m in dims_for(dim)}
     labels = [pairs.records[i].label for i in keep.tolist()]
+    ids = None  # class id of each val image, where the data has labels
     if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
         names = sorted(set(map(str, labels)))
         ids = torch.tensor([names.index(str(label)) for label in labels])
@@ -190,10 +199,38 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None) -> dict:
             classes = torch.nn.functional.normalize(emb.mean(dim=1), dim=1)  # (C, D)
             target = torch.tensor([zero_shot["labels"].index(str(label)) for label in labels])
             out["zero_shot"] = zero_shot_accuracy(scored_image, classes, target)
+    out["curves"] = metric_curves(image, text, owner, w, dims_for(dim), texts, ids)
     seconds = run / "train_seconds.txt"
     out["train_seconds"] = float(seconds.read_text()) if seconds.exists() else None
-    saved.write_text(json.dumps(out))
+    out["weights"] = "best" if (run / "best").is_dir() else "last"  # what load_run loaded
+    write_text_atomic(saved, json.dumps(out))
     return json.loads(saved.read_text())  # string keys, as a re-read gives
+
+
+def metric_curves(image, text, owner, w, dims: list[int], texts: list[str], labels=None) -> dict:
+    """``{metric: {ordering: {m: value}}}`` for t2i R@1 and, with ``labels``, class mAP image -> image.
+
+    Args:
+        image: val image embeddings. Shape: (N, D).
+        text: val caption embeddings. Shape: (M, D).
+        owner: image row of each caption. Shape: (M,).
+        w: the importance. Shape: (D,).
+        labels: class id of each image (N,), or None.
+    """
+    from retrieval.compact import compact_embeddings, fit_pca
+    from retrieval.metrics import class_map, retrieval_recall
+
+    basis = fit_pca(torch.cat([image, text]))  # one fit for every m, as compact_curve does
+    curves: dict = {"t2i_r1": {}, **({"class_map": {}} if labels is not None else {})}
+    for ordering in ("importance", "first", "random", "pca"):
+        for metric in curves:
+            curves[metric][ordering] = {}
+        for m in dims:
+            img, txt = compact_embeddings(image, text, ordering, m, w, 0, basis)  # (N, m), (M, m)
+            curves["t2i_r1"][ordering][m] = float(retrieval_recall(img, txt, owner, texts=texts)["t2i_r1"])
+            if labels is not None:
+                curves["class_map"][ordering][m] = class_map(img, img, labels, labels, exclude_self=True)
+    return curves
 
 
 def _zero_shot_spec(data: str) -> dict | None:
@@ -207,13 +244,21 @@ def _zero_shot_spec(data: str) -> dict | None:
 
 
 def collect(cfg: ResultsConfig, variants: list[str]) -> dict[str, list[dict]]:
-    """``{variant: [result per seed]}``, training what is missing."""
+    """``{variant: [result per seed]}``, training what is missing.
+
+    With ``cfg.per_epoch`` the runs validate every epoch (``OUT/epochs/VARIANT/seedN``) and are
+    evaluated with their best epoch's weights (``RUN/best``, picked on the same validation data).
+    """
     zero_shot = _zero_shot_spec(cfg.data)
+    val = str(Path(cfg.data) / "val.jsonl")
     results: dict[str, list[dict]] = {}
     for variant in variants:
         for seed in cfg.seeds:
-            run = train_run(cfg, variant, seed)
-            r = evaluate_run(run, str(Path(cfg.data) / "val.jsonl"), zero_shot)
+            if cfg.per_epoch:
+                run = train_run(cfg, variant, seed, Path(cfg.out) / "epochs" / variant / f"seed{seed}", val_data=val)
+            else:
+                run = train_run(cfg, variant, seed)
+            r = _with_best_epoch(evaluate_run(run, val, zero_shot, cfg.curve_metric), run)
             results.setdefault(variant, []).append(r)
             print(json.dumps({"variant": variant, "seed": seed, "t2i_r10": r["t2i_r10"], "train_s": r["train_seconds"]}))
     return results
@@ -232,15 +277,21 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f}±{sd:.3f}".replace("±0.", "±.")
 
 
-def curve_values(result: dict, ordering: str, m: int) -> float:
-    return result["curve"][ordering][str(m)] if str(m) in result["curve"][ordering] else result["curve"][ordering][m]
+CURVE_METRICS = {"t2i_r10": "t2i recall@10 (distinct texts)", "t2i_r1": "t2i recall@1 (distinct texts)",
+                 "class_map": "class mAP, image -> image"}  # fmt: skip
 
 
-def compact_table(results: dict[str, list[dict]], dims: list[int]) -> str:
+def curve_values(result: dict, ordering: str, m: int, metric: str = "t2i_r10") -> float:
+    """One point of a compact curve: ``metric`` at ``m`` dimensions under ``ordering``."""
+    curve = (result["curve"] if metric == "t2i_r10" else result["curves"][metric])[ordering]
+    return curve[str(m)] if str(m) in curve else curve[m]
+
+
+def compact_table(results: dict[str, list[dict]], dims: list[int], metric: str = "t2i_r10") -> str:
     lines = ["| model, ordering | " + " | ".join(f"m={m}" for m in dims) + " |", "|---|" + "---:|" * len(dims)]
     for variant, ordering, label in CURVE_ROWS:
         if variant in results:
-            cells = [mean_sd([curve_values(r, ordering, m) for r in results[variant]]) for m in dims]
+            cells = [mean_sd([curve_values(r, ordering, m, metric) for r in results[variant]]) for m in dims]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -253,33 +304,37 @@ def full_table(results: dict[str, list[dict]], keys: list[tuple[str, str]]) -> s
     return "\n".join(lines)
 
 
-def paired_table(results: dict[str, list[dict]], a: tuple[str, str], b: tuple[str, str], dims: list[int]) -> str:
+def paired_table(
+    results: dict[str, list[dict]], a: tuple[str, str], b: tuple[str, str], dims: list[int], metric: str = "t2i_r10"
+) -> str:
     """Per m: mean ± sd and the range over seeds of ``a - b`` (same seed)."""
     lines = ["| m | " + f"{a[0]} − {b[0]}: mean±sd | min | max |", "|---:|---:|---:|---:|"]
     for m in dims:
-        diffs = [curve_values(ra, a[1], m) - curve_values(rb, b[1], m) for ra, rb in zip(results[a[0]], results[b[0]])]
+        pairs = zip(results[a[0]], results[b[0]])
+        diffs = [curve_values(ra, a[1], m, metric) - curve_values(rb, b[1], m, metric) for ra, rb in pairs]
         lines.append(f"| {m} | {mean_sd(diffs)} | {min(diffs):+.3f} | {max(diffs):+.3f} |")
     return "\n".join(lines)
 
 
-def plot_curves(results: dict[str, list[dict]], dims: list[int], path: str, title: str) -> None:
+def plot_curves(results: dict[str, list[dict]], dims: list[int], path: str, title: str, metric: str = "t2i_r10") -> None:
+    """Mean ± sd over seeds against m; the baselines' PCA curves dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
-    for variant, ordering, label in CURVE_ROWS[:7]:
+    for n, (variant, ordering, label) in enumerate(CURVE_ROWS):
         if variant not in results:
             continue
         runs = results[variant]
-        means = [statistics.mean(curve_values(r, ordering, m) for r in runs) for m in dims]
-        sds = [statistics.stdev([curve_values(r, ordering, m) for r in runs]) if len(runs) > 1 else 0 for m in dims]
-        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label)
+        means = [statistics.mean(curve_values(r, ordering, m, metric) for r in runs) for m in dims]
+        sds = [statistics.stdev([curve_values(r, ordering, m, metric) for r in runs]) if len(runs) > 1 else 0 for m in dims]
+        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label, ls="--" if n >= 7 else "-")
     ax.set_xscale("log", base=2)
     ax.set_xticks(dims, [str(m) for m in dims])
     ax.set_xlabel("m (dimensions kept)")
-    ax.set_ylabel("t2i recall@10 (distinct texts)")
+    ax.set_ylabel(CURVE_METRICS[metric])
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
@@ -304,15 +359,24 @@ def _save(fig, path: str) -> None:
 def compact(cfg: ResultsConfig) -> None:
     results = collect(cfg, cfg.variants or EXPERIMENTS["compact"])
     dims = dims_for(cfg.embed_dim)
-    print(f"\nt2i R@10 (distinct texts) against m, mean ± sd over seeds {cfg.seeds}:\n")
-    print(compact_table(results, dims))
+    metric = cfg.curve_metric
+    weights = "best epoch (RUN/best, picked on the validation data)" if cfg.per_epoch else "last weights"
+    print(f"\n{CURVE_METRICS[metric]} against m, {weights}, mean ± sd over seeds {cfg.seeds}:\n")
+    print(compact_table(results, dims, metric))
     keys = [("t2i_r1", "t2i R@1"), ("t2i_r10", "t2i R@10"), ("i2t_r1", "i2t R@1"), ("i2t_r10", "i2t R@10"),
             ("align", "align"), ("uniform", "uniform"), ("train_seconds", "train s")]  # fmt: skip
+    if all("class_map_i2i" in r for runs in results.values() for r in runs):
+        keys[4:4] = [("class_map_i2i", "class mAP i→i")]
+    if all("zero_shot" in r for runs in results.values() for r in runs):
+        keys[4:4] = [("zero_shot", "zero-shot acc")]
     print("\nFull dimension (the model's own score):\n")
     print(full_table(results, keys))
     if "mrl" in results and "tricl" in results:
-        print("\nPaired by seed, MRL (first m) − tricl (importance order), t2i R@10:\n")
-        print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims))
+        print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
+        print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
+    if cfg.per_epoch:
+        print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
+                                           for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip
     for variant in ("tricl", "tricl_flat", "tricl_nonest"):
         if variant in results:
             overlap = " / ".join(
@@ -322,7 +386,7 @@ def compact(cfg: ResultsConfig) -> None:
             print(f"\n{variant}: top-m by w ∩ first m, share of m: {overlap}")
             print(f"{variant}: share of sum(w) in the top m: {mass}")
     if cfg.png:
-        plot_curves(results, dims, cfg.png, cfg.title or cfg.data)
+        plot_curves(results, dims, cfg.png, cfg.title or cfg.data, metric)
         print(f"\nplot: {cfg.png}")
 
 
@@ -605,7 +669,10 @@ def main(argv=None) -> int:
     p.add_argument("--png", default=None)
     p.add_argument("--title", default="")
     p.add_argument("--scales", default="2,5,10,20,50,100", help="scales: the fixed logit scales")
-    p.add_argument("--per-epoch", action="store_true", help="scales: validate every epoch, report the best epoch too")
+    p.add_argument("--per-epoch", action="store_true",
+                   help="scales, compact: validate every epoch; evaluate the best epoch (RUN/best)")
+    p.add_argument("--curve-metric", default="t2i_r10", choices=["t2i_r10", "t2i_r1", "class_map"],
+                   help="compact: the metric of the curve against m")  # fmt: skip
     ns = p.parse_args(argv)
     start = time.perf_counter()
     if ns.experiment == "prepare-tuxpaint":
@@ -616,7 +683,7 @@ def main(argv=None) -> int:
         seeds=[int(s) for s in ns.seeds.split(",") if s.strip()], variants=ns.variants, model=ns.model,
         embed_dim=ns.embed_dim, steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock,
         png=ns.png, title=ns.title, scales=[float(s) for s in ns.scales.split(",") if s.strip()],
-        per_epoch=ns.per_epoch,
+        per_epoch=ns.per_epoch, curve_metric=ns.curve_metric,
     )  # fmt: skip
     {"compact": compact, "falseneg": falseneg, "identifiability": identifiability, "align_uniform": align_uniform_plot,
      "scales": scales, "epochs": epochs}[

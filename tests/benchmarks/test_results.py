@@ -79,6 +79,15 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     assert set(saved["curve"]["first"]) == {str(m) for m in R.dims_for(32)}
     config = json.loads((R.run_dir(cfg, "mrl", 1) / "config.json").read_text())
     assert config["loss"] == "infonce" and config["loss_options"] == {"nested": 4, "nested_order": "prefix"}
+    assert {"t2i_r1", "class_map"} <= set(saved["curves"]) and saved["weights"] == "last"
+    assert set(saved["curves"]["class_map"]["pca"]) == {str(m) for m in R.dims_for(32)}
+    R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": ["mrl"], "curve_metric": "class_map", "png": None}))
+    assert "class mAP, image -> image against m, last weights" in capsys.readouterr().out
+    R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": ["infonce"], "per_epoch": True, "png": None}))
+    out = capsys.readouterr().out
+    assert "against m, best epoch" in out and "best epoch: infonce 1.000±.000" in out
+    best = json.loads((R.Path(cfg.out) / "epochs" / "infonce" / "seed0" / "result.json").read_text())
+    assert best["weights"] == "best"
     R.identifiability(R.ResultsConfig(**{**cfg.__dict__, "variants": ["infonce", "tricl"]}))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| infonce") or line.startswith("| tricl")]
     assert len(lines) == 2 and all(0.0 <= float(cell) <= 1.0 for cell in lines[0].strip("| ").split(" | ")[-1:])
@@ -111,3 +120,25 @@ def test_scales_table_adds_the_best_epoch_only_when_every_run_has_one(tmp_path):
     assert R._with_best_epoch(base, tmp_path) == base  # no metrics.jsonl: unchanged
     assert R.scales_table({("infonce", "2"): [with_best] * 2}).splitlines()[0].endswith("| best-epoch t2i R@10 | best epoch |")
     assert "best" not in R.scales_table({("infonce", "2"): [with_best, base]}).splitlines()[0]
+
+
+def test_metric_curves_recall_at_1_and_class_map_against_m():
+    import torch
+
+    torch.manual_seed(0)
+    labels = torch.arange(12) % 3
+    centres = torch.nn.functional.normalize(torch.randn(3, 8), dim=1) * 4
+    image = torch.nn.functional.normalize(centres[labels] + 0.1 * torch.randn(12, 8), dim=1)  # (12, 8)
+    text = image.clone()  # one caption per image, identical embedding: t2i R@1 = 1 at full D
+    curves = R.metric_curves(image, text, torch.arange(12), torch.ones(8), [2, 8], [f"c{i}" for i in range(12)], labels)
+    assert set(curves) == {"t2i_r1", "class_map"} and set(curves["t2i_r1"]) == {"importance", "first", "random", "pca"}
+    assert curves["t2i_r1"]["first"][8] == 1.0 and curves["class_map"]["pca"][8] == 1.0  # well separated classes
+    assert all(0.0 <= v <= 1.0 for c in curves.values() for o in c.values() for v in o.values())
+    assert "class_map" not in R.metric_curves(image, text, torch.arange(12), torch.ones(8), [8], [str(i) for i in range(12)])
+
+
+def test_curve_values_and_table_of_another_metric():
+    result = {"curve": {"first": {"8": 0.9}}, "curves": {"t2i_r1": {"first": {"8": 0.4}}}}
+    assert R.curve_values(result, "first", 8) == 0.9 and R.curve_values(result, "first", 8, "t2i_r1") == 0.4
+    table = R.compact_table({"mrl": [result, result]}, [8], "t2i_r1")
+    assert table.splitlines()[-1] == "| MRL (infonce + prefix nesting) | 0.400±.000 |"
