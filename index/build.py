@@ -68,6 +68,8 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         raise UserError("index build needs --run, --data and --out (or --embeddings and --out)")
     dims = _validate(cfg)
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
+    if base is not None and base.manifest.get("on_disk"):
+        raise UserError(f"{cfg.out} keeps IVF lists on disk: --add is not supported; rebuild it with --embeddings")
     pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
     device = pick_device(cfg.device)
     model, run_config = load_run(cfg.run, device, which=cfg.weights)

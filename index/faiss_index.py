@@ -24,14 +24,28 @@ lists, HNSW keeps ``max(64, 2k)`` candidates.
 
 With a GPU and faiss-gpu, Flat and IVF indexes are moved to the GPU to build and search
 (:func:`to_device`); they are always saved from a CPU copy.
+
+On disk (:func:`merge_on_disk`, :func:`load` with ``on_disk=True``): an IVF index whose
+inverted lists live in a ``.ivfdata`` file (``faiss.OnDiskInvertedLists``, as in
+``faiss.contrib.ondisk``), memory-mapped read-only, so the lists are paged in by the
+kernel as queries touch them and never copied into the process. The ``.faiss`` file
+records the lists file's absolute path at writing time; it is read back with
+``IO_FLAG_ONDISK_SAME_DIR`` (the lists file is looked up beside the ``.faiss`` file), so
+a folder can be moved or copied. FAISS prints a line to stdout (the C ``printf``) when
+it resizes or relocates such a file; that is silenced, since ``--json`` output goes there.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import math
 import os
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 import faiss
 import numpy as np
@@ -241,8 +255,11 @@ def gpu_available() -> bool:
 
 
 def to_device(index: faiss.Index, gpu: bool | None = None) -> faiss.Index:
-    """A GPU copy of a Flat / IVF index when ``gpu`` (``None``: when one is present); else ``index``."""
-    if not (gpu_available() if gpu is None else gpu and gpu_available()):
+    """A GPU copy of a Flat / IVF index when ``gpu`` (``None``: when one is present); else ``index``.
+
+    An on-disk index stays where it is (a GPU copy would load its lists into GPU memory).
+    """
+    if is_on_disk(index) or not (gpu_available() if gpu is None else gpu and gpu_available()):
         return index
     try:
         return faiss.index_cpu_to_all_gpus(index)
@@ -359,12 +376,114 @@ def save(index: faiss.Index, path: str | os.PathLike) -> None:
         raise
 
 
-def load(path: str | os.PathLike) -> faiss.Index:
-    """Read an index written by :func:`save`; ValueError when the file is missing or not an index."""
+def load(path: str | os.PathLike, on_disk: bool = False) -> faiss.Index:
+    """Read an index written by :func:`save`; ValueError when the file is missing or not an index.
+
+    ``on_disk``: the index's lists are in a ``.ivfdata`` file beside ``path`` (whatever
+    path it was written at); they are memory-mapped read-only, not loaded.
+    """
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ValueError(f"no FAISS index at {path}")
     try:
-        return faiss.read_index(path)
-    except RuntimeError:
-        raise ValueError(f"{path} is not a readable FAISS index") from None
+        if not on_disk:
+            return faiss.read_index(path)
+        with quiet_stdout():
+            return faiss.read_index(path, faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
+    except RuntimeError as err:
+        why = f" ({_last_line(err)})" if on_disk else ""
+        raise ValueError(f"{path} is not a readable FAISS index{why}") from None
+
+
+# ---------------------------------------------------------------------------- on disk
+
+
+def on_disk_lists(index: faiss.Index):
+    """The ``faiss.OnDiskInvertedLists`` of an IVF index whose lists are on disk, else None."""
+    ivf = _ivf_or_none(index)
+    if ivf is None:
+        return None
+    lists = faiss.downcast_InvertedLists(ivf.invlists)
+    return lists if isinstance(lists, faiss.OnDiskInvertedLists) else None
+
+
+def is_on_disk(index: faiss.Index) -> bool:
+    return on_disk_lists(index) is not None
+
+
+def ivf_list_bytes(index: faiss.Index, n: int) -> int | None:
+    """Bytes the inverted lists of IVF ``index`` take with ``n`` vectors (codes + int64 ids); None: not IVF."""
+    ivf = _ivf_or_none(index)
+    return None if ivf is None else int(n) * (int(ivf.code_size) + 8)
+
+
+def merge_on_disk(trained: faiss.Index, part_files: list, counts: list[int], ivfdata: str | os.PathLike) -> faiss.Index:
+    """One index whose lists are the concatenation of the parts' lists, written to ``ivfdata``.
+
+    ``faiss.contrib.ondisk.merge_ondisk``, with checks: each part (a copy of ``trained``
+    holding ``counts[s]`` vectors, saved with :func:`save`) is memory-mapped
+    (``IO_FLAG_MMAP``), not loaded, and its ids are kept as they are (``shift_ids`` off):
+    the parts must already carry their global ids (``add_with_ids``), so merging in
+    any order gives the same rows. Within each list the parts' entries follow in part
+    order, as successive ``IndexIVF.merge_from`` calls would put them.
+
+    Returns:
+        A copy of ``trained`` whose lists are a ``faiss.OnDiskInvertedLists`` on ``ivfdata``.
+    """
+    merged = faiss.clone_index(trained)
+    target = faiss.extract_index_ivf(merged)
+    if merged.ntotal:
+        raise ValueError("merge_on_disk needs an empty trained index")
+    parts, vector = [], faiss.InvertedListsPtrVector()
+    for file, count in zip(part_files, counts, strict=True):
+        part = faiss.read_index(os.fspath(file), faiss.IO_FLAG_MMAP)
+        if part.ntotal != count:
+            raise ValueError(f"part {file} holds {part.ntotal} vectors, expected {count}")
+        ivf = faiss.extract_index_ivf(part)
+        if ivf.nlist != target.nlist or ivf.code_size != target.code_size:
+            raise ValueError(f"part {file} is not a copy of the trained index")
+        parts.append(part)  # keeps its lists alive until the merge is done
+        vector.push_back(ivf.invlists)
+    lists = faiss.OnDiskInvertedLists(target.nlist, target.code_size, os.fspath(ivfdata))
+    with quiet_stdout():
+        ntotal = lists.merge_from_multiple(vector.data(), vector.size(), False)
+    if ntotal != sum(counts):
+        raise ValueError(f"the on-disk merge holds {ntotal} vectors, expected {sum(counts)}")
+    target.replace_invlists(lists, True)  # the index owns the lists now
+    lists.this.disown()
+    target.ntotal = merged.ntotal = ntotal  # a wrapper (e.g. a pre-transform) counts its inner index's vectors
+    return merged
+
+
+def relocate_lists(index: faiss.Index, name: str) -> None:
+    """Record ``name`` (a bare file name) as the lists file of an on-disk index before :func:`save`.
+
+    The mapping stays open; only what is written changes, so no absolute path of a
+    temporary folder ends up in the file (reading looks beside the ``.faiss`` file anyway).
+    """
+    lists = on_disk_lists(index)
+    if lists is None:
+        raise ValueError("not an on-disk index")
+    lists.filename = Path(name).name
+
+
+_STDOUT_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def quiet_stdout():
+    """Send what C code prints to file descriptor 1 meanwhile to /dev/null (one thread at a time)."""
+    libc = ctypes.CDLL(None)
+    with _STDOUT_LOCK:
+        sys.stdout.flush()
+        libc.fflush(None)
+        saved = os.dup(1)
+        null = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(null, 1)
+            yield
+        finally:
+            libc.fflush(None)
+            os.dup2(saved, 1)
+            os.close(saved)
+            os.close(null)

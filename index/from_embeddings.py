@@ -18,6 +18,16 @@ never run again. For every m (and for the captions, when the shards have them):
 - under ``torchrun`` the shards are added in parallel, rank ``r`` taking shards
   ``r, r + W, ...``: rank 0 trains and saves the empty index, every rank writes its
   parts next to the output folder, rank 0 merges them and writes the folder.
+- **on disk** when an IVF index's lists (codes + ids) exceed ``memory_budget``
+  (``on_disk="auto"``; ``"always"`` / ``"never"`` force it): each shard is added to a
+  copy of the trained index **with its global ids** (``add_with_ids``, ids
+  ``offsets[s] ...``), the part is saved, and the parts are merged, memory-mapped, into
+  one ``OnDiskInvertedLists`` file (``index.faiss_index.merge_on_disk``,
+  ``faiss.contrib.ondisk``) that becomes ``{kind}.m{m}.ivfdata`` of the new version; the
+  full-D vectors are then written to ``vectors.npy`` shard by shard, never held whole.
+  Memory is bounded by one shard, the trained index and the page cache. The parts and
+  lists are written in ``.{out}.shard-parts`` beside the output folder (same
+  filesystem: the lists file is renamed into the version, not copied).
 
 ``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
 index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
@@ -42,7 +52,17 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from index import faiss_index as fi
-from index.store import FORMAT, IndexContents, is_empty_dir, is_index_dir, write_version, writer_lock
+from index.store import (
+    FORMAT,
+    TEXT_VECTORS,
+    VECTORS,
+    IndexContents,
+    is_empty_dir,
+    is_index_dir,
+    ivfdata_name,
+    write_version,
+    writer_lock,
+)
 from retrieval.errors import UserError
 from retrieval.shards import IMAGE, TEXT, barrier, check_complete, init_distributed, load_shard, shard_name
 
@@ -63,6 +83,7 @@ class EmbeddingsIndexConfig:
     tune_queries: int = 1000  # held-out queries for the nprobe tuning
     seed: int = 0  # seed of the training sample, k-means and the tuning queries
     lock_timeout: float = 600.0  # seconds to wait for another writer of the folder
+    on_disk: str = "auto"  # IVF lists on disk: auto (when they exceed memory_budget), always, never
 
 
 def from_build_config(cfg) -> EmbeddingsIndexConfig:
@@ -81,6 +102,7 @@ def from_build_config(cfg) -> EmbeddingsIndexConfig:
         text_index=getattr(cfg, "text_index", True),
         seed=getattr(cfg, "seed", 0),
         lock_timeout=getattr(cfg, "lock_timeout", 600.0),
+        on_disk=getattr(cfg, "on_disk", "auto"),
     )
 
 
@@ -94,6 +116,7 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
     emb_manifest = check_complete(cfg.embeddings)
     dims = _validate(cfg, emb_manifest["dim"])
     rank, world, owned = init_distributed()
+    work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}.shard-parts"
     try:
         image = ShardVectors.open(cfg.embeddings, emb_manifest["num_shards"], "image")
         text = None
@@ -102,26 +125,27 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
         budget = cfg.memory_budget if cfg.memory_budget is not None else fi.available_memory() // 2
         factories = {m: choose_factory(image.count, m, budget, cfg.factory) for m in dims}
         text_factories = {m: choose_factory(text.count, m, budget, cfg.factory) for m in dims} if text else {}
-        work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}.shard-parts"
-        if rank == 0 and world > 1:  # parts of an earlier, killed build are not reused
+        if rank == 0:  # parts of an earlier, killed build are not reused
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-        builder = ShardedBuilder(cfg.seed, rank, world, work)
+        barrier(world)
+        builder = ShardedBuilder(cfg.seed, rank, world, work, on_disk=cfg.on_disk, budget=budget)
         image_indexes = builder.build_all(image, factories, "image")
         text_indexes = builder.build_all(text, text_factories, "text") if text else {}
         if rank != 0:
             return {"rank": rank, "world": world, "seconds": round(time.perf_counter() - started, 2)}
-        shutil.rmtree(work, ignore_errors=True)
         tuning = {
             "image": {m: tune_nprobe(idx, image, text or image, m, cfg) for m, idx in image_indexes.items()},
             "text": {m: tune_nprobe(idx, text, image, m, cfg) for m, idx in text_indexes.items()} if text else {},
         }
-        contents = _contents(cfg, emb_manifest, image, text, image_indexes, text_indexes)
+        contents = _contents(cfg, emb_manifest, image, text, image_indexes, text_indexes, work)
         contents.manifest = _manifest(cfg, emb_manifest, contents, factories, text_factories, tuning, budget)
         with writer_lock(cfg.out, cfg.lock_timeout):
             write_version(cfg.out, contents)
         return _summary(cfg, contents.manifest, started, rank, world)
     finally:
+        if rank == 0:
+            shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
         if owned:
             import torch.distributed as dist
 
@@ -245,7 +269,9 @@ class ShardedBuilder:
     seed: int  # training sample and k-means
     rank: int = 0  # this process
     world: int = 1  # processes (torchrun ranks)
-    work: Path | None = None  # folder for trained indexes and parts shared by ranks (world > 1)
+    work: Path | None = None  # folder for trained indexes and parts (world > 1) and on-disk lists
+    on_disk: str = "never"  # IVF lists on disk: auto (beyond budget), always, never
+    budget: int | None = None  # bytes an index may take in memory (on_disk="auto")
 
     def build_all(self, vectors: ShardVectors, factories: dict[int, str], kind: str) -> dict[int, faiss.Index]:
         """``{m: index}``; on ranks other than 0 the values are ``None`` (rank 0 merges)."""
@@ -254,32 +280,66 @@ class ShardedBuilder:
     def build(self, vectors: ShardVectors, m: int, factory: str, tag: str = "index") -> faiss.Index | None:
         """One index over the top-m embeddings of every shard, rows in shard order."""
         empty = _new(m, factory)
+        disk = self.wants_disk(empty, vectors.count, m, factory)
         if not is_ivf(empty):
             if self.rank != 0:
                 return None
             return build_in_memory(vectors, m, empty, self.seed)
-        if self.world == 1:
+        if self.world == 1 and not disk:
             trained = train_once(vectors, m, empty, self.seed)
             shards = tqdm(range(len(vectors.parts)), desc=f"adding shards (m={m})", unit="shard", disable=None)
             parts = (add_shard(trained, vectors.shard(s, m)) for s in shards)
             return merge_parts(trained, parts, vectors.offsets)
-        return self._build_distributed(vectors, m, empty, tag)
+        return self._build_parts(vectors, m, empty, tag, disk)
 
-    def _build_distributed(self, vectors: ShardVectors, m: int, empty: faiss.Index, tag: str):
+    def wants_disk(self, index: faiss.Index, n: int, m: int = 0, factory: str = "") -> bool:
+        """Whether the IVF ``index`` with ``n`` vectors is merged on disk (the same answer on every rank)."""
+        if self.on_disk not in ("auto", "always", "never"):
+            raise UserError(f"--on-disk must be auto, always or never, got {self.on_disk!r}")
+        if self.on_disk == "never":
+            return False
+        lists = fi.ivf_list_bytes(index, n)
+        if lists is None:
+            if self.on_disk == "always":
+                raise UserError(f"--on-disk always: {factory} at m={m} is not an IVF index; only IVF lists go on disk")
+            return False
+        return self.on_disk == "always" or (self.budget is not None and lists > self.budget)
+
+    def _build_parts(self, vectors: ShardVectors, m: int, empty: faiss.Index, tag: str, disk: bool):
+        """Train on rank 0, add shards as saved parts (rank r: shards r, r + W, ...), merge on rank 0.
+
+        ``disk``: parts carry their global ids and are merged into ``work/{tag}.ivfdata``;
+        otherwise parts are numbered from 0 and merged in memory with id offsets.
+        """
         work = self.work
+        if work is None:
+            raise ValueError("ShardedBuilder needs a work folder for parts and on-disk lists")
         trained_file = work / f"{tag}.trained.faiss"
-        if self.rank == 0:
-            fi.save(train_once(vectors, m, empty, self.seed), trained_file)
-        barrier(self.world)
-        trained = faiss.read_index(str(trained_file))
+        if self.world == 1:
+            trained = train_once(vectors, m, empty, self.seed)
+        else:
+            if self.rank == 0:
+                fi.save(train_once(vectors, m, empty, self.seed), trained_file)
+            barrier(self.world)
+            trained = faiss.read_index(str(trained_file))
+        counts = np.diff(vectors.offsets)
+        files = [work / f"{tag}.part{s:05d}.faiss" for s in range(len(vectors.parts))]
         mine = range(self.rank, len(vectors.parts), self.world)
-        for s in tqdm(mine, desc=f"rank {self.rank} adding shards (m={m})", unit="shard", disable=None):
-            fi.save(add_shard(trained, vectors.shard(s, m)), work / f"{tag}.part{s:05d}.faiss")
+        who = f"rank {self.rank} " if self.world > 1 else ""
+        for s in tqdm(mine, desc=f"{who}adding shards (m={m})", unit="shard", disable=None):
+            first = int(vectors.offsets[s]) if disk else None
+            fi.save(add_shard(trained, vectors.shard(s, m), first), files[s])
         barrier(self.world)
         if self.rank != 0:
             return None
-        parts = (faiss.read_index(str(work / f"{tag}.part{s:05d}.faiss")) for s in range(len(vectors.parts)))
-        return merge_parts(trained, parts, vectors.offsets)
+        if disk:
+            full = [s for s in range(len(files)) if counts[s]]
+            merged = fi.merge_on_disk(trained, [files[s] for s in full], counts[full].tolist(), work / f"{tag}.ivfdata")
+        else:
+            merged = merge_parts(trained, (faiss.read_index(str(f)) for f in files), vectors.offsets)
+        for f in files + [trained_file]:
+            f.unlink(missing_ok=True)
+        return merged
 
 
 def _new(m: int, factory: str) -> faiss.Index:
@@ -316,11 +376,15 @@ def train_once(vectors: ShardVectors, m: int, index: faiss.Index, seed: int = 0)
     return index
 
 
-def add_shard(trained: faiss.Index, vectors: np.ndarray) -> faiss.Index:
-    """A copy of the trained empty index holding one shard's vectors, numbered from 0."""
+def add_shard(trained: faiss.Index, vectors: np.ndarray, first_id: int | None = None) -> faiss.Index:
+    """A copy of the trained empty index holding one shard's vectors, numbered from 0 (or ``first_id``)."""
     part = faiss.clone_index(trained)
     if len(vectors):
-        part.add(fi.as_float32(vectors, trained.d))
+        x = fi.as_float32(vectors, trained.d)  # (n_s, m)
+        if first_id is None:
+            part.add(x)
+        else:
+            part.add_with_ids(x, np.arange(first_id, first_id + len(x), dtype=np.int64))
     return part
 
 
@@ -395,6 +459,8 @@ def _validate(cfg: EmbeddingsIndexConfig, dim: int) -> list[int]:
         raise UserError(f"tune_queries must be >= 1, got {cfg.tune_queries}")
     if cfg.memory_budget is not None and cfg.memory_budget <= 0:
         raise UserError(f"--memory-budget must be positive, got {cfg.memory_budget}")
+    if cfg.on_disk not in ("auto", "always", "never"):
+        raise UserError(f"--on-disk must be auto, always or never, got {cfg.on_disk!r}")
     if not cfg.factory.strip():
         raise UserError("--factory must be a FAISS factory string or auto")
     if cfg.factory != "auto":
@@ -406,7 +472,8 @@ def _validate(cfg: EmbeddingsIndexConfig, dim: int) -> list[int]:
     return dims
 
 
-def _contents(cfg, emb_manifest, image: ShardVectors, text, image_indexes, text_indexes) -> IndexContents:
+def _contents(cfg, emb_manifest, image: ShardVectors, text, image_indexes, text_indexes, work: Path) -> IndexContents:
+    """The version to write; with an index on disk, its lists and the vectors are files in ``work``."""
     metas, text_rows = [], []
     for s in range(emb_manifest["num_shards"]):
         shard = load_shard(cfg.embeddings, s, text=text is not None)
@@ -414,13 +481,38 @@ def _contents(cfg, emb_manifest, image: ShardVectors, text, image_indexes, text_
             text_rows.append(shard["text_rows"] + np.array([image.offsets[s], 0]))
         metas.append(shard["meta"])
     meta = _unique_ids([row for part in metas for row in part])
-    vectors = np.concatenate([np.asarray(p, np.float32) for p in image.parts])  # (N, D)
-    contents = IndexContents({}, meta, vectors, image_indexes)
+    contents = IndexContents({}, meta, None, image_indexes)
     if text is not None:
-        contents.text_vectors = np.concatenate([np.asarray(p, np.float32) for p in text.parts])  # (T, D)
         contents.text_rows = np.concatenate(text_rows).astype(np.int64).reshape(-1, 2)
         contents.text_indexes = text_indexes
+    files = {}
+    for kind, table in (("image", image_indexes), ("text", text_indexes)):
+        for m, index in table.items():
+            if fi.is_on_disk(index):
+                files[ivfdata_name(kind, m)] = Path(fi.on_disk_lists(index).filename)
+    if files:  # too big for memory: the vectors go to their file shard by shard
+        files[VECTORS] = work / VECTORS
+        contents.vectors = stack_to_file(image, files[VECTORS])  # (N, D) memory-mapped
+        if text is not None:
+            files[TEXT_VECTORS] = work / TEXT_VECTORS
+            contents.text_vectors = stack_to_file(text, files[TEXT_VECTORS])  # (T, D)
+        contents.files = files
+        return contents
+    contents.vectors = np.concatenate([np.asarray(p, np.float32) for p in image.parts])  # (N, D)
+    if text is not None:
+        contents.text_vectors = np.concatenate([np.asarray(p, np.float32) for p in text.parts])  # (T, D)
     return contents
+
+
+def stack_to_file(vectors: ShardVectors, file: Path) -> np.ndarray:
+    """Write every shard's vectors, float32, into one ``.npy`` file, a shard at a time. Returns it mapped read-only."""
+    out = np.lib.format.open_memmap(file, mode="w+", dtype=np.float32, shape=(vectors.count, vectors.dim))
+    for s, part in enumerate(vectors.parts):
+        if len(part):
+            out[vectors.offsets[s] : vectors.offsets[s + 1]] = np.asarray(part[:], np.float32)
+    out.flush()
+    del out
+    return np.load(file, mmap_mode="r")
 
 
 def _unique_ids(meta: list[dict]) -> list[dict]:
@@ -468,6 +560,7 @@ def _manifest(cfg, emb: dict, contents, factories, text_factories, tuning, budge
         "skipped": dict(skipped),
         "embeddings": os.path.abspath(cfg.embeddings),
         "memory_budget": int(budget),
+        "on_disk_option": cfg.on_disk,  # the manifest's on_disk (the lists files) is written by index.store
         "nprobe": nprobe,  # {str(m): nprobe} for the IVF image indexes
         "text_nprobe": {str(m): t["nprobe"] for m, t in tuning["text"].items() if t is not None},
         "nprobe_tuning": {
@@ -491,6 +584,7 @@ def _summary(cfg, manifest: dict, started: float, rank: int, world: int) -> dict
         "dim": manifest["dim"],
         "factories": manifest["factories"],
         "nprobe": manifest["nprobe"],
+        "on_disk": manifest.get("on_disk", {}),
         "recall": manifest["recall"],
         "fingerprint": manifest["fingerprint"],
         "skipped": manifest["skipped"],

@@ -7,6 +7,14 @@
     INDEX/v000003/vectors.npy     (N, D) float32: the full-D compact vectors (unit rows)
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
+    INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
+
+An index on disk (``index.from_embeddings`` beyond the memory budget) is an IVF index
+whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
+them (``on_disk``: {"image": {"64": "image.m64.ivfdata"}, "text": {...}}). They are read
+memory-mapped (``index.faiss_index.load(on_disk=True)``: looked up beside the ``.faiss``
+file, so the folder can be moved), and so are the vectors of such a version. Such a
+version cannot be extended in place (``--add``): it is rebuilt from the embeddings.
 
 A writer (:func:`writer_lock`) stages a complete version in ``INDEX/.tmp-*``, renames it
 to the next ``vNNNNNN``, then points ``CURRENT`` at it (temporary file + ``os.replace``)
@@ -24,6 +32,7 @@ with a "rebuild" message.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -64,6 +73,11 @@ def text_index_name(m: int) -> str:
     return f"text.m{m}.faiss"
 
 
+def ivfdata_name(kind: str, m: int) -> str:
+    """The lists file of the on-disk ``kind`` ("image" / "text") index at m."""
+    return f"{kind}.m{m}.ivfdata"
+
+
 @dataclass
 class IndexContents:
     """One version of an index folder, in memory."""
@@ -76,6 +90,13 @@ class IndexContents:
     text_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (T, 2) image row, caption no.
     text_indexes: dict[int, faiss.Index] = field(default_factory=dict)  # m -> caption index (empty: none)
     version: str | None = None  # the folder it was read from, e.g. "v000003"
+    files: dict[str, Path] = field(default_factory=dict)  # name in the version -> a file written elsewhere (same
+    # filesystem) that the writer moves in: the .ivfdata lists of on-disk indexes, vectors written in pieces
+
+    @property
+    def on_disk(self) -> bool:
+        """True when some index keeps its lists on disk (then the vectors are memory-mapped too)."""
+        return any(fi.is_on_disk(i) for t in (self.image_indexes, self.text_indexes) for i in t.values() if i is not None)
 
     @property
     def dims(self) -> list[int]:
@@ -254,21 +275,60 @@ def write_version(root: str | os.PathLike, contents: IndexContents) -> str:
 
 
 def _write_files(folder: Path, c: IndexContents) -> None:
+    on_disk = _move_in(folder, c)
     for m, index in c.image_indexes.items():
         faiss.write_index(fi.to_cpu(index), str(folder / image_index_name(m)))
-    np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=np.float32))
+    if VECTORS not in c.files:
+        np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=np.float32))
     if c.text_vectors is not None:
         for m, index in c.text_indexes.items():
             faiss.write_index(fi.to_cpu(index), str(folder / text_index_name(m)))
-        np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
+        if TEXT_VECTORS not in c.files:
+            np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
     with open(folder / META, "w", encoding="utf-8") as fh:
         for row in c.meta:
             fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    if on_disk:
+        c.manifest["on_disk"] = on_disk
+    else:
+        c.manifest.pop("on_disk", None)
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:  # last: marks the version complete
         fh.write(json.dumps(c.manifest, indent=1, default=str) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _move_in(folder: Path, c: IndexContents) -> dict:
+    """Move ``c.files`` into the staging folder; returns the manifest's ``on_disk`` entry ({} when none).
+
+    An on-disk index must come with its lists file in ``c.files``: one read from a live
+    version (an ``--add``) would otherwise point at the lists of a version about to be
+    removed, or be written to in place, so it is refused.
+    """
+    on_disk: dict = {}
+    for kind, table in (("image", c.image_indexes), ("text", c.text_indexes if c.text_vectors is not None else {})):
+        for m, index in table.items():
+            if not fi.is_on_disk(index):
+                continue
+            name = ivfdata_name(kind, m)
+            if name not in c.files:
+                raise UserError(
+                    f"the {kind} index at m={m} keeps its lists on disk and cannot be extended or re-written"
+                    " (--add); rebuild it with triclip index build --embeddings"
+                )
+            fi.relocate_lists(index, name)
+            on_disk.setdefault(kind, {})[str(m)] = name
+    for name, src in c.files.items():
+        if Path(name).name != name:
+            raise ValueError(f"IndexContents.files: {name!r} is not a bare file name")
+        try:
+            os.replace(src, folder / name)  # same filesystem: a rename, however large the file
+        except OSError as err:
+            if err.errno != errno.EXDEV:
+                raise
+            shutil.copyfile(src, folder / name)
+    return on_disk
 
 
 # ---------------------------------------------------------------------------- reading
@@ -315,23 +375,48 @@ def _damaged(folder: Path, what: str) -> UserError:
 def _load_version(folder: Path, indexes: bool) -> IndexContents:
     manifest = _read_json(folder / MANIFEST, folder)
     dim, dims, count, text_count = _check_manifest(manifest, folder)
+    on_disk = _check_on_disk(manifest, dims, text_count is not None, folder)
     meta = _read_meta(folder / META, folder)
     if len(meta) != count:
         raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
-    vectors = _read_vectors(folder / VECTORS, (count, dim), folder)
+    mmap = bool(on_disk)  # an index too big for memory: its vectors are mapped, not read
+    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, mmap)
     contents = IndexContents(manifest, meta, vectors, {})
     if text_count is not None:
-        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder)
+        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, mmap)
         rows = _read_array(folder / TEXT_ROWS, folder)
         if rows.shape != (text_count, 2) or rows.dtype.kind not in "iu" or (len(rows) and (
             rows[:, 0].min() < 0 or rows[:, 0].max() >= count)):
             raise _damaged(folder, f"{TEXT_ROWS} does not match {text_count} captions of {count} images")
         contents.text_rows = rows.astype(np.int64)
     for m in dims:
-        contents.image_indexes[m] = _read_index(folder / image_index_name(m), m, count, folder) if indexes else None
+        lists = on_disk.get(("image", m))
+        contents.image_indexes[m] = _read_index(folder / image_index_name(m), m, count, folder, lists) if indexes else None
         if text_count is not None:
-            contents.text_indexes[m] = _read_index(folder / text_index_name(m), m, text_count, folder) if indexes else None
+            lists = on_disk.get(("text", m))
+            contents.text_indexes[m] = (
+                _read_index(folder / text_index_name(m), m, text_count, folder, lists) if indexes else None
+            )
     return contents
+
+
+def _check_on_disk(manifest: dict, dims: list[int], has_text: bool, folder: Path) -> dict[tuple[str, int], Path]:
+    """``{(kind, m): lists file}`` from the manifest's ``on_disk`` (each file checked to exist)."""
+    entry = manifest.get("on_disk") or {}
+    found = {}
+    ok = isinstance(entry, dict) and set(entry) <= ({"image", "text"} if has_text else {"image"})
+    for kind, table in entry.items() if ok else ():
+        ok = ok and isinstance(table, dict)
+        for m, name in table.items() if ok else ():
+            ok = ok and m.isdigit() and int(m) in dims and name == ivfdata_name(kind, int(m))
+            if ok:
+                found[kind, int(m)] = folder / name
+    if not ok:
+        raise _damaged(folder, f"{MANIFEST} garbles on_disk (the lists files of on-disk indexes)")
+    for file in found.values():
+        if not file.is_file():
+            raise FileNotFoundError(file)
+    return found
 
 
 def _read_json(file: Path, folder: Path) -> dict:
@@ -381,31 +466,39 @@ def _read_meta(file: Path, folder: Path) -> list[dict]:
     return rows
 
 
-def _read_array(file: Path, folder: Path) -> np.ndarray:
+def _read_array(file: Path, folder: Path, mmap: bool = False) -> np.ndarray:
     if not file.is_file():
         raise FileNotFoundError(file)
     try:
-        return np.load(file, allow_pickle=False)
+        return np.load(file, allow_pickle=False, mmap_mode="r" if mmap else None)
     except (OSError, ValueError, EOFError) as err:
         raise _damaged(folder, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
 
 
-def _read_vectors(file: Path, shape: tuple[int, int], folder: Path) -> np.ndarray:
-    arr = _read_array(file, folder)
+def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, mmap: bool = False) -> np.ndarray:
+    """The float32 vectors; ``mmap``: memory-mapped read-only, values not scanned (only shape and dtype)."""
+    arr = _read_array(file, folder, mmap)
     if arr.dtype != np.float32 or arr.shape != shape:
         raise _damaged(folder, f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 {shape}")
-    if not np.isfinite(arr).all():
+    if not mmap and not np.isfinite(arr).all():
         raise _damaged(folder, f"{file.name} holds NaN or infinity")
     return arr
 
 
-def _read_index(file: Path, m: int, count: int, folder: Path) -> faiss.Index:
+def _read_index(file: Path, m: int, count: int, folder: Path, lists: Path | None = None) -> faiss.Index:
+    """One FAISS index; ``lists``: its on-disk lists file (memory-mapped, checked to be whole)."""
     if not file.is_file():
         raise FileNotFoundError(file)
     try:
-        index = fi.load(file)
+        index = fi.load(file, on_disk=lists is not None)
     except ValueError:
         raise _damaged(folder, f"{file.name} is not a readable FAISS index") from None
     if index.d != m or index.ntotal != count:
         raise _damaged(folder, f"{file.name} holds {index.ntotal} vectors of dimension {index.d}, expected {count} of {m}")
+    if lists is not None:
+        od = fi.on_disk_lists(index)
+        if od is None:
+            raise _damaged(folder, f"{file.name} is not an on-disk index, the manifest says its lists are in {lists.name}")
+        if lists.stat().st_size < od.totsize:  # reading past the end of a mapped file kills the process (SIGBUS)
+            raise _damaged(folder, f"{lists.name} is truncated ({lists.stat().st_size} of {od.totsize} bytes)")
     return index

@@ -1,0 +1,197 @@
+"""IVF indexes merged on disk (OnDiskInvertedLists): same answers, movable folders, mapped not loaded, damage."""
+
+from __future__ import annotations
+
+import gc
+import json
+import shutil
+from pathlib import Path
+
+import faiss
+import numpy as np
+import pytest
+
+from index import faiss_index as fi
+from index import store
+from index.build import IndexBuildConfig, build_index
+from index.from_embeddings import EmbeddingsIndexConfig, ShardedBuilder, ShardVectors, build_from_embeddings, prefix
+from index.search import Searcher
+from retrieval.errors import UserError
+from retrieval.shards import EmbedConfig, embed_to_shards
+
+
+def _unit(rng, n: int, d: int) -> np.ndarray:
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def synthetic() -> ShardVectors:
+    """4 shards of unequal size (one empty) of clustered 32-d unit vectors, float16 like a shard file."""
+    rng = np.random.default_rng(0)
+    centres = _unit(rng, 40, 32)
+    x = centres[rng.integers(0, 40, 3000)] + 0.3 * _unit(rng, 3000, 32)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+    return ShardVectors.of([x[:1100], x[1100:1100], x[1100:2500], x[2500:]])
+
+
+@pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF16,PQ8"])
+def test_on_disk_merge_equals_in_memory_merge_and_one_built_at_once(synthetic, factory, tmp_path):
+    m = 16
+    on_disk = ShardedBuilder(seed=0, work=tmp_path, on_disk="always").build(synthetic, m, factory, tag="image.m16")
+    in_memory = ShardedBuilder(seed=0).build(synthetic, m, factory)
+    whole = np.concatenate(synthetic.parts)  # (3000, 32)
+    at_once = fi.build(prefix(whole, m), factory, seed=0)
+    assert fi.is_on_disk(on_disk) and not fi.is_on_disk(in_memory) and not fi.is_on_disk(at_once)
+    assert Path(fi.on_disk_lists(on_disk).filename) == tmp_path / "image.m16.ivfdata"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.m16.ivfdata"]  # parts and trained index removed
+    queries = prefix(whole[::37], m)
+    params = fi.SearchParams(nprobe=4)
+    s1, i1 = fi.search(on_disk, queries, 10, params)
+    for other in (in_memory, at_once):
+        s2, i2 = fi.search(other, queries, 10, params)
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_allclose(s1, s2, rtol=0, atol=1e-5)
+    assert on_disk.ntotal == 3000
+    assert (i1[:, 0] == np.arange(0, 3000, 37)).mean() > 0.9  # ids are global rows across the shard offsets
+
+
+def test_auto_goes_on_disk_only_beyond_the_budget(synthetic, tmp_path):
+    index = fi.new_index(16, "IVF32,Flat")  # lists: 3000 x (64 bytes of codes + 8 of id) = 216,000 bytes
+    assert fi.ivf_list_bytes(index, 3000) == 216_000
+    assert ShardedBuilder(0, on_disk="auto", budget=200_000).wants_disk(index, 3000)
+    assert not ShardedBuilder(0, on_disk="auto", budget=300_000).wants_disk(index, 3000)
+    assert not ShardedBuilder(0, on_disk="never", budget=1).wants_disk(index, 3000)
+    assert not ShardedBuilder(0, on_disk="auto", budget=1).wants_disk(fi.new_index(16, "Flat"), 3000)
+    with pytest.raises(UserError, match="not an IVF index"):
+        ShardedBuilder(0, work=tmp_path, on_disk="always").build(synthetic, 16, "HNSW32")
+
+
+def _rss_anon_mb() -> float:
+    with open("/proc/self/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("RssAnon:")) / 1024
+
+
+def test_reading_maps_the_lists_instead_of_loading_them(tmp_path):
+    """A 40 MB lists file: reading and searching the index leaves the process's own memory almost unchanged."""
+    rng = np.random.default_rng(0)
+    x = _unit(rng, 300_000, 32)  # codes: 300k x 128 bytes = 38 MB
+    trained = fi.new_index(32, "IVF16,Flat")
+    trained.train(x[:20_000])
+    files = []
+    for s, start in enumerate((0, 150_000)):
+        part = faiss.clone_index(trained)
+        part.add_with_ids(x[start : start + 150_000], np.arange(start, start + 150_000, dtype=np.int64))
+        files.append(tmp_path / f"part{s}.faiss")
+        fi.save(part, files[-1])
+    merged = fi.merge_on_disk(trained, files, [150_000, 150_000], tmp_path / "lists.ivfdata")
+    fi.relocate_lists(merged, "lists.ivfdata")
+    fi.save(merged, tmp_path / "index.faiss")
+    queries = x[:5].copy()
+    del merged, part, x
+    gc.collect()
+    before = _rss_anon_mb()
+    index = fi.load(tmp_path / "index.faiss", on_disk=True)
+    _, ids = fi.search(index, queries, 1, fi.SearchParams(nprobe=16))
+    grown = _rss_anon_mb() - before
+    assert (tmp_path / "lists.ivfdata").stat().st_size > 38e6
+    assert ids[:, 0].tolist() == [0, 1, 2, 3, 4]
+    assert grown < 10, f"reading the on-disk index took {grown:.1f} MB of process memory"
+
+
+# ---------------------------------------------------------------------------- index folders
+
+
+@pytest.fixture(scope="module")
+def emb(run_dir, shapes_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("emb") / "emb"
+    embed_to_shards(EmbedConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out), shard_size=25))
+    return out
+
+
+@pytest.fixture(scope="module")
+def ondisk_index(emb, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ondisk") / "index"
+    cfg = EmbeddingsIndexConfig(str(emb), str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
+    summary = build_from_embeddings(cfg)
+    assert summary["on_disk"] == {"image": {"8": "image.m8.ivfdata", "32": "image.m32.ivfdata"},
+                                  "text": {"8": "text.m8.ivfdata", "32": "text.m32.ivfdata"}}
+    assert not list(out.parent.glob(".*shard-parts"))  # parts folder gone, lists moved into the version
+    return out
+
+
+def _version(index: Path) -> Path:
+    return index / store.current_version(index)
+
+
+def test_on_disk_folder_is_the_in_memory_folder_and_survives_a_move(emb, ondisk_index, tmp_path):
+    memory = tmp_path / "memory"
+    build_from_embeddings(EmbeddingsIndexConfig(str(emb), str(memory), dims=[8], factory="IVF8,Flat", tune_queries=50))
+    moved = tmp_path / "elsewhere" / "moved"
+    shutil.copytree(ondisk_index, tmp_path / "copy")
+    shutil.move(tmp_path / "copy", moved)  # the .faiss files still name the lists' old absolute paths
+    a, b = store.load_contents(moved), store.load_contents(memory)
+    assert isinstance(a.vectors, np.memmap) and not isinstance(b.vectors, np.memmap)
+    np.testing.assert_array_equal(a.vectors, b.vectors)
+    np.testing.assert_array_equal(a.text_rows, b.text_rows)
+    assert a.manifest["nprobe"] == b.manifest["nprobe"]
+    queries = prefix(np.asarray(a.text_vectors), 8)
+    for table in ("image_indexes", "text_indexes"):
+        for m in (8, 32):
+            index = getattr(a, table)[m]
+            assert fi.is_on_disk(index) and Path(fi.on_disk_lists(index).filename).parent == _version(moved)
+            q = queries if m == 8 else np.asarray(a.text_vectors)
+            s1, i1 = fi.search(index, q, 10, fi.SearchParams(nprobe=2))
+            s2, i2 = fi.search(getattr(b, table)[m], q, 10, fi.SearchParams(nprobe=2))
+            np.testing.assert_array_equal(i1, i2)
+            np.testing.assert_allclose(s1, s2, rtol=0, atol=1e-5)
+
+
+def test_searcher_answers_an_image_with_itself_from_an_on_disk_index(ondisk_index):
+    searcher = Searcher.load(ondisk_index)
+    meta = searcher.contents.meta
+    assert all(fi.is_on_disk(i) for i in searcher.contents.image_indexes.values())
+    for row in (0, 30, 60, len(meta) - 1):  # one per shard: ids across the shard offsets
+        assert searcher.search_image([meta[row]["image"]], k=3)[0][0]["id"] == meta[row]["id"]
+        assert searcher.search_image([meta[row]["image"]], k=3, m=8)[0][0]["id"] == meta[row]["id"]
+
+
+def test_cli_on_disk_build_and_search_json_stay_clean(emb, tmp_path, capfd):
+    """FAISS printf()s when it relocates lists; stdout (file descriptor 1) must hold only the JSON."""
+    from app.cli import main
+
+    index = tmp_path / "index"
+    argv = ["index", "build", "--embeddings", str(emb), "--out", str(index), "--factory", "IVF8,Flat", "--on-disk", "always"]
+    assert main(argv) == 0
+    assert json.loads(capfd.readouterr().out)["on_disk"]["image"] == {"32": "image.m32.ivfdata"}
+    meta = store.load_contents(index, indexes=False).meta
+    assert main(["search", "--index", str(index), "--image", meta[40]["image"], "-k", "2", "--json"]) == 0
+    assert json.loads(capfd.readouterr().out)[0]["id"] == meta[40]["id"]
+    assert main(argv[:-1] + ["sometimes"]) == 2
+
+
+def test_damaged_lists_give_one_line(ondisk_index, tmp_path):
+    index = tmp_path / "index"
+    shutil.copytree(ondisk_index, index)
+    lists = _version(index) / "image.m8.ivfdata"
+    with open(lists, "r+b") as fh:
+        fh.truncate(lists.stat().st_size // 2)
+    with pytest.raises(UserError, match=r"image\.m8\.ivfdata is truncated") as err:
+        store.load_contents(index)
+    assert "\n" not in str(err.value)
+    lists.unlink()
+    with pytest.raises(UserError, match=r"damaged: image\.m8\.ivfdata is missing") as err:
+        Searcher.load(index)
+    assert "\n" not in str(err.value)
+
+
+def test_add_to_an_on_disk_index_is_refused(ondisk_index, run_dir, shapes_dir, tmp_path):
+    index = tmp_path / "index"
+    shutil.copytree(ondisk_index, index)
+    cfg = IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "val.jsonl"), out=str(index), add=True)
+    with pytest.raises(UserError, match="on disk: --add is not supported"):
+        build_index(cfg)
+    live = store.load_contents(index)  # re-writing a live on-disk version would lose its lists: refused too
+    with pytest.raises(UserError, match="cannot be extended or re-written"), store.writer_lock(index):
+        store.write_version(index, live)
+    assert store.load_contents(index).version == live.version  # still the same, whole version
