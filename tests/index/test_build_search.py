@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from index.build import IndexBuildConfig, build_index
-from index.search import Searcher
+from index.search import SHORTLIST_FACTOR, Searcher
 from index.store import MANIFEST, load_contents
 from retrieval.compact import importance_order, sign_flips, topm_embed
 from retrieval.data import load_pairs
@@ -222,7 +222,7 @@ def test_full_dimension_and_funnel_search_are_exact_at_d(searcher, reference):
     for q, hits in enumerate(narrow):
         rows = [searcher._rows[h["id"]] for h in hits]
         np.testing.assert_allclose([h["score"] for h in hits], exact[q, rows], atol=1e-5)
-    searcher.shortlist_factor = 10
+    searcher.shortlist_factor = SHORTLIST_FACTOR
 
 
 def test_search_ids_and_pil_images_match_file_queries(searcher):
