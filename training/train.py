@@ -50,8 +50,8 @@ from training.optim import AdamW
 
 __all__ = ["TrainConfig", "train"]
 
-DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4}  # other (open_clip) models: 5e-4
-DEFAULT_HEAD = {"lite": "mlp"}  # pretrained towers: MLP heads beat linear ones for every objective (README ablation)
+DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4, "lite1": 1e-4, "lite2": 1e-4}  # other (open_clip) models: 5e-4
+DEFAULT_HEAD = {"lite": "mlp", "lite1": "mlp", "lite2": "mlp"}  # pretrained towers: MLP heads beat linear ones for every objective (README ablation)
 DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
 # Objective options the trainer adds unless given (so config.json records them): tricl and mrl train their
 # top-m scores too; mrl (infonce + prefix nesting) is the default objective (docs/results.md, section 7).
