@@ -195,3 +195,39 @@ def test_add_to_an_on_disk_index_is_refused(ondisk_index, run_dir, shapes_dir, t
     with pytest.raises(UserError, match="cannot be extended or re-written"), store.writer_lock(index):
         store.write_version(index, live)
     assert store.load_contents(index).version == live.version  # still the same, whole version
+
+
+def _rank_main(rank: int, world: int, port: int, cfg: EmbeddingsIndexConfig) -> None:
+    import os
+
+    import torch
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
+    )
+    torch.set_num_threads(1)
+    faiss.omp_set_num_threads(1)
+    assert build_from_embeddings(cfg)["rank"] == rank
+
+
+def test_two_gloo_ranks_merge_the_same_on_disk_index(emb, ondisk_index, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    out = tmp_path / "double"
+    cfg = EmbeddingsIndexConfig(str(emb), str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
+    mp.spawn(_rank_main, args=(2, port, cfg), nprocs=2)
+    a, b = store.load_contents(ondisk_index), store.load_contents(out)
+    assert not list(tmp_path.glob(".*shard-parts"))
+    assert a.manifest["on_disk"] == b.manifest["on_disk"] and a.manifest["nprobe"] == b.manifest["nprobe"]
+    for table in ("image_indexes", "text_indexes"):
+        assert fi.is_on_disk(getattr(b, table)[8])
+        q = prefix(np.asarray(a.text_vectors), 8)
+        s1, i1 = fi.search(getattr(a, table)[8], q, 10, fi.SearchParams(nprobe=2))
+        s2, i2 = fi.search(getattr(b, table)[8], q, 10, fi.SearchParams(nprobe=2))
+        np.testing.assert_array_equal(i1, i2)
+        np.testing.assert_allclose(s1, s2, rtol=0, atol=1e-5)
