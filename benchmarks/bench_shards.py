@@ -2,8 +2,9 @@
 
 Usage::
 
-    .venv/bin/python benchmarks/bench_shards.py                       # 1M vectors, 5 shards, + single-process build
+    .venv/bin/python benchmarks/bench_shards.py                       # 1M vectors, 5 shards: shards, ondisk, single
     .venv/bin/python benchmarks/bench_shards.py --n 10000000 --no-single   # the issue's 10M (disk: 2 bytes x D x N)
+    .venv/bin/python benchmarks/bench_shards.py --n 10000000 --dim 256 --pipelines shards,ondisk
     .venv/bin/python benchmarks/bench_shards.py --n 200000 --factory auto --memory-budget 64M --json out.json
 
 Data: the synthetic stand-in of ``benchmarks/bench_index.py`` (D = 512 unit vectors with a
@@ -11,22 +12,30 @@ power-law spectrum around 10,000 clusters, dimensions already in importance orde
 written as ``--shard-size`` shards of float16 ``.npy`` files like ``triclip embed`` writes
 them, then memory-mapped. The index is built at m = D/8 over the re-normalised prefix.
 
-Two pipelines, each in its own fresh process so that the peak resident memory (``VmHWM``,
-``ru_maxrss`` where there is no /proc) is its own; the line also gives the peak after the
-imports (``base_mb``):
+Three pipelines (``--pipelines``), each built in its own fresh process so that the peak
+memory is its own, then saved and searched in **another** fresh process (what serving
+costs). Peak memory is ``VmHWM`` (resident, file-backed pages of a memory map included;
+``ru_maxrss`` where there is no /proc) and ``anon``, the peak of ``RssAnon`` sampled every
+20 ms: the process's own memory, which a memory-mapped file's pages are not (the kernel
+drops those under pressure). ``base_mb`` is the peak after the imports.
 
 - ``shards``: ``index.from_embeddings`` (IVF trained once on a sample drawn across the
-  shards, each shard added to a copy of the trained index, merged with id offsets; Flat /
-  HNSW added shard by shard), ``nprobe`` tuned to ``--recall-target`` on held-out queries.
+  shards, each shard added to a copy of the trained index, merged in memory with id
+  offsets), ``nprobe`` tuned to ``--recall-target`` on held-out queries.
+- ``ondisk``: the same, merged on disk (``on_disk="always"``: parts with global ids,
+  ``OnDiskInvertedLists`` in an ``.ivfdata`` file); the search process memory-maps it
+  after evicting it from the page cache (``posix_fadvise(DONTNEED)``), so the first batch
+  (``cold q/s``) reads from the disk.
 - ``single`` (today's ``index build`` path): all vectors concatenated in memory, then
   ``index.faiss_index.build`` with the same factory, ``nprobe`` tuned the same way.
 
 Queries are fresh draws from the same clusters (held out: never in the base). Recall@10 is
-against exact search at m over all N vectors; queries/s is the best of 5 batches of
-``--queries`` at the tuned ``nprobe`` on FAISS's threads (``OMP_NUM_THREADS``). ``load_s``
-(single only) is reading and concatenating the shards; ``build_s`` is training + adding
-(+ merging), and for ``shards`` includes reading them. On a shared machine every timing moves
-with the load: the header prints the load average.
+against exact search at m over all N vectors (computed once, by the parent, shard by
+shard); queries/s is the best of 5 batches of ``--queries`` at the tuned ``nprobe`` on
+FAISS's threads (``OMP_NUM_THREADS``). ``load_s`` (single only) is reading and
+concatenating the shards; ``build_s`` is training + adding + merging, and for ``shards`` /
+``ondisk`` includes reading them; ``open_s`` is the search process reading the index. On a
+shared machine every timing moves with the load: the header prints the load average.
 """
 
 from __future__ import annotations
@@ -79,63 +88,124 @@ def write_shards(folder: Path, n: int, dim: int, shard_size: int, seed: int) -> 
     return files
 
 
-def _measure(pipeline: str, files: list[str], queries_file: str, m: int, factory: str, budget: int,
-             target: float, n_queries: int, out) -> None:
-    """Child process: build one way, tune / apply nprobe, measure; put a result dict on ``out``."""
+class PeakAnon:
+    """Samples ``RssAnon`` (the process's own resident memory, MB) every 20 ms in a thread; ``.peak``."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.peak = _anon_mb()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self.peak = max(self.peak, _anon_mb())
+
+    def stop(self) -> float:
+        self._stop.set()
+        self._thread.join()
+        self.peak = max(self.peak, _anon_mb())
+        return round(self.peak, 1)
+
+
+def _anon_mb() -> float:
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) for line in fh if line.startswith("RssAnon:")) / 1024
+    except (OSError, StopIteration):
+        return 0.0
+
+
+def _build(pipeline: str, files: list[str], queries_file: str, m: int, factory: str, budget: int,
+           target: float, n_queries: int, out_dir: str, out) -> None:
+    """Child process: build one way, tune nprobe, save the index under ``out_dir``; put a result dict on ``out``."""
     import faiss
 
     from index import faiss_index as fi
-    from index.from_embeddings import (
-        ShardedBuilder, ShardFile, ShardVectors, choose_factory, exact_topk, prefix, tune_nprobe,
-    )
+    from index.from_embeddings import ShardedBuilder, ShardFile, ShardVectors, choose_factory, prefix, tune_nprobe
 
     base_mb = _peak_mb()
+    anon = PeakAnon()
     shards = ShardVectors.of([ShardFile(f) for f in files])
-    queries_all = np.load(queries_file)
     factory = choose_factory(shards.count, m, budget, factory)
     start = time.perf_counter()
     load_s = 0.0
     if pipeline == "shards":
         index = ShardedBuilder(seed=0).build(shards, m, factory)  # reads the shards as it goes
+    elif pipeline == "ondisk":
+        builder = ShardedBuilder(seed=0, work=Path(out_dir), on_disk="always")
+        index = builder.build(shards, m, factory, tag="index")  # lists: out_dir/index.ivfdata
     else:
         whole = prefix(np.concatenate([np.asarray(p) for p in shards.parts]), m)  # (N, m) float32 in memory
         load_s = time.perf_counter() - start
         index = fi.build(whole, factory, seed=0)
         del whole
     build_s = time.perf_counter() - start - load_s
-    held_out = ShardVectors.of([queries_all[: len(queries_all) // 2]])  # tuning queries
+    held_out = ShardVectors.of([np.load(queries_file)[:n_queries]])  # tuning queries (the first half)
     cfg = SimpleNamespace(seed=0, tune_queries=n_queries, recall_target=target)
     start = time.perf_counter()
     tuning = tune_nprobe(index, shards, held_out, m, cfg)
     tune_s = time.perf_counter() - start
-    queries = prefix(queries_all[len(queries_all) // 2 :][:n_queries], m)  # other held-out queries to score
-    truth = exact_topk(shards, queries, m, K)
-    params = faiss.SearchParametersIVF(nprobe=tuning["nprobe"]) if tuning else fi.search_parameters(index, K)
-    index.search(queries[:8], K, params=params)  # warm-up
-    seconds = []
-    for _ in range(5):  # best of 5: other processes on a shared machine only ever slow a run down
-        start = time.perf_counter()
-        _, found = index.search(queries, K, params=params)
-        seconds.append(time.perf_counter() - start)
-    qps = len(queries) / min(seconds)
+    if fi.is_on_disk(index):
+        fi.relocate_lists(index, "index.ivfdata")
+    fi.save(index, Path(out_dir) / "index.faiss")
+    size = sum(f.stat().st_size for f in Path(out_dir).glob("index.*"))
     out.put({
         "pipeline": pipeline, "n": shards.count, "shards": len(files), "m": m, "factory": factory,
-        "load_s": round(load_s, 2), "build_s": round(build_s, 2), "peak_mb": round(_peak_mb(), 1), "base_mb": round(base_mb, 1),
-        "nprobe": tuning["nprobe"] if tuning else None, "tune_s": round(tune_s, 2),
-        "recall_at_10": round(fi.recall_at_k(found, truth), 4), "qps": round(qps, 1),
-        "bytes_per_vector": round(faiss.serialize_index(index).nbytes / max(1, index.ntotal), 1),
-        "threads": faiss.omp_get_max_threads(),
+        "load_s": round(load_s, 2), "build_s": round(build_s, 2), "tune_s": round(tune_s, 2),
+        "build_peak_mb": round(_peak_mb(), 1), "build_anon_mb": anon.stop(), "base_mb": round(base_mb, 1),
+        "nprobe": tuning["nprobe"] if tuning else None, "bytes_per_vector": round(size / max(1, index.ntotal), 1),
+        "on_disk": fi.is_on_disk(index), "threads": faiss.omp_get_max_threads(),
     })
 
 
-def run_child(*args) -> dict:
+def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, nprobe: int | None, out) -> None:
+    """Child process: open the saved index (mapped when on disk, after evicting it from the page cache), search."""
+    import faiss
+
+    from index import faiss_index as fi
+
+    base_mb = _peak_mb()
+    queries, truth = np.load(queries_file), np.load(truth_file)  # (Q, m), (Q, K)
+    lists = Path(index_dir) / "index.ivfdata"
+    if on_disk and hasattr(os, "posix_fadvise"):  # cold start: the lists' pages out of the page cache
+        fd = os.open(lists, os.O_RDONLY)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    anon = PeakAnon()
+    start = time.perf_counter()
+    index = fi.load(Path(index_dir) / "index.faiss", on_disk=on_disk)
+    open_s = time.perf_counter() - start
+    params = faiss.SearchParametersIVF(nprobe=nprobe) if nprobe else fi.search_parameters(index, K)
+    seconds = []
+    for _ in range(6):  # the first batch cold, then best of 5
+        start = time.perf_counter()
+        _, found = index.search(queries, K, params=params)
+        seconds.append(time.perf_counter() - start)
+    out.put({
+        "open_s": round(open_s, 2), "cold_qps": round(len(queries) / seconds[0], 1),
+        "qps": round(len(queries) / min(seconds[1:]), 1), "recall_at_10": round(fi.recall_at_k(found, truth), 4),
+        "search_peak_mb": round(_peak_mb(), 1), "search_anon_mb": anon.stop(), "search_base_mb": round(base_mb, 1),
+    })
+
+
+def run_child(target, *args) -> dict:
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
-    proc = ctx.Process(target=_measure, args=(*args, out))
+    proc = ctx.Process(target=target, args=(*args, out))
     proc.start()
     result = out.get()
     proc.join()
     return result
+
+
+def exact_truth(files: list[Path], queries: np.ndarray, m: int) -> np.ndarray:
+    """Exact top-K ids of the held-out queries at m over all shards, a shard at a time. Shape: (Q, K)."""
+    from index.from_embeddings import ShardFile, ShardVectors, exact_topk
+
+    return exact_topk(ShardVectors.of([ShardFile(f) for f in files]), queries, m, K)
 
 
 def main(argv=None) -> None:
@@ -147,14 +217,18 @@ def main(argv=None) -> None:
     p.add_argument("--memory-budget", default="4G", help="for --factory auto (e.g. 64M, 4G)")
     p.add_argument("--recall-target", type=float, default=0.95)
     p.add_argument("--queries", type=int, default=1000)
+    p.add_argument("--pipelines", default="shards,ondisk,single", help="comma-separated: shards, ondisk, single")
     p.add_argument("--no-single", action="store_true", help="skip today's single-process build")
-    p.add_argument("--workdir", default=None, help="where the shards go (default: a temporary folder)")
+    p.add_argument("--workdir", default=None, help="where the shards and indexes go (default: a temporary folder)")
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
 
     from index import faiss_index as fi
-    from index.from_embeddings import parse_bytes
+    from index.from_embeddings import parse_bytes, prefix
 
+    pipelines = [x for x in args.pipelines.split(",") if x and not (args.no_single and x == "single")]
+    if not set(pipelines) <= {"shards", "ondisk", "single"}:
+        p.error(f"--pipelines: shards, ondisk, single; got {args.pipelines}")
     m = args.dim // 8
     factory = {"ivf-flat": f"IVF{fi.ivf_nlist(args.n)},Flat", "ivf-pq": fi.ivf_pq_factory(args.n, m)}.get(
         args.factory, args.factory
@@ -162,23 +236,38 @@ def main(argv=None) -> None:
     print(f"# n={args.n} D={args.dim} m={m} shard_size={args.shard_size} factory={factory}"
           f" cpus={os.cpu_count()} load={os.getloadavg()}", flush=True)
     work = Path(tempfile.mkdtemp(prefix="bench-shards-", dir=args.workdir))
+    results = []
     try:
         start = time.perf_counter()
         files = write_shards(work, args.n, args.dim, args.shard_size, seed=0)
         print(f"# wrote {len(files)} float16 shards in {time.perf_counter() - start:.1f} s", flush=True)
-        common = ([str(f) for f in files], str(work / "queries.npy"), m, factory,
-                  parse_bytes(args.memory_budget), args.recall_target, args.queries)
-        results = []
-        for pipeline in ["shards"] + ([] if args.no_single else ["single"]):
-            results.append(run_child(pipeline, *common))
-            print(json.dumps(results[-1]), flush=True)
+        held_out = np.load(work / "queries.npy")
+        np.save(work / "tune.npy", held_out[: len(held_out) // 2])  # tuning queries
+        evaluation = prefix(held_out[len(held_out) // 2 :][: args.queries], m)  # (Q, m) other held-out queries
+        np.save(work / "eval.npy", evaluation)
+        start = time.perf_counter()
+        np.save(work / "truth.npy", exact_truth(files, evaluation, m))
+        print(f"# exact top-{K} of {len(evaluation)} queries in {time.perf_counter() - start:.1f} s", flush=True)
+        for pipeline in pipelines:
+            out_dir = work / f"index-{pipeline}"
+            out_dir.mkdir()
+            result = run_child(_build, pipeline, [str(f) for f in files], str(work / "tune.npy"), m, factory,
+                               parse_bytes(args.memory_budget), args.recall_target, args.queries, str(out_dir))
+            result.update(run_child(_search, str(out_dir), result["on_disk"], str(work / "eval.npy"),
+                                    str(work / "truth.npy"), result["nprobe"]))
+            results.append(result)
+            shutil.rmtree(out_dir)
+            print(json.dumps(result), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| pipeline | N | shards | m | factory | load s | build s | peak MB | nprobe | recall@10 | queries/s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| pipeline | N | m | factory | load s | build s | build peak / anon MB | nprobe | recall@10 |"
+          " search peak / anon MB | open s | cold q/s | q/s |")
+    print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['pipeline']} | {r['n']:,} | {r['shards']} | {r['m']} | {r['factory']} | {r['load_s']} | {r['build_s']} |"
-              f" {r['peak_mb']:.0f} | {r['nprobe']} | {r['recall_at_10']} | {r['qps']:.0f} |")
+        print(f"| {r['pipeline']} | {r['n']:,} | {r['m']} | {r['factory']} | {r['load_s']} | {r['build_s']} |"
+              f" {r['build_peak_mb']:,.0f} / {r['build_anon_mb']:,.0f} | {r['nprobe']} | {r['recall_at_10']} |"
+              f" {r['search_peak_mb']:,.0f} / {r['search_anon_mb']:,.0f} | {r['open_s']} | {r['cold_qps']:.0f} |"
+              f" {r['qps']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
