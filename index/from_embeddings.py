@@ -26,8 +26,9 @@ never run again. For every m (and for the captions, when the shards have them):
   ``faiss.contrib.ondisk``) that becomes ``{kind}.m{m}.ivfdata`` of the new version; the
   full-D vectors are then written to ``vectors.npy`` shard by shard, never held whole.
   Memory is bounded by one shard, the trained index and the page cache. The parts and
-  lists are written in ``.{out}.shard-parts`` beside the output folder (same
-  filesystem: the lists file is renamed into the version, not copied).
+  lists are written in ``.{out}.*.shard-parts`` (``.{out}.shard-parts`` under torchrun)
+  beside the output folder (same filesystem: the lists file is renamed into the version,
+  not copied), removed at the end; a killed build leaves it behind.
 
 ``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
 index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -116,7 +118,8 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
     emb_manifest = check_complete(cfg.embeddings)
     dims = _validate(cfg, emb_manifest["dim"])
     rank, world, owned = init_distributed()
-    work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}.shard-parts"
+    work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}.shard-parts"  # torchrun: one for all ranks
+    work.parent.mkdir(parents=True, exist_ok=True)
     try:
         image = ShardVectors.open(cfg.embeddings, emb_manifest["num_shards"], "image")
         text = None
@@ -125,7 +128,9 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
         budget = cfg.memory_budget if cfg.memory_budget is not None else fi.available_memory() // 2
         factories = {m: choose_factory(image.count, m, budget, cfg.factory) for m in dims}
         text_factories = {m: choose_factory(text.count, m, budget, cfg.factory) for m in dims} if text else {}
-        if rank == 0:  # parts of an earlier, killed build are not reused
+        if world == 1:  # a folder of its own: another build of the same index may be running
+            work = Path(tempfile.mkdtemp(prefix=f".{Path(cfg.out).name}.", suffix=".shard-parts", dir=work.parent))
+        elif rank == 0:  # ranks share the name; parts of an earlier, killed build are not reused
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
         barrier(world)

@@ -94,11 +94,6 @@ class IndexContents:
     # filesystem) that the writer moves in: the .ivfdata lists of on-disk indexes, vectors written in pieces
 
     @property
-    def on_disk(self) -> bool:
-        """True when some index keeps its lists on disk (then the vectors are memory-mapped too)."""
-        return any(fi.is_on_disk(i) for t in (self.image_indexes, self.text_indexes) for i in t.values() if i is not None)
-
-    @property
     def dims(self) -> list[int]:
         return sorted(self.image_indexes)
 

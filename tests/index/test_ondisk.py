@@ -231,3 +231,18 @@ def test_two_gloo_ranks_merge_the_same_on_disk_index(emb, ondisk_index, tmp_path
         s2, i2 = fi.search(getattr(b, table)[8], q, 10, fi.SearchParams(nprobe=2))
         np.testing.assert_array_equal(i1, i2)
         np.testing.assert_allclose(s1, s2, rtol=0, atol=1e-5)
+
+
+def test_a_reader_keeps_its_on_disk_version_while_a_writer_replaces_it(emb, ondisk_index, tmp_path):
+    index = tmp_path / "index"
+    shutil.copytree(ondisk_index, index)
+    old = store.load_contents(index)
+    queries = np.asarray(old.text_vectors[:20])  # (20, D)
+    before = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))
+    cfg = EmbeddingsIndexConfig(str(emb), str(index), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
+    build_from_embeddings(cfg)
+    assert not (index / old.version).exists() and store.current_version(index) != old.version
+    after = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))  # its lists file is unlinked, still mapped
+    np.testing.assert_array_equal(before[1], after[1])
+    new = store.load_contents(index)
+    np.testing.assert_array_equal(fi.search(new.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))[1], before[1])
