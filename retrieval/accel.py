@@ -203,10 +203,16 @@ def _jit_forward(tower: nn.Module, size: int | None) -> Callable:
     if size is None:
         raise ValueError("the jit path is for image modules")
     example = torch.zeros(2, 3, size, size).contiguous(memory_format=torch.channels_last)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        net = _clone(tower).to(memory_format=torch.channels_last)
-        frozen = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(net, example)))
+    flags = [(p, p.requires_grad) for p in tower.parameters()]
+    try:  # a tower part's forward may reach the tower's own weights: the trace keeps them as constants
+        tower.requires_grad_(False)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = _clone(tower).to(memory_format=torch.channels_last)
+            frozen = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(net, example)))
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
 
     def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) -> (B, 1280)
         with torch.no_grad():

@@ -181,3 +181,45 @@ def test_other_towers_pass_through():
     with torch.no_grad():
         out = accel.text_features(tiny, ["a red square", "a blue circle"])
     assert out.shape[0] == 2
+
+
+# ---------------------------------------------------------------------------- larger variants, tower parts
+
+
+def test_lite2_fast_path_runs_at_its_own_resolution():
+    """lite2's tower is exported at 260 px (not lite0's 224) and still matches eager; 224 px inputs run eager."""
+    lite2 = build_model(ModelConfig(preset="lite2", embed_dim=8)).eval()
+    picture = Image.new("RGB", (300, 200), (250, 250, 250))
+    picture.paste((30, 30, 200), (40, 40, 160, 150))
+    x = lite2.image_transform(train=False)(picture).unsqueeze(0).repeat(2, 1, 1, 1)  # (2, 3, 260, 260)
+    assert x.shape == (2, 3, 260, 260) == (2, 3, lite2.image_tower.image_size, lite2.image_tower.image_size)
+    with torch.no_grad():
+        accel.image_features(lite2, x[:, :, :224, :224])  # lite0's size: not what lite2 was exported for
+        assert accel.active_backend(lite2.image_tower) == "eager"
+        reference = lite2.image_tower(x)
+        fast = accel.image_features(lite2, x)
+    assert accel.active_backend(lite2.image_tower) in ("onnxruntime", "jit")
+    assert _min_cos(fast, reference) >= MIN_COS
+    assert _min_cos(embed_pil_images(lite2, [picture], "cpu"), lite2.encode_image(x[:1]).detach()) >= MIN_COS
+
+
+@pytest.mark.parametrize("backend", ["jit", pytest.param("onnxruntime", marks=needs_onnxruntime)])
+def test_frozen_tower_bottom_fast_path_matches_eager(model, images, backend, monkeypatch):
+    """The bottom of a partly unlocked tower (a dict out) is run fast for its one pass over the data."""
+    from retrieval.split import split_tower
+
+    monkeypatch.setenv(accel.ENV, backend)
+    for groups in (1, 4):
+        bottom, _ = split_tower(model.image_tower, groups)
+        bottom.eval()
+        with torch.no_grad():
+            reference = bottom(images)["x"]  # (4, C, h, w)
+            fast = accel.image_module_features(bottom, images, key="x")
+        assert accel.active_backend(bottom) == backend
+        assert fast.shape == reference.shape and fast.dtype == torch.float32
+        assert _min_cos(fast.flatten(1), reference.flatten(1)) >= MIN_COS
+        with torch.no_grad():
+            assert torch.equal(bottom(images)["x"], reference)  # preparing left the tower's weights alone
+        assert all(p.requires_grad for p in model.image_tower.parameters())  # and its trainable flags
+    eager = accel.image_module_features(bottom, images, key="x")  # autograd on: the module itself
+    assert torch.equal(eager.detach(), bottom(images)["x"].detach())

@@ -98,3 +98,36 @@ def test_views_are_deterministic_and_view_zero_is_the_image():
     assert torch.equal(draws, epoch_views(1, 2, 1000, 3)) and not torch.equal(draws, epoch_views(1, 3, 1000, 3))
     assert set(draws.tolist()) == {0, 1, 2}
     assert not epoch_views(1, 2, 10, 1).any()
+
+
+def test_lite_image_bottom_cache_is_computed_fast_and_matches_eager(lite, tmp_path, monkeypatch):
+    """The one pass below the cut goes through retrieval.accel (ONNX Runtime / jit), not the eager bottom."""
+    import json
+
+    import torch.nn.functional as F
+
+    from retrieval import accel
+    from retrieval.data import load_pairs
+    from retrieval.split import image_bottom_outputs, splits
+
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
+    lines = []
+    for i, colour in enumerate([(200, 30, 30), (30, 200, 30), (30, 30, 200)]):
+        image = Image.new("RGB", (90 + 20 * i, 120), (250, 250, 250))
+        image.paste(colour, (10, 10, 60, 80))
+        image.save(tmp_path / f"{i}.png")
+        lines.append(json.dumps({"image": f"{i}.png", "captions": [f"picture {i}"]}))
+    (tmp_path / "m.jsonl").write_text("\n".join(lines) + "\n")
+    pairs = load_pairs(str(tmp_path / "m.jsonl"))
+    model = build_model(ModelConfig(preset="lite", embed_dim=16)).eval()
+    partly_lock(model, image_groups=2)
+    bottom, _ = splits(model)["image"]
+    cached = image_bottom_outputs(model, pairs, "cpu", views=2, seed=3)
+    assert accel.active_backend(bottom) in ("onnxruntime", "jit")
+    transform = model.image_transform(train=False)
+    views = [transform(augment(r.open_image(), 3, i, v)) for i, r in enumerate(pairs.records) for v in range(2)]
+    with torch.no_grad():
+        reference = bottom(torch.stack(views))["x"]  # (6, C, h, w), eager
+    assert cached["x"].shape == reference.shape and cached["x"].dtype == torch.float16
+    assert F.cosine_similarity(cached["x"].float().flatten(1), reference.flatten(1)).min() >= 0.999
+    assert bool(cached["valid"].all())
