@@ -17,7 +17,10 @@ memory is its own, then saved and searched in **another** fresh process (what se
 costs). Peak memory is ``VmHWM`` (resident, file-backed pages of a memory map included;
 ``ru_maxrss`` where there is no /proc) and ``anon``, the peak of ``RssAnon`` sampled every
 20 ms: the process's own memory, which a memory-mapped file's pages are not (the kernel
-drops those under pressure). ``base_mb`` is the peak after the imports.
+drops those under pressure). ``base_mb`` is the peak after the imports; the table's
+``own`` is the ``RssAnon`` peak minus its value after the imports. An on-disk index is
+searched twice: with FAISS's 32 threads prefetching the lists of each batch, and with
+none (``prefetch 0``).
 
 - ``shards``: ``index.from_embeddings`` (IVF trained once on a sample drawn across the
   shards, each shard added to a copy of the trained index, merged in memory with id
@@ -128,6 +131,7 @@ def _build(pipeline: str, files: list[str], queries_file: str, m: int, factory: 
 
     base_mb = _peak_mb()
     anon = PeakAnon()
+    base_anon = anon.peak
     shards = ShardVectors.of([ShardFile(f) for f in files])
     factory = choose_factory(shards.count, m, budget, factory)
     start = time.perf_counter()
@@ -156,13 +160,17 @@ def _build(pipeline: str, files: list[str], queries_file: str, m: int, factory: 
         "pipeline": pipeline, "n": shards.count, "shards": len(files), "m": m, "factory": factory,
         "load_s": round(load_s, 2), "build_s": round(build_s, 2), "tune_s": round(tune_s, 2),
         "build_peak_mb": round(_peak_mb(), 1), "build_anon_mb": anon.stop(), "base_mb": round(base_mb, 1),
-        "nprobe": tuning["nprobe"] if tuning else None, "bytes_per_vector": round(size / max(1, index.ntotal), 1),
+        "base_anon_mb": round(base_anon, 1), "nprobe": tuning["nprobe"] if tuning else None, "bytes_per_vector": round(size / max(1, index.ntotal), 1),
         "on_disk": fi.is_on_disk(index), "threads": faiss.omp_get_max_threads(),
     })
 
 
-def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, nprobe: int | None, out) -> None:
-    """Child process: open the saved index (mapped when on disk, after evicting it from the page cache), search."""
+def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, nprobe: int | None,
+            prefetch: int | None, out) -> None:
+    """Child process: open the saved index (mapped when on disk, after evicting it from the page cache), search.
+
+    ``prefetch``: threads of ``OnDiskInvertedLists.prefetch_lists`` (None: FAISS's default, 32).
+    """
     import faiss
 
     from index import faiss_index as fi
@@ -170,14 +178,20 @@ def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, n
     base_mb = _peak_mb()
     queries, truth = np.load(queries_file), np.load(truth_file)  # (Q, m), (Q, K)
     lists = Path(index_dir) / "index.ivfdata"
+    cached = None
     if on_disk and hasattr(os, "posix_fadvise"):  # cold start: the lists' pages out of the page cache
         fd = os.open(lists, os.O_RDONLY)
+        os.fsync(fd)  # dirty pages cannot be dropped
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
+        cached = _cached_mb(lists)
     anon = PeakAnon()
+    base_anon = anon.peak
     start = time.perf_counter()
     index = fi.load(Path(index_dir) / "index.faiss", on_disk=on_disk)
     open_s = time.perf_counter() - start
+    if on_disk and prefetch is not None:
+        fi.on_disk_lists(index).prefetch_nthread = prefetch
     params = faiss.SearchParametersIVF(nprobe=nprobe) if nprobe else fi.search_parameters(index, K)
     seconds = []
     for _ in range(6):  # the first batch cold, then best of 5
@@ -188,7 +202,21 @@ def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, n
         "open_s": round(open_s, 2), "cold_qps": round(len(queries) / seconds[0], 1),
         "qps": round(len(queries) / min(seconds[1:]), 1), "recall_at_10": round(fi.recall_at_k(found, truth), 4),
         "search_peak_mb": round(_peak_mb(), 1), "search_anon_mb": anon.stop(), "search_base_mb": round(base_mb, 1),
+        "search_base_anon_mb": round(base_anon, 1), "prefetch_threads": prefetch if on_disk else None,
+        "lists_cached_mb_at_open": cached,
     })
+
+
+def _cached_mb(file: Path) -> float | None:
+    """MB of ``file`` in the page cache (``fincore``), None where it is not installed."""
+    import subprocess
+
+    try:
+        done = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", str(file)],
+                              capture_output=True, text=True, check=True)
+        return round(int(done.stdout.split()[0]) / 2**20, 1)
+    except (OSError, subprocess.CalledProcessError, ValueError, IndexError):
+        return None
 
 
 def run_child(target, *args) -> dict:
@@ -253,21 +281,24 @@ def main(argv=None) -> None:
             out_dir.mkdir()
             result = run_child(_build, pipeline, [str(f) for f in files], str(work / "tune.npy"), m, factory,
                                parse_bytes(args.memory_budget), args.recall_target, args.queries, str(out_dir))
-            result.update(run_child(_search, str(out_dir), result["on_disk"], str(work / "eval.npy"),
-                                    str(work / "truth.npy"), result["nprobe"]))
-            results.append(result)
+            searched = [None, 0] if result["on_disk"] else [None]  # on disk: FAISS's 32 prefetch threads, then none
+            for prefetch in searched:
+                row = dict(result, pipeline=f"{pipeline}, prefetch {prefetch}" if prefetch is not None else pipeline)
+                row.update(run_child(_search, str(out_dir), result["on_disk"], str(work / "eval.npy"),
+                                     str(work / "truth.npy"), result["nprobe"], prefetch))
+                results.append(row)
+                print(json.dumps(row), flush=True)
             shutil.rmtree(out_dir)
-            print(json.dumps(result), flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print("\n| pipeline | N | m | factory | load s | build s | build peak / anon MB | nprobe | recall@10 |"
-          " search peak / anon MB | open s | cold q/s | q/s |")
+    print("\n| pipeline | N | m | factory | load s | build s | build peak / own MB | nprobe | recall@10 |"
+          " search peak / own MB | open s | cold q/s | q/s |")
     print("|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in results:
+    for r in results:  # own: the peak of RssAnon above its value after the imports (mapped files not counted)
+        build_own, search_own = r["build_anon_mb"] - r["base_anon_mb"], r["search_anon_mb"] - r["search_base_anon_mb"]
         print(f"| {r['pipeline']} | {r['n']:,} | {r['m']} | {r['factory']} | {r['load_s']} | {r['build_s']} |"
-              f" {r['build_peak_mb']:,.0f} / {r['build_anon_mb']:,.0f} | {r['nprobe']} | {r['recall_at_10']} |"
-              f" {r['search_peak_mb']:,.0f} / {r['search_anon_mb']:,.0f} | {r['open_s']} | {r['cold_qps']:.0f} |"
-              f" {r['qps']:.0f} |")
+              f" {r['build_peak_mb']:,.0f} / {build_own:,.0f} | {r['nprobe']} | {r['recall_at_10']} |"
+              f" {r['search_peak_mb']:,.0f} / {search_own:,.0f} | {r['open_s']} | {r['cold_qps']:.0f} | {r['qps']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
 
