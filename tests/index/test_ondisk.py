@@ -246,3 +246,19 @@ def test_a_reader_keeps_its_on_disk_version_while_a_writer_replaces_it(emb, ondi
     np.testing.assert_array_equal(before[1], after[1])
     new = store.load_contents(index)
     np.testing.assert_array_equal(fi.search(new.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))[1], before[1])
+
+
+@pytest.mark.slow
+def test_bench_shards_ondisk_matches_the_in_memory_merge(tmp_path):
+    """The benchmark's command at a tiny size: both merges give the same recall; the on-disk one is on disk."""
+    from benchmarks.bench_shards import main
+
+    out = tmp_path / "bench.json"
+    main(["--n", "30000", "--dim", "64", "--shard-size", "10000", "--queries", "100", "--pipelines", "shards,ondisk",
+          "--workdir", str(tmp_path), "--json", str(out)])
+    rows = {r["pipeline"]: r for r in json.loads(out.read_text())}
+    assert set(rows) == {"shards", "ondisk", "ondisk, prefetch 0"}
+    assert rows["ondisk"]["on_disk"] and not rows["shards"]["on_disk"]
+    assert rows["ondisk"]["recall_at_10"] == rows["shards"]["recall_at_10"] > 0.8
+    assert rows["ondisk"]["nprobe"] == rows["shards"]["nprobe"]
+    assert [p.name for p in tmp_path.iterdir()] == ["bench.json"]  # shards and indexes removed
