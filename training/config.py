@@ -19,7 +19,7 @@ class TrainConfig:
     train_data: str  # training data source (any format of retrieval.data)
     out: str  # run directory
     val_data: str | None = None  # evaluated after every epoch; the best epoch by t2i_r10 is kept in RUN/best
-    model: str = "tiny"  # preset: tiny, lite, or an open_clip architecture
+    model: str = "tiny"  # preset: tiny, lite, lite1, lite2, or an open_clip architecture
     pretrained: str | None = None  # open_clip pretrained tag (needs the weights locally)
     embed_dim: int | None = None  # D (None: per preset)
     head: Literal["linear", "mlp"] | None = None  # projection heads (None: mlp for lite, else linear)
