@@ -35,12 +35,17 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when gradio i
 # event-loop time. Summarise the last 200, every 100 events.
 os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "200")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
+# Gradio asks matplotlib for its backend around every event (and switches to agg); with the backend left to
+# auto-detection that lookup cost ~2% of the server's CPU under load. The app draws nothing with matplotlib.
+os.environ.setdefault("MPLBACKEND", "agg")
 
+import gc  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
+from urllib.parse import urlparse  # noqa: E402
 
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
@@ -71,6 +76,10 @@ class AppConfig:
     max_query_chars: int = 1000  # longer text queries are cut here (the text tower reads ~256 tokens anyway)
     queue_size: int = 512  # requests waiting at most; beyond this the queue answers "full"
     batch: int = 16  # text queries waiting together are embedded in one pass, up to this many (1: never)
+    sessions: int = 1000  # Gradio session states kept (Gradio's default 10,000): an API call without a session
+    # hash makes one per query (~30 block configs), which then weigh on every garbage collection
+    threads: int = 1  # torch / ONNX Runtime / FAISS threads per search: the queue already runs `concurrency`
+    # searches at once; a 2-thread text tower took 2.5x the CPU per query of a 1-thread one (batch 16, 2 cores)
 
 
 class SearchApp:
@@ -347,6 +356,43 @@ def query_image(**kwargs) -> gr.Image:
     return image
 
 
+def result_gallery(**kwargs) -> gr.Gallery:
+    """A ``gr.Gallery`` whose results (``(image URL, caption)`` pairs) are serialised without threads.
+
+    Gradio's ``Gallery.postprocess`` starts a thread pool (and new threads) for every
+    answer to prepare its items; for our items, URLs of the image route, there is
+    nothing to prepare, and under load those threads cost ~6% of the server's CPU. This
+    instance override builds the same ``GalleryData`` in a loop (anything else still
+    goes through Gradio's own code). As in :func:`query_image`, an instance override,
+    not a subclass.
+    """
+    from gradio.components.gallery import GalleryData, GalleryImage
+    from gradio.data_classes import ImageData
+    from gradio_client.utils import get_mimetype
+
+    gallery = gr.Gallery(**kwargs)
+    postprocess = gallery.postprocess
+
+    def urls_only(value):
+        if not isinstance(value, list) or not all(
+            isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str) and item[0].startswith(("http://", "https://"))
+            for item in value
+        ):
+            return postprocess(value)
+        return GalleryData(
+            root=[
+                GalleryImage(
+                    image=ImageData(path=url, url=url, orig_name=Path(urlparse(url).path).name, mime_type=get_mimetype(url)),
+                    caption=caption,
+                )
+                for url, caption in value
+            ]
+        )
+
+    gallery.postprocess = urls_only
+    return gallery
+
+
 def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
     """The page and its API endpoints over a loaded Searcher, and the functions behind them."""
     app = SearchApp(searcher, cfg)
@@ -380,7 +426,7 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
                         elem_id="captions",
                     )
                 status = gr.Markdown("Results appear below.", elem_id="status")
-                gallery = gr.Gallery(
+                gallery = result_gallery(
                     label="results (click one: more like this)", columns=6, height="auto", allow_preview=False,
                     object_fit="contain", elem_id="results",
                 )
@@ -443,7 +489,7 @@ def theme() -> gr.themes.Base:
     return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
 
 
-def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool = True):
+def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool = True, sessions: int | None = None):
     """Start the server (``block=False``: return once it answers, for tests).
 
     Raises:
@@ -465,6 +511,7 @@ def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool 
             theme=theme(),
             show_error=False,  # our messages go to the status line; no tracebacks in the page
             max_file_size="50mb",
+            state_session_capacity=sessions or app.cfg.sessions,
             prevent_thread_lock=not block,
             quiet=not block,
         )
@@ -476,10 +523,14 @@ def serve(index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None
     """Load the index and serve the app until Ctrl-C."""
     from index.search import Searcher
 
-    searcher = Searcher.load(index, run=run, device=device)
     cfg = AppConfig(index=index, host=host, port=port)
+    set_threads(cfg.threads)  # before the warm-up: the ONNX session takes torch's thread count when it is made
+    searcher = Searcher.load(index, run=run, device=device)
     searcher.embed_texts(["warm-up"])  # the first query pays for lazy initialisation (ONNX sessions), not a user
     blocks, app = build_app(searcher, cfg)
+    gc.collect()
+    gc.freeze()  # the millions of objects loaded so far (torch, transformers, gradio) are never garbage: without
+    # this, each full collection walked them all and stalled every request for 0.5-0.8 s under load
     print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
@@ -488,6 +539,15 @@ def serve(index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None
         pass
     finally:
         blocks.close()
+
+
+def set_threads(threads: int) -> None:
+    """Threads each search may use in torch (and the ONNX Runtime sessions made after this) and FAISS."""
+    import faiss
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    faiss.omp_set_num_threads(max(1, threads))
 
 
 def _interrupt(signum, frame):

@@ -114,3 +114,31 @@ def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
     )
     assert result.returncode == 2
     assert result.stderr.startswith("triclip: error:") and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_result_gallery_serialises_url_results_as_gradio_does():
+    import gradio as gr
+
+    from app.gradio_app import result_gallery
+
+    with gr.Blocks():
+        ours, theirs = result_gallery(label="a"), gr.Gallery(label="b")
+    urls = [("http://127.0.0.1:7860/triclip/image/12", "0.512 · a cat"), ("http://127.0.0.1:7860/triclip/image/3", "x")]
+    assert ours.postprocess(urls).model_dump() == theirs.postprocess(urls).model_dump()
+    assert ours.postprocess([]).model_dump() == theirs.postprocess([]).model_dump() == []
+    assert ours.postprocess(None).model_dump() == []  # anything else: Gradio's own code
+
+
+def test_set_threads_sets_torch_and_faiss_threads():
+    import faiss
+    import torch
+
+    from app.gradio_app import set_threads
+
+    before = torch.get_num_threads()
+    try:
+        set_threads(1)
+        assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+        faiss.omp_set_num_threads(before)
