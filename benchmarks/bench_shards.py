@@ -160,7 +160,8 @@ def _build(pipeline: str, files: list[str], queries_file: str, m: int, factory: 
         "pipeline": pipeline, "n": shards.count, "shards": len(files), "m": m, "factory": factory,
         "load_s": round(load_s, 2), "build_s": round(build_s, 2), "tune_s": round(tune_s, 2),
         "build_peak_mb": round(_peak_mb(), 1), "build_anon_mb": anon.stop(), "base_mb": round(base_mb, 1),
-        "base_anon_mb": round(base_anon, 1), "nprobe": tuning["nprobe"] if tuning else None, "bytes_per_vector": round(size / max(1, index.ntotal), 1),
+        "base_anon_mb": round(base_anon, 1), "nprobe": tuning["nprobe"] if tuning else None,
+        "bytes_per_vector": round(size / max(1, index.ntotal), 1),
         "on_disk": fi.is_on_disk(index), "threads": faiss.omp_get_max_threads(),
     })
 
@@ -332,7 +333,8 @@ def main(argv=None) -> None:
         build_own, search_own = r["build_anon_mb"] - r["base_anon_mb"], r["search_anon_mb"] - r["search_base_anon_mb"]
         print(f"| {r['pipeline']} | {r['n']:,} | {r['m']} | {r['factory']} | {r['load_s']} | {r['build_s']} |"
               f" {r['build_peak_mb']:,.0f} / {build_own:,.0f} | {r['nprobe']} | {r['recall_at_10']} |"
-              f" {r['search_peak_mb']:,.0f} / {search_own:,.0f} | {r['open_s']} | {r['cold_qps']:.0f} | {r['qps']:.0f} |"
+              f" {r['search_peak_mb']:,.0f} / {search_own:,.0f} | {r['open_s']} | {r['cold_qps']:.0f} |"
+              f" {r['qps']:.0f} |"
               f" {r['qps_side_by_side']:.0f} |")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1) + "\n")

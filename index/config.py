@@ -33,4 +33,4 @@ class IndexBuildConfig:
     lock_timeout: float = 600.0  # seconds to wait for another writer of the same index before giving up
     embeddings: str | None = None  # build from `triclip embed` shards instead of --run + --data (index.from_embeddings)
     memory_budget: int | None = None  # with --embeddings: bytes one index may take in memory, e.g. 8G (None: half the available)
-    on_disk: Literal["auto", "always", "never"] = "auto"  # with --embeddings: IVF lists in a file on disk, memory-mapped (auto: when they exceed --memory-budget)
+    on_disk: Literal["auto", "always", "never"] = "auto"  # with --embeddings: IVF lists in a mapped file (auto: beyond --memory-budget)

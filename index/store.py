@@ -386,7 +386,9 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
         contents.text_rows = rows.astype(np.int64)
     for m in dims:
         lists = on_disk.get(("image", m))
-        contents.image_indexes[m] = _read_index(folder / image_index_name(m), m, count, folder, lists) if indexes else None
+        contents.image_indexes[m] = (
+            _read_index(folder / image_index_name(m), m, count, folder, lists) if indexes else None
+        )
         if text_count is not None:
             lists = on_disk.get(("text", m))
             contents.text_indexes[m] = (
@@ -493,7 +495,7 @@ def _read_index(file: Path, m: int, count: int, folder: Path, lists: Path | None
     if lists is not None:
         od = fi.on_disk_lists(index)
         if od is None:
-            raise _damaged(folder, f"{file.name} is not an on-disk index, the manifest says its lists are in {lists.name}")
+            raise _damaged(folder, f"{file.name} is not an on-disk index, yet the manifest names {lists.name}")
         if lists.stat().st_size < od.totsize:  # reading past the end of a mapped file kills the process (SIGBUS)
             raise _damaged(folder, f"{lists.name} is truncated ({lists.stat().st_size} of {od.totsize} bytes)")
     return index

@@ -161,7 +161,8 @@ def test_cli_on_disk_build_and_search_json_stay_clean(emb, tmp_path, capfd):
     from app.cli import main
 
     index = tmp_path / "index"
-    argv = ["index", "build", "--embeddings", str(emb), "--out", str(index), "--factory", "IVF8,Flat", "--on-disk", "always"]
+    argv = ["index", "build", "--embeddings", str(emb), "--out", str(index), "--factory", "IVF8,Flat"]
+    argv += ["--on-disk", "always"]
     assert main(argv) == 0
     assert json.loads(capfd.readouterr().out)["on_disk"]["image"] == {"32": "image.m32.ivfdata"}
     meta = store.load_contents(index, indexes=False).meta
@@ -242,7 +243,7 @@ def test_a_reader_keeps_its_on_disk_version_while_a_writer_replaces_it(emb, ondi
     cfg = EmbeddingsIndexConfig(str(emb), str(index), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
     build_from_embeddings(cfg)
     assert not (index / old.version).exists() and store.current_version(index) != old.version
-    after = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))  # its lists file is unlinked, still mapped
+    after = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))  # lists unlinked, still mapped
     np.testing.assert_array_equal(before[1], after[1])
     new = store.load_contents(index)
     np.testing.assert_array_equal(fi.search(new.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))[1], before[1])
