@@ -22,6 +22,15 @@ rendering process. Gallery images are served by one route of the app,
 ``/triclip/image/<row>``, which answers only for the index's own images (by row
 number: no file path is ever taken from a request), straight from disk with a cache
 header; nothing is copied into Gradio's cache.
+
+Under load (``benchmarks/load_app.py``; profiled with py-spy, 20 clients on 2 cores)
+most of the server's CPU is Gradio's HTTP, queue and event-stream machinery, not the
+search. What the app does about its own share: text queries waiting together are
+embedded in one batch; each search runs on one thread (``AppConfig.threads``); gallery
+answers are serialised without Gradio's per-answer thread pool (:func:`result_gallery`);
+the objects loaded at start are frozen out of garbage collection (``gc.freeze``: full
+collections had stalled every request for 0.3-0.9 s); at most ``AppConfig.sessions``
+Gradio session states are kept.
 """
 
 from __future__ import annotations
@@ -36,7 +45,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when gradio i
 os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "200")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 # Gradio asks matplotlib for its backend around every event (and switches to agg); with the backend left to
-# auto-detection that lookup cost ~2% of the server's CPU under load. The app draws nothing with matplotlib.
+# auto-detection that lookup cost 1-2% of the server's CPU under load. The app draws nothing with matplotlib.
 os.environ.setdefault("MPLBACKEND", "agg")
 
 import gc  # noqa: E402
