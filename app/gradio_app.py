@@ -11,7 +11,9 @@ the funnel re-runs the last query, so results and latency can be compared. A plo
 shows the importance spectrum (w in index order).
 
 Every search is a named API endpoint (``gradio_client``): ``search_text``,
-``search_image``, ``more_like_this``, ``image_to_text``. Each returns its results and
+``search_image``, ``more_like_this``, ``image_to_text``. For programs, text -> image
+is also a plain JSON route outside Gradio, ``GET /triclip/api/search_text?q=...&m=...
+&k=...&funnel=0|1`` (:class:`JsonSearch`), a third of the CPU per query. Each returns its results and
 a Markdown status line; bad input (empty or huge query, a file that is not an image,
 a decompression bomb, an unknown id) gives a message there and a warning toast, never
 a traceback, and the app keeps serving.
@@ -30,7 +32,8 @@ embedded in one batch; each search runs on one thread (``AppConfig.threads``); g
 answers are serialised without Gradio's per-answer thread pool (:func:`result_gallery`);
 the objects loaded at start are frozen out of garbage collection (``gc.freeze``: full
 collections had stalled every request for 0.3-0.9 s); at most ``AppConfig.sessions``
-Gradio session states are kept.
+Gradio session states are kept. Measured with 20 clients on the demo index (shared
+machine): ~6.5-8 ms of server CPU per query through Gradio, ~2.5 ms on the JSON route.
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 # auto-detection that lookup cost 1-2% of the server's CPU under load. The app draws nothing with matplotlib.
 os.environ.setdefault("MPLBACKEND", "agg")
 
+import asyncio  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
 import signal  # noqa: E402
@@ -70,6 +74,7 @@ SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]  # no web fonts: not
 MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "monospace"]
 CAPTION_CHARS = 90  # a gallery label shows this much of a caption
 IMAGE_ROUTE = "/triclip/image"  # + "/<row>": an indexed image, served by the app
+SEARCH_ROUTE = "/triclip/api/search_text"  # ?q=...&m=...&k=...&funnel=0|1: text -> image as JSON, outside Gradio
 
 
 @dataclass
@@ -307,6 +312,73 @@ class SearchApp:
         return pd.DataFrame({"dimension (index order)": range(len(self.importance)), "importance w": self.importance})
 
 
+class JsonSearch:
+    """``GET SEARCH_ROUTE?q=...&m=...&k=...&funnel=0|1``: text -> image hits as JSON, outside Gradio.
+
+    For programs (and the load test): the same search as the ``search_text`` endpoint
+    without Gradio's queue, session state and event stream, which cost most of the
+    server's CPU per query. Queries arriving together are embedded in one batch: one
+    drain task at a time takes every waiting query (up to ``AppConfig.batch``), embeds
+    them in a worker thread and answers each. Answer: ``{"query", "m", "funnel", "ms",
+    "hits": [{"id", "image" (URL of the image route), "caption", "score"}]}``; bad input
+    is a 400 with ``{"error": message}``.
+    """
+
+    def __init__(self, app: SearchApp):
+        self.app = app
+        self.waiting: list[tuple[str, "asyncio.Future"]] = []  # (text, its embedding's future)
+        self.draining = False  # a drain task is running
+
+    async def respond(self, request):
+        """The route's handler: one query's answer."""
+        from starlette.responses import JSONResponse
+
+        params = request.query_params
+        text = (params.get("q") or "").strip()[: self.app.cfg.max_query_chars]
+        try:
+            if not text:
+                raise UserError("empty query: give ?q=...")
+            m, k = self.app._check_m(params.get("m")), self.app._check_k(params.get("k", self.app.cfg.k))
+            funnel = params.get("funnel", "0").lower() in ("1", "true", "yes") and m < self.app.dim
+            started = time.perf_counter()
+            vector = await self._embed(text)  # (1, D)
+            kwargs = {"k": k, "m": None if (funnel or m == self.app.dim) else m, "funnel": m if funnel else None}
+            hits = self.app.searcher.search_vectors(vector, **kwargs)[0]
+        except UserError as err:
+            return JSONResponse({"error": str(err)}, status_code=400)
+        base = str(request.base_url).rstrip("/")
+        for hit in hits:
+            hit["image"] = f"{base}{IMAGE_ROUTE}/{self.app.rows[hit['id']]}"
+        ms = round((time.perf_counter() - started) * 1000, 2)
+        return JSONResponse({"query": text, "m": m, "funnel": funnel, "ms": ms, "hits": hits})
+
+    async def _embed(self, text: str):
+        future = asyncio.get_running_loop().create_future()
+        self.waiting.append((text, future))
+        if not self.draining:
+            self.draining = True
+            asyncio.get_running_loop().create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        """Embed the waiting queries batch by batch until none wait."""
+        from starlette.concurrency import run_in_threadpool
+
+        try:
+            while self.waiting:
+                batch, self.waiting = self.waiting[: self.app.cfg.batch], self.waiting[self.app.cfg.batch :]
+                try:
+                    vectors = await run_in_threadpool(self.app.searcher.embed_texts, [t for t, _ in batch])  # (B, D)
+                except Exception as err:  # noqa: BLE001 (each query is answered, with the error)
+                    for _, future in batch:
+                        future.set_exception(err if isinstance(err, UserError) else UserError(f"search failed: {err}"))
+                    continue
+                for i, (_, future) in enumerate(batch):
+                    future.set_result(vectors[i : i + 1])
+        finally:
+            self.draining = False
+
+
 BAD_IMAGE = {  # the data layer's reasons, for people
     "corrupt_image": "is not an image that can be read (or it is damaged)",
     "decompression_bomb": "has too many pixels to decode safely (decompression-bomb guard)",
@@ -508,13 +580,14 @@ def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool 
     # gradio_client downloads every result file through Gradio's file route, with the result's
     # path, which is our image URL: answer those requests for our own images here as well.
     client_route = Route("/gradio_api/file=http{rest:path}", app.client_image_response)
+    search_route = Route(SEARCH_ROUTE, JsonSearch(app).respond, methods=["GET"])
     try:
         return blocks.launch(
             server_name=host,
             server_port=port,
             share=False,
             inbrowser=False,
-            app_kwargs={"routes": [image_route, client_route]},
+            app_kwargs={"routes": [image_route, client_route, search_route]},
             ssr_mode=False,  # no Node server process
             mcp_server=False,
             theme=theme(),

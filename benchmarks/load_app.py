@@ -10,7 +10,9 @@ Each of ``--clients`` clients sends one search after another (a closed loop: the
 query leaves when the last answer came back) through Gradio's plain HTTP API:
 ``POST gradio_api/call/search_text`` queues the query and returns an event id,
 ``GET gradio_api/call/search_text/<id>`` streams the answer. The latency of a query is
-the time from the POST to the answer, so it includes Gradio's queue.
+the time from the POST to the answer, so it includes Gradio's queue. ``--api json``
+sends the same searches to the app's JSON route instead (``GET
+/triclip/api/search_text?q=...``, outside Gradio: one request, no queue, no session).
 
 The clients share the machine with the app, so they are made light: by default
 (``--client async``) they are coroutines of one event loop, each on its own raw HTTP/1.1
@@ -46,7 +48,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
+from urllib.parse import urlencode, urlparse
 
 import httpx
 import numpy as np
@@ -59,6 +61,7 @@ THINGS = [
 ]  # fmt: skip
 PLACES = ["", " on a white background", " in a circle", " icon", " cartoon", " drawing", " with a shadow", " sign",
           " and a moon", " outline"]  # fmt: skip
+JSON_ROUTE = "/triclip/api/search_text"  # app.gradio_app.SEARCH_ROUTE (not imported: this runs without the app's packages)
 STATUS_MS = re.compile(r"· ([0-9.]+) ms")  # the app's search time in its status line
 
 
@@ -76,7 +79,8 @@ class LoadConfig:
     timeout: float = 30.0  # seconds one query may take before it counts as an error
     seed: int = 0  # order of the queries
     queries_from: str | None = None  # a manifest (.jsonl: first captions) or a file of queries; None: made-up ones
-    api: str = "call"  # call: through the app's queue, like the page and gradio_client; run: direct POST
+    api: str = "call"  # call: through the app's queue, like the page and gradio_client; run: direct POST; json:
+    # the app's JSON route (outside Gradio)
     server_pid: int | None = None  # the app's process id (this machine): report its CPU time per query
     client: str = "async"  # async: coroutines on raw HTTP (light); threads: httpx per thread; gradio: gradio_client
 
@@ -139,6 +143,10 @@ def one_query(client: httpx.Client, url: str, text: str, cfg: LoadConfig, m: int
     Raises:
         RuntimeError: the app answered with an error event (its message).
     """
+    if cfg.api == "json":  # the app's JSON route, outside Gradio
+        answer = client.get(url + JSON_ROUTE.lstrip("/"), params=json_params(text, m, cfg))
+        answer.raise_for_status()
+        return _read_json(answer.json())
     data = {"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}
     if cfg.api == "run":  # one request, answered directly (outside the queue)
         answer = client.post(url + "gradio_api/run/search_text", json=data)
@@ -159,6 +167,18 @@ def one_query(client: httpx.Client, url: str, text: str, cfg: LoadConfig, m: int
                     raise RuntimeError(f"app error: {data[:80]}")
                 return _read_answer(json.loads(data))
     raise RuntimeError("stream ended without an answer")
+
+
+def json_params(text: str, m: int, cfg: LoadConfig) -> dict:
+    """Query parameters of the JSON route."""
+    return {"q": text, "m": m, "k": cfg.k, "funnel": int(cfg.funnel)}
+
+
+def _read_json(answer: dict) -> float:
+    """The app's search ms from a JSON route answer."""
+    if not answer.get("hits"):
+        raise RuntimeError(f"no results: {str(answer)[:80]}")
+    return float(answer["ms"])
 
 
 def _read_answer(outputs: list) -> float | None:
@@ -257,6 +277,11 @@ class RawHTTP:
 
 async def async_query(conn: RawHTTP, text: str, cfg: LoadConfig, m: int, session: str | None = None) -> float | None:
     """:func:`one_query` on a :class:`RawHTTP` connection (the ``call`` API: POST, then the event stream)."""
+    if cfg.api == "json":  # the app's JSON route, outside Gradio
+        status, body = await conn.request("GET", f"{JSON_ROUTE}?{urlencode(json_params(text, m, cfg))}")
+        if status != 200:
+            raise RuntimeError(f"HTTP {status}: {body[:60]!r}")
+        return _read_json(json.loads(body))
     data = json.dumps({"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}).encode()
     if cfg.api == "run":  # one request, answered directly (outside the queue)
         status, body = await conn.request("POST", "/gradio_api/run/search_text", data)
@@ -425,8 +450,9 @@ def main(argv=None) -> int:
     p.add_argument("--funnel", action="store_true", help="shortlist at --m, re-rank at D")
     p.add_argument("-k", type=int, default=12)
     p.add_argument(
-        "--api", choices=["call", "run"], default="call",
-        help="call: POST gradio_api/call + event stream, through the queue (default); run: one direct POST",
+        "--api", choices=["call", "run", "json"], default="call",
+        help="call: POST gradio_api/call + event stream, through Gradio's queue (default); run: one direct POST;"
+        " json: GET the app's JSON route /triclip/api/search_text (outside Gradio)",
     )
     p.add_argument(
         "--client", choices=["async", "threads", "gradio"], default="async",

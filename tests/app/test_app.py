@@ -142,3 +142,42 @@ def test_set_threads_sets_torch_and_faiss_threads():
     finally:
         torch.set_num_threads(before)
         faiss.omp_set_num_threads(before)
+
+
+def test_json_route_answers_as_the_searcher_does(app_url, app_index):
+    from index.search import Searcher
+
+    searcher = Searcher.load(app_index)
+    answer = httpx.get(app_url + "triclip/api/search_text", params={"q": "two red circles", "m": 16, "k": 4}).json()
+    want = searcher.search_text(["two red circles"], k=4, m=16)[0]
+    assert answer["m"] == 16 and answer["funnel"] is False and answer["ms"] > 0
+    assert [h["id"] for h in answer["hits"]] == [h["id"] for h in want]
+    assert [h["score"] for h in answer["hits"]] == pytest.approx([h["score"] for h in want], abs=1e-5)
+    image = httpx.get(answer["hits"][0]["image"])  # an URL of the app's image route
+    assert image.status_code == 200 and image.content[:4] == b"\x89PNG"
+    funnel = httpx.get(app_url + "triclip/api/search_text", params={"q": "a blue square", "m": 8, "funnel": 1}).json()
+    assert funnel["funnel"] is True and len(funnel["hits"]) == 12  # AppConfig.k by default
+
+
+@pytest.mark.parametrize(
+    "params, needle",
+    [({"q": "  "}, "empty query"), ({"q": "x", "m": 7}, "m must be one of"), ({"q": "x", "k": 0}, "k must be between")],
+)
+def test_json_route_refuses_bad_input_with_a_400(app_url, params, needle):
+    answer = httpx.get(app_url + "triclip/api/search_text", params=params)
+    assert answer.status_code == 400 and needle in answer.json()["error"]
+
+
+def test_json_route_batches_concurrent_queries_and_answers_each_its_own(app_url):
+    from concurrent.futures import ThreadPoolExecutor
+
+    texts = [f"{n} {c} {s}" for n in ("one", "two") for c in ("red", "green") for s in ("circles", "squares")]
+
+    def ask(text):
+        return httpx.get(app_url + "triclip/api/search_text", params={"q": text, "m": 32, "k": 5}).json()
+
+    alone = [ask(t) for t in texts]
+    with ThreadPoolExecutor(len(texts)) as pool:
+        together = list(pool.map(ask, texts))
+    for a, b, text in zip(alone, together, texts):
+        assert b["query"] == text and [h["id"] for h in a["hits"]] == [h["id"] for h in b["hits"]]

@@ -10,10 +10,11 @@ import pytest
 from benchmarks.load_app import LoadConfig, check_local, main, queries, run_load
 
 
-@pytest.mark.parametrize("client", ["async", "threads"])
-def test_a_short_load_run_answers_every_query(app_url, client):
-    out = run_load(LoadConfig(app_url, clients=3, seconds=1.5, m=16, k=4, client=client, server_pid=os.getpid()))
-    assert out["errors"] == 0 and out["queries"] > 0 and out["client"] == client
+@pytest.mark.parametrize("client, api", [("async", "call"), ("threads", "call"), ("async", "json"), ("threads", "json")])
+def test_a_short_load_run_answers_every_query(app_url, client, api):
+    cfg = LoadConfig(app_url, clients=3, seconds=1.5, m=16, k=4, client=client, server_pid=os.getpid(), api=api)
+    out = run_load(cfg)
+    assert out["errors"] == 0 and out["queries"] > 0 and out["client"] == client and out["api"] == api
     assert out["p50_ms"] > 0 and out["p50_ms"] <= out["p95_ms"] <= out["p99_ms"] <= out["max_ms"]
     assert out["app_search_p50_ms"] is not None and out["m"] == 16
     assert out["server_cpu_ms_per_query"] > 0  # the app runs in this process: its CPU is counted
