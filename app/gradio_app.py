@@ -93,7 +93,8 @@ class AppConfig:
     sessions: int = 1000  # Gradio session states kept (Gradio's default 10,000): an API call without a session
     # hash makes one per query (~30 block configs), which then weigh on every garbage collection
     threads: int = 1  # torch / ONNX Runtime / FAISS threads per search: the queue already runs `concurrency`
-    # searches at once; a 2-thread text tower took 2.5x the CPU per query of a 1-thread one (batch 16, 2 cores)
+    # searches at once. Alone, a 2-thread text tower took 2.5x the CPU per query of a 1-thread one (batch 16,
+    # shared 2 cores); in the app under load the difference was within noise
 
 
 class SearchApp:
