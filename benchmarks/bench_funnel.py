@@ -15,9 +15,10 @@ what ``Searcher(..., funnel=m)`` runs). Three ways to answer the same queries:
 - ``plain m=M``: the index at m alone (Flat: exact at m; HNSW32 with ``--hnsw``);
 - ``funnel M->D xF``: shortlist at m (Flat, or HNSW32 with ``--hnsw``), re-rank at D.
 
-The funnel is exactly what the Searcher (and the app) runs: with a Flat index at m, the
-shortlist is one numpy matmul per chunk of 64 queries + ``argpartition`` (FAISS's heap is
-~3x slower at hundreds of candidates), then the vectorised re-rank. So that both sides are
+The funnel is exactly what the Searcher (and the app) runs: with a Flat index at m of at
+most 50,000 vectors, the shortlist is one numpy matmul per chunk of 64 queries +
+``argpartition`` (FAISS's heap is 1.7x slower there at 200 candidates; beyond ~100k
+vectors FAISS is faster and searches), then the vectorised re-rank. So that both sides are
 batched the same way, exact search is also timed as ``full D (blas)`` (off with
 ``--no-blas``): one matmul per chunk of 64 queries + a top-10 ``argpartition``. The speed
 ratios (``x``) are over the faster of the two exact searches.
@@ -58,7 +59,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_index import prune, synthetic  # noqa: E402
 from index import faiss_index as fi  # noqa: E402
-from index.search import flat_vectors, rerank, shortlist_flat  # noqa: E402
+from index.search import matmul_shortlist, rerank, shortlist_flat  # noqa: E402
 
 K = 10
 TIE_TOL = 1e-5  # scores this close to the 10th count as tied (float32 sums differ by ~1e-7)
@@ -96,10 +97,10 @@ def plain(index: faiss.Index, m: int):
 
 
 def funnel(index: faiss.Index, m: int, base: np.ndarray, candidates: int):
-    """What ``Searcher.search_vectors(..., funnel=m)`` runs: a Flat shortlist as a chunked matmul
-    (``index.search.shortlist_flat``), any other index through FAISS; then ``rerank`` at D."""
+    """What ``Searcher.search_vectors(..., funnel=m)`` runs: a small Flat shortlist as a chunked matmul
+    (``index.search.matmul_shortlist``), any other index through FAISS; then ``rerank`` at D."""
     params = fi.search_parameters(index, candidates)
-    flat = flat_vectors(index)
+    flat = matmul_shortlist(index)
 
     def run(q: np.ndarray) -> np.ndarray:
         small = prune(q, m)

@@ -298,3 +298,13 @@ def test_index_recall_comes_from_the_evaluation_of_the_indexed_weights(tmp_path)
     assert run_recall(str(run), "importance", [8, 32], weights="last") == {"8": 0.40, "32": 0.6}
     (run / "best" / "best.json").write_text("{damaged")
     assert run_recall(str(run), "importance", [8, 32]) == {"8": 0.40, "32": 0.6}  # informative only: falls back
+
+
+def test_funnel_through_faiss_equals_funnel_through_matmul(searcher, monkeypatch):
+    import index.search as search_module
+
+    by_matmul = searcher.search_text(QUERIES, k=5, funnel=M)
+    monkeypatch.setattr(search_module, "MATMUL_SHORTLIST_MAX", 0)  # every index searched by FAISS
+    by_faiss = searcher.search_text(QUERIES, k=5, funnel=M)
+    for a, b in zip(by_matmul, by_faiss):
+        np.testing.assert_allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-6)

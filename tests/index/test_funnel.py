@@ -8,7 +8,8 @@ import pytest
 
 from index import faiss_index as fi
 from index.build import prefix
-from index.search import RERANK_CHUNK, SHORTLIST_CHUNK, flat_vectors, rerank, shortlist_flat
+import index.search as search_module
+from index.search import RERANK_CHUNK, SHORTLIST_CHUNK, flat_vectors, matmul_shortlist, rerank, shortlist_flat
 
 N, D, M = 500, 32, 8
 
@@ -85,3 +86,10 @@ def test_batched_funnel_equals_one_query_at_a_time(data):
     truth = fi.exact_topk(base, queries, 10)
     np.testing.assert_array_equal(wide_ids, truth)
     np.testing.assert_allclose(wide_scores, np.take_along_axis(queries @ base.T, truth, axis=1), rtol=1e-5, atol=1e-6)
+
+
+def test_large_flat_indexes_are_shortlisted_by_faiss(data, monkeypatch):
+    _, _, small = data
+    assert matmul_shortlist(small) is not None
+    monkeypatch.setattr(search_module, "MATMUL_SHORTLIST_MAX", N - 1)
+    assert matmul_shortlist(small) is None  # FAISS's heap is faster on large indexes
