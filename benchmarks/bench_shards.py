@@ -19,8 +19,8 @@ costs). Peak memory is ``VmHWM`` (resident, file-backed pages of a memory map in
 20 ms: the process's own memory, which a memory-mapped file's pages are not (the kernel
 drops those under pressure). ``base_mb`` is the peak after the imports; the table's
 ``own`` is the ``RssAnon`` peak minus its value after the imports. An on-disk index is
-searched twice: with FAISS's 32 threads prefetching the lists of each batch, and with
-none (``prefetch 0``).
+searched twice: as triclip opens it (no threads prefetching lists,
+``index.faiss_index.PREFETCH_THREADS``) and with FAISS's default of 32 (``prefetch 32``).
 
 - ``shards``: ``index.from_embeddings`` (IVF trained once on a sample drawn across the
   shards, each shard added to a copy of the trained index, merged in memory with id
@@ -170,7 +170,7 @@ def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, n
             prefetch: int | None, out) -> None:
     """Child process: open the saved index (mapped when on disk, after evicting it from the page cache), search.
 
-    ``prefetch``: threads of ``OnDiskInvertedLists.prefetch_lists`` (None: FAISS's default, 32).
+    ``prefetch``: threads of ``OnDiskInvertedLists.prefetch_lists`` (None: not on disk).
     """
     import faiss
 
@@ -191,7 +191,7 @@ def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, n
     start = time.perf_counter()
     index = fi.load(Path(index_dir) / "index.faiss", on_disk=on_disk)
     open_s = time.perf_counter() - start
-    if on_disk and prefetch is not None:
+    if on_disk:
         fi.on_disk_lists(index).prefetch_nthread = prefetch
     params = faiss.SearchParametersIVF(nprobe=nprobe) if nprobe else fi.search_parameters(index, K)
     seconds = []
@@ -231,7 +231,7 @@ def _speed(indexes: list[tuple], queries_file: str, out, rounds: int = 5) -> Non
         for name in best:
             index, params, prefetch = opened[name]
             if fi.is_on_disk(index):
-                fi.on_disk_lists(index).prefetch_nthread = 32 if prefetch is None else prefetch
+                fi.on_disk_lists(index).prefetch_nthread = prefetch
             start = time.perf_counter()
             index.search(queries, K, params=params)
             if round_:
@@ -313,9 +313,9 @@ def main(argv=None) -> None:
             out_dir.mkdir()
             result = run_child(_build, pipeline, [str(f) for f in files], str(work / "tune.npy"), m, factory,
                                parse_bytes(args.memory_budget), args.recall_target, args.queries, str(out_dir))
-            searched = [None, 0] if result["on_disk"] else [None]  # on disk: FAISS's 32 prefetch threads, then none
+            searched = [0, 32] if result["on_disk"] else [None]  # on disk: no prefetch threads (ours), FAISS's 32
             for prefetch in searched:
-                row = dict(result, pipeline=f"{pipeline}, prefetch {prefetch}" if prefetch is not None else pipeline)
+                row = dict(result, pipeline=f"{pipeline}, prefetch {prefetch}" if prefetch else pipeline)
                 row.update(run_child(_search, str(out_dir), result["on_disk"], str(work / "eval.npy"),
                                      str(work / "truth.npy"), result["nprobe"], prefetch))
                 results.append(row)

@@ -52,6 +52,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 METRIC = faiss.METRIC_INNER_PRODUCT
+# threads prefetching the lists of an on-disk index per search: FAISS's 32 made warm searches ~1.5x slower
+# and cold ones no faster on the 2-core benchmark machine (benchmarks/bench_shards.py; README "Scaling out")
+PREFETCH_THREADS = 0
 ADD_BATCH = 65_536  # vectors added per call (bounds temporary memory, drives the progress bar)
 
 
@@ -376,11 +379,13 @@ def save(index: faiss.Index, path: str | os.PathLike) -> None:
         raise
 
 
-def load(path: str | os.PathLike, on_disk: bool = False) -> faiss.Index:
+def load(path: str | os.PathLike, on_disk: bool = False, prefetch_threads: int = PREFETCH_THREADS) -> faiss.Index:
     """Read an index written by :func:`save`; ValueError when the file is missing or not an index.
 
     ``on_disk``: the index's lists are in a ``.ivfdata`` file beside ``path`` (whatever
     path it was written at); they are memory-mapped read-only, not loaded.
+    ``prefetch_threads``: threads FAISS starts per search to touch the lists it will
+    read (``OnDiskInvertedLists.prefetch_nthread``, FAISS's default 32).
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -389,10 +394,13 @@ def load(path: str | os.PathLike, on_disk: bool = False) -> faiss.Index:
         if not on_disk:
             return faiss.read_index(path)
         with quiet_stdout():
-            return faiss.read_index(path, faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
+            index = faiss.read_index(path, faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
     except RuntimeError as err:
         why = f" ({_last_line(err)})" if on_disk else ""
         raise ValueError(f"{path} is not a readable FAISS index{why}") from None
+    if on_disk_lists(index) is not None:
+        on_disk_lists(index).prefetch_nthread = prefetch_threads
+    return index
 
 
 # ---------------------------------------------------------------------------- on disk
