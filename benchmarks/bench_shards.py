@@ -19,8 +19,8 @@ costs). Peak memory is ``VmHWM`` (resident, file-backed pages of a memory map in
 20 ms: the process's own memory, which a memory-mapped file's pages are not (the kernel
 drops those under pressure). ``base_mb`` is the peak after the imports; the table's
 ``own`` is the ``RssAnon`` peak minus its value after the imports. An on-disk index is
-searched twice: as triclip opens it (no threads prefetching lists,
-``index.faiss_index.PREFETCH_THREADS``) and with FAISS's default of 32 (``prefetch 32``).
+searched twice: as triclip opens it (``index.faiss_index.PREFETCH_THREADS`` = 32 threads
+prefetching the lists of each batch, FAISS's default) and without them (``prefetch 0``).
 
 - ``shards``: ``index.from_embeddings`` (IVF trained once on a sample drawn across the
   shards, each shard added to a copy of the trained index, merged in memory with id
@@ -313,9 +313,11 @@ def main(argv=None) -> None:
             out_dir.mkdir()
             result = run_child(_build, pipeline, [str(f) for f in files], str(work / "tune.npy"), m, factory,
                                parse_bytes(args.memory_budget), args.recall_target, args.queries, str(out_dir))
-            searched = [0, 32] if result["on_disk"] else [None]  # on disk: no prefetch threads (ours), FAISS's 32
+            other = 0 if fi.PREFETCH_THREADS else 32  # on disk: as triclip opens it, then the other way
+            searched = [fi.PREFETCH_THREADS, other] if result["on_disk"] else [None]
             for prefetch in searched:
-                row = dict(result, pipeline=f"{pipeline}, prefetch {prefetch}" if prefetch else pipeline)
+                label = f"{pipeline}, prefetch {prefetch}" if prefetch not in (None, fi.PREFETCH_THREADS) else pipeline
+                row = dict(result, pipeline=label)
                 row.update(run_child(_search, str(out_dir), result["on_disk"], str(work / "eval.npy"),
                                      str(work / "truth.npy"), result["nprobe"], prefetch))
                 results.append(row)

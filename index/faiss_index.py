@@ -52,9 +52,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 METRIC = faiss.METRIC_INNER_PRODUCT
-# threads prefetching the lists of an on-disk index per search: FAISS's 32 made warm searches ~1.5x slower
-# and cold ones no faster on the 2-core benchmark machine (benchmarks/bench_shards.py; README "Scaling out")
-PREFETCH_THREADS = 0
+# threads prefetching the lists of an on-disk index per search (FAISS's default). benchmarks/bench_shards.py
+# on 2 cores: with the lists in the page cache, 0 threads search ~1.4x faster; read cold from the disk, 32 were
+# up to 2.6x faster (in one of two runs). An index goes on disk when it does not fit in memory: cold reads.
+PREFETCH_THREADS = 32
 ADD_BATCH = 65_536  # vectors added per call (bounds temporary memory, drives the progress bar)
 
 
