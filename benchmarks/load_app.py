@@ -70,7 +70,7 @@ class LoadConfig:
     """What to send, how much and for how long."""
 
     url: str  # the app, e.g. http://127.0.0.1:7860/
-    clients: int = 20  # concurrent clients (threads), each sending one query after another
+    clients: int = 20  # concurrent clients, each sending one query after another
     seconds: float = 30.0  # sending stops after this long
     max_requests: int = 100_000  # and after this many queries in all
     m: int | None = None  # the m searched (None: the app's default, D)
@@ -375,6 +375,8 @@ def run_load(cfg: LoadConfig) -> dict:
     url = check_local(cfg.url)
     if cfg.clients < 1 or cfg.seconds <= 0 or cfg.max_requests < 1:
         raise SystemExit("load_app: --clients, --seconds and --max-requests must be positive")
+    if cfg.client == "gradio" and cfg.api != "call":
+        raise SystemExit("load_app: --client gradio sends through Gradio's queue only (--api call)")
     m = cfg.m if cfg.m is not None else default_m(url)
     texts = queries(cfg.seed, cfg.queries_from)
     with httpx.Client(timeout=cfg.timeout) as warm:  # one query first: model and caches warm, app answers

@@ -44,3 +44,8 @@ def test_only_this_machine_is_loaded():
     assert check_local("http://127.0.0.1:7860") == "http://127.0.0.1:7860/"
     with pytest.raises(SystemExit, match="only sends to 127.0.0.1"):
         check_local("http://example.com/")
+
+
+def test_gradio_clients_only_use_the_queue(app_url):
+    with pytest.raises(SystemExit, match="--client gradio"):
+        run_load(LoadConfig(app_url, clients=1, seconds=1, client="gradio", api="json"))
