@@ -118,7 +118,7 @@ def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
 def test_result_gallery_serialises_url_results_as_gradio_does():
     import gradio as gr
 
-    from app.gradio_app import result_gallery
+    from app.gradio_app import gallery_wire, result_gallery
 
     with gr.Blocks():
         ours, theirs = result_gallery(label="a"), gr.Gallery(label="b")
@@ -126,6 +126,7 @@ def test_result_gallery_serialises_url_results_as_gradio_does():
     assert ours.postprocess(urls).model_dump() == theirs.postprocess(urls).model_dump()
     assert ours.postprocess([]).model_dump() == theirs.postprocess([]).model_dump() == []
     assert ours.postprocess(None).model_dump() == []  # anything else: Gradio's own code
+    assert gallery_wire(urls) == theirs.postprocess(urls).model_dump()  # what the text search sends, built directly
 
 
 def test_set_threads_sets_torch_and_faiss_threads():
