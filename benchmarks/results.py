@@ -9,7 +9,11 @@ EXPERIMENT:
   full recall (over distinct texts, SPEC "Metrics") and the compact curve (t2i R@10 against
   m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting), ``tricl``
   with and without nesting, ``tricl`` started flat, and the ``contrastive`` / ``triplet`` /
-  ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``.
+  ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``. ``--curve-metric t2i_r1`` or
+  ``class_map`` (image -> image, labelled data) plots that metric against m instead;
+  ``--per-epoch`` trains runs that validate every epoch (``OUT/epochs/VARIANT/seedN``) and
+  evaluates their best epoch (``RUN/best``, picked on the same validation data: optimistic);
+  ``--model tiny --no-lock`` trains both towers from scratch.
 - ``falseneg``: ``infonce`` vs ``debiased`` (tau_plus 0.05 / 0.1 / 0.2) vs ``hard_negative``
   on labelled data (``fashion-mnist``): class mAP image -> image, zero-shot accuracy, t2i recall.
 - ``identifiability``: the ``compact`` runs of two seeds, features in each model's own order
