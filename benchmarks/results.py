@@ -7,7 +7,7 @@ EXPERIMENT:
 - ``compact``: one model per variant and seed (``lite``, both towers locked and cached, MLP
   heads: only the heads, the logit scale and ``w`` train), evaluated on ``DIR/val.jsonl``:
   full recall (over distinct texts, SPEC "Metrics") and the compact curve (t2i R@10 against
-  m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting), ``tricl``
+  m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting; prefix and PCA), ``tricl``
   with and without nesting, ``tricl`` started flat, and the ``contrastive`` / ``triplet`` /
   ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``. ``--curve-metric t2i_r1`` or
   ``class_map`` (image -> image, labelled data) plots that metric against m instead;
@@ -69,13 +69,16 @@ EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
     "falseneg": ["infonce", "debiased_0.05", "debiased_0.1", "debiased_0.2", "hard_negative"],
 }
-# (variant, ordering) rows of the compact table, with the label a reader sees
+# (variant, ordering) rows of the compact table, with the label a reader sees; every cached
+# result holds all four orderings (``compact_curve``), so a row added here needs no re-evaluation
 CURVE_ROWS = [
     ("infonce", "first", "infonce, first m"),
     ("infonce", "random", "infonce, random m"),
     ("infonce", "pca", "infonce, PCA m"),
     ("mrl", "first", "MRL (infonce + prefix nesting)"),
+    ("mrl", "pca", "MRL, PCA m"),
     ("tricl", "importance", "tricl (nested=4, importance order)"),
+    ("tricl", "pca", "tricl, PCA m (w ignored)"),
     ("tricl_nonest", "importance", "tricl without nesting"),
     ("tricl_flat", "importance", "tricl nested, w started flat"),
     ("contrastive", "pca", "contrastive, PCA m"),
@@ -281,6 +284,7 @@ def mean_sd(values: list[float]) -> str:
     return f"{statistics.mean(values):.3f}±{sd:.3f}".replace("±0.", "±.")
 
 
+BASELINES = ("contrastive", "triplet", "sigmoid")  # drawn dashed
 CURVE_METRICS = {"t2i_r10": "t2i recall@10 (distinct texts)", "t2i_r1": "t2i recall@1 (distinct texts)",
                  "class_map": "class mAP, image -> image"}  # fmt: skip
 
@@ -291,10 +295,15 @@ def curve_values(result: dict, ordering: str, m: int, metric: str = "t2i_r10") -
     return curve[str(m)] if str(m) in curve else curve[m]
 
 
+def _has_curve(runs: list[dict], ordering: str, metric: str) -> bool:
+    """Whether every run's result has the compact curve of ``metric`` under ``ordering``."""
+    return all(ordering in (r["curve"] if metric == "t2i_r10" else r.get("curves", {}).get(metric, {})) for r in runs)
+
+
 def compact_table(results: dict[str, list[dict]], dims: list[int], metric: str = "t2i_r10") -> str:
     lines = ["| model, ordering | " + " | ".join(f"m={m}" for m in dims) + " |", "|---|" + "---:|" * len(dims)]
     for variant, ordering, label in CURVE_ROWS:
-        if variant in results:
+        if variant in results and _has_curve(results[variant], ordering, metric):
             cells = [mean_sd([curve_values(r, ordering, m, metric) for r in results[variant]]) for m in dims]
             lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
@@ -311,8 +320,11 @@ def full_table(results: dict[str, list[dict]], keys: list[tuple[str, str]]) -> s
 def paired_table(
     results: dict[str, list[dict]], a: tuple[str, str], b: tuple[str, str], dims: list[int], metric: str = "t2i_r10"
 ) -> str:
-    """Per m: mean ± sd and the range over seeds of ``a - b`` (same seed)."""
-    lines = ["| m | " + f"{a[0]} − {b[0]}: mean±sd | min | max |", "|---:|---:|---:|---:|"]
+    """Per m: mean ± sd and the range over seeds of ``a - b`` (same seed); ``a``, ``b``: (variant, ordering)."""
+    def name(row: tuple[str, str]) -> str:  # the ordering is named unless it is the variant's own
+        return row[0] if row[1] in ("first", "importance") else f"{row[0]} {row[1]}"
+
+    lines = ["| m | " + f"{name(a)} − {name(b)}: mean±sd | min | max |", "|---:|---:|---:|---:|"]
     for m in dims:
         pairs = zip(results[a[0]], results[b[0]])
         diffs = [curve_values(ra, a[1], m, metric) - curve_values(rb, b[1], m, metric) for ra, rb in pairs]
@@ -321,20 +333,21 @@ def paired_table(
 
 
 def plot_curves(results: dict[str, list[dict]], dims: list[int], path: str, title: str, metric: str = "t2i_r10") -> None:
-    """Mean ± sd over seeds against m; the baselines' PCA curves dashed."""
+    """Mean ± sd over seeds against m; the baselines' PCA curves dashed, PCA of MRL / ``tricl`` dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
-    for n, (variant, ordering, label) in enumerate(CURVE_ROWS):
-        if variant not in results:
+    for variant, ordering, label in CURVE_ROWS:
+        if variant not in results or not _has_curve(results[variant], ordering, metric):
             continue
         runs = results[variant]
         means = [statistics.mean(curve_values(r, ordering, m, metric) for r in runs) for m in dims]
         sds = [statistics.stdev([curve_values(r, ordering, m, metric) for r in runs]) if len(runs) > 1 else 0 for m in dims]
-        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label, ls="--" if n >= 7 else "-")
+        ls = "--" if variant in BASELINES else ":" if ordering == "pca" and variant != "infonce" else "-"
+        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label, ls=ls)
     ax.set_xscale("log", base=2)
     ax.set_xticks(dims, [str(m) for m in dims])
     ax.set_xlabel("m (dimensions kept)")
@@ -378,6 +391,12 @@ def compact(cfg: ResultsConfig) -> None:
     if "mrl" in results and "tricl" in results:
         print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
+    if "mrl" in results:  # the index ordering of an MRL model: its prefix or a PCA after training
+        print(f"\nPaired by seed, MRL (PCA m) − MRL (first m), {CURVE_METRICS[metric]}:\n")
+        print(paired_table(results, ("mrl", "pca"), ("mrl", "first"), dims, metric))
+        if "infonce" in results:
+            print(f"\nPaired by seed, MRL (PCA m) − infonce (PCA m), {CURVE_METRICS[metric]}:\n")
+            print(paired_table(results, ("mrl", "pca"), ("infonce", "pca"), dims, metric))
     if cfg.per_epoch:
         print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
                                            for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip

@@ -35,6 +35,7 @@ def test_compact_table_has_one_row_per_known_variant_and_ordering():
     assert lines[0] == "| model, ordering | m=4 | m=8 |"
     assert [line.split(" | ")[0] for line in lines[2:]] == [
         "| infonce, first m", "| infonce, random m", "| infonce, PCA m", "| tricl (nested=4, importance order)",
+        "| tricl, PCA m (w ignored)",
     ]  # fmt: skip
     assert lines[-1].endswith("| 0.300±.000 | 0.400±.000 |")
 
@@ -73,6 +74,7 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     R.compact(cfg)
     out = capsys.readouterr().out
     assert "| MRL (infonce + prefix nesting) |" in out and "mrl − tricl: mean±sd" in out
+    assert "| MRL, PCA m |" in out and "mrl pca − mrl: mean±sd" in out and "mrl pca − infonce pca: mean±sd" in out
     assert Image.open(cfg.png).size[0] > 100
     saved = json.loads((R.run_dir(cfg, "mrl", 1) / "result.json").read_text())
     assert {"t2i_r10", "align", "uniform", "curve", "class_map_i2i"} <= set(saved)
@@ -142,3 +144,19 @@ def test_curve_values_and_table_of_another_metric():
     assert R.curve_values(result, "first", 8) == 0.9 and R.curve_values(result, "first", 8, "t2i_r1") == 0.4
     table = R.compact_table({"mrl": [result, result]}, [8], "t2i_r1")
     assert table.splitlines()[-1] == "| MRL (infonce + prefix nesting) | 0.400±.000 |"
+
+
+def test_mrl_pca_row_and_paired_tables_against_its_prefix_and_infonce_pca():
+    def run(first: float, pca: float) -> dict:
+        return {"curve": {"first": {"8": first}, "pca": {"8": pca}, "importance": {"8": first}}}
+
+    results = {"mrl": [run(0.50, 0.60), run(0.40, 0.45)], "infonce": [run(0.1, 0.70), run(0.1, 0.40)]}
+    rows = {line.split(" | ")[0]: line for line in R.compact_table(results, [8]).splitlines()[2:]}
+    assert rows["| MRL, PCA m"] == f"| MRL, PCA m | {R.mean_sd([0.60, 0.45])} |"
+    assert rows["| MRL (infonce + prefix nesting)"].endswith(f"| {R.mean_sd([0.50, 0.40])} |")
+    assert "| infonce, random m" not in rows  # an ordering the results lack is left out, not an error
+    own = R.paired_table(results, ("mrl", "pca"), ("mrl", "first"), [8]).splitlines()
+    assert own[0].startswith("| m | mrl pca − mrl: mean±sd")
+    assert own[-1] == f"| 8 | {R.mean_sd([0.10, 0.05])} | +0.050 | +0.100 |"
+    other = R.paired_table(results, ("mrl", "pca"), ("infonce", "pca"), [8]).splitlines()
+    assert other[0].startswith("| m | mrl pca − infonce pca") and other[-1].endswith("| -0.100 | +0.050 |")
