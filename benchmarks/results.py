@@ -340,14 +340,15 @@ def plot_curves(results: dict[str, list[dict]], dims: list[int], path: str, titl
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.8, 4.4), dpi=120)
-    for variant, ordering, label in CURVE_ROWS:
+    for n, (variant, ordering, label) in enumerate(CURVE_ROWS):
         if variant not in results or not _has_curve(results[variant], ordering, metric):
             continue
         runs = results[variant]
         means = [statistics.mean(curve_values(r, ordering, m, metric) for r in runs) for m in dims]
         sds = [statistics.stdev([curve_values(r, ordering, m, metric) for r in runs]) if len(runs) > 1 else 0 for m in dims]
         ls = "--" if variant in BASELINES else ":" if ordering == "pca" and variant != "infonce" else "-"
-        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label, ls=ls)
+        ax.errorbar(dims, means, yerr=sds, marker="o", ms=3, capsize=2, label=label, ls=ls,
+                    color=plt.get_cmap("tab20")(2 * n % 20 + (n >= 10)))  # fmt: skip; 10 dark hues, then light
     ax.set_xscale("log", base=2)
     ax.set_xticks(dims, [str(m) for m in dims])
     ax.set_xlabel("m (dimensions kept)")
