@@ -66,6 +66,8 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     started = time.perf_counter()
     if not cfg.run or not cfg.data or not cfg.out:
         raise UserError("index build needs --run, --data and --out (or --embeddings and --out)")
+    if cfg.memory_budget is not None or cfg.on_disk != "auto":
+        raise UserError("--memory-budget and --on-disk apply to builds from --embeddings only")
     dims = _validate(cfg)
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     if base is not None and base.manifest.get("on_disk"):
