@@ -34,8 +34,9 @@ search skips Gradio's per-component pre/post-processing thread hops (:func:`raw_
 per-answer thread pool (:func:`result_gallery`, 0.09 vs 1.5 ms);
 the objects loaded at start are frozen out of garbage collection (``gc.freeze``: full
 collections had stalled every request for 0.3-0.9 s); at most ``AppConfig.sessions``
-Gradio session states are kept. Measured with 20 clients on the demo index (shared
-machine): ~6.5-8 ms of server CPU per query through Gradio, ~2.5 ms on the JSON route.
+Gradio session states are kept. Measured with 20 clients on the demo index (quiet
+machine, README "The search app"): 4.3-4.8 ms of server CPU per query through Gradio,
+2.55 ms on the JSON route.
 """
 
 from __future__ import annotations

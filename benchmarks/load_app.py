@@ -95,6 +95,32 @@ class Tally:
     sent: int = 0  # queries started
     lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def take(self, budget: int) -> bool:
+        """Count one more query started; False once ``budget`` queries were started."""
+        with self.lock:
+            if self.sent >= budget:
+                return False
+            self.sent += 1
+            return True
+
+    def failed(self, err: BaseException) -> None:
+        with self.lock:
+            self.errors[f"{type(err).__name__}: {str(err)[:60]}"] += 1
+
+    def answered(self, seconds: float, server_ms: float | None) -> None:
+        with self.lock:
+            self.latencies.append(seconds)
+            if server_ms is not None:
+                self.server_ms.append(server_ms)
+
+
+def client_texts(cfg: LoadConfig, texts: list[str], offset: int, deadline: float, tally: Tally):
+    """The queries of client ``offset`` (every ``cfg.clients``-th text), until the deadline or the budget."""
+    i = offset
+    while time.perf_counter() < deadline and tally.take(cfg.max_requests):
+        yield texts[i % len(texts)]
+        i += cfg.clients
+
 
 def queries(seed: int, source: str | None = None) -> list[str]:
     """Distinct text queries in a shuffled order.
@@ -200,26 +226,14 @@ def client_loop(cfg: LoadConfig, url: str, m: int, texts: list[str], offset: int
     """One client: queries back to back until the deadline or the request budget."""
     session = session_of(offset)
     with httpx.Client(timeout=cfg.timeout) as client:
-        i = offset
-        while time.perf_counter() < deadline:
-            with tally.lock:
-                if tally.sent >= cfg.max_requests:
-                    return
-                tally.sent += 1
-            text = texts[i % len(texts)]
-            i += cfg.clients
+        for text in client_texts(cfg, texts, offset, deadline, tally):
             started = time.perf_counter()
             try:
                 server = one_query(client, url, text, cfg, m, session)
             except (httpx.HTTPError, RuntimeError, ValueError, KeyError) as err:
-                with tally.lock:
-                    tally.errors[f"{type(err).__name__}: {str(err)[:60]}"] += 1
+                tally.failed(err)
                 continue
-            elapsed = time.perf_counter() - started
-            with tally.lock:
-                tally.latencies.append(elapsed)
-                if server is not None:
-                    tally.server_ms.append(server)
+            tally.answered(time.perf_counter() - started, server)
 
 
 class RawHTTP:
@@ -319,21 +333,15 @@ async def async_clients(cfg: LoadConfig, url: str, m: int, texts: list[str], dea
 
     async def client(offset: int) -> None:
         conn = RawHTTP(parsed.hostname, port, cfg.timeout)
-        i = offset
         try:
-            while time.perf_counter() < deadline and tally.sent < cfg.max_requests:
-                tally.sent += 1
-                text = texts[i % len(texts)]
-                i += cfg.clients
+            for text in client_texts(cfg, texts, offset, deadline, tally):
                 started = time.perf_counter()
                 try:
                     server = await async_query(conn, text, cfg, m, session_of(offset))
                 except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, RuntimeError, ValueError, KeyError) as err:
-                    tally.errors[f"{type(err).__name__}: {str(err)[:60]}"] += 1
+                    tally.failed(err)
                     continue
-                tally.latencies.append(time.perf_counter() - started)
-                if server is not None:
-                    tally.server_ms.append(server)
+                tally.answered(time.perf_counter() - started, server)
         finally:
             conn.close()
 
@@ -345,29 +353,17 @@ def gradio_client_loop(cfg: LoadConfig, url: str, m: int, texts: list[str], offs
     from gradio_client import Client
 
     client = Client(url, verbose=False, download_files=False)
-    i = offset
-    while time.perf_counter() < deadline:
-        with tally.lock:
-            if tally.sent >= cfg.max_requests:
-                return
-            tally.sent += 1
-        text = texts[i % len(texts)]
-        i += cfg.clients
+    for text in client_texts(cfg, texts, offset, deadline, tally):
         started = time.perf_counter()
         try:
             gallery, status = client.predict(text, m, cfg.funnel, cfg.k, api_name="/search_text")
             if not gallery:
                 raise RuntimeError(f"no results: {status[:80]}")
         except Exception as err:  # gradio_client raises its own kinds: count them all
-            with tally.lock:
-                tally.errors[f"{type(err).__name__}: {str(err)[:60]}"] += 1
+            tally.failed(err)
             continue
-        elapsed = time.perf_counter() - started
         found = STATUS_MS.search(status)
-        with tally.lock:
-            tally.latencies.append(elapsed)
-            if found:
-                tally.server_ms.append(float(found.group(1)))
+        tally.answered(time.perf_counter() - started, float(found.group(1)) if found else None)
 
 
 def run_load(cfg: LoadConfig) -> dict:

@@ -17,6 +17,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import json  # noqa: E402
 from pathlib import Path  # noqa: E402
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -68,3 +69,21 @@ def split_manifest(src: Path, first: Path, second: Path, at: int) -> None:
         row["image"] = str((src.parent / row["image"]).resolve())
     for path, part in ((first, rows[:at]), (second, rows[at:])):
         path.write_text("".join(json.dumps(r) + "\n" for r in part))
+
+
+def unit_vectors(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
+    """``n`` random unit vectors of dimension ``d``, float32."""
+    x = rng.standard_normal((n, d)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def synthetic():
+    """4 shards of unequal size (one empty) of clustered 32-d unit vectors, float16 like a shard file."""
+    from index.from_embeddings import ShardVectors
+
+    rng = np.random.default_rng(0)
+    centres = unit_vectors(rng, 40, 32)
+    x = centres[rng.integers(0, 40, 3000)] + 0.3 * unit_vectors(rng, 3000, 32)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+    return ShardVectors.of([x[:1100], x[1100:1100], x[1100:2500], x[2500:]])

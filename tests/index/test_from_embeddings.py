@@ -18,7 +18,6 @@ from index.build import IndexBuildConfig, build_index
 from index.from_embeddings import (
     EmbeddingsIndexConfig,
     ShardedBuilder,
-    ShardVectors,
     add_shard,
     build_from_embeddings,
     choose_factory,
@@ -30,21 +29,6 @@ from index.search import Searcher
 from index.store import load_contents
 from retrieval.errors import UserError
 from retrieval.shards import EmbedConfig, embed_to_shards
-
-
-def _unit(rng, n: int, d: int) -> np.ndarray:
-    x = rng.standard_normal((n, d)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-@pytest.fixture(scope="module")
-def synthetic() -> ShardVectors:
-    """4 shards of unequal size (one empty) of clustered 32-d unit vectors, float16 like a shard file."""
-    rng = np.random.default_rng(0)
-    centres = _unit(rng, 40, 32)
-    x = centres[rng.integers(0, 40, 3000)] + 0.3 * _unit(rng, 3000, 32)
-    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
-    return ShardVectors.of([x[:1100], x[1100:1100], x[1100:2500], x[2500:]])
 
 
 @pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF16,PQ8"])

@@ -14,25 +14,11 @@ import pytest
 from index import faiss_index as fi
 from index import store
 from index.build import IndexBuildConfig, build_index
-from index.from_embeddings import EmbeddingsIndexConfig, ShardedBuilder, ShardVectors, build_from_embeddings, prefix
+from index.from_embeddings import EmbeddingsIndexConfig, ShardedBuilder, build_from_embeddings, prefix
 from index.search import Searcher
 from retrieval.errors import UserError
 from retrieval.shards import EmbedConfig, embed_to_shards
-
-
-def _unit(rng, n: int, d: int) -> np.ndarray:
-    x = rng.standard_normal((n, d)).astype(np.float32)
-    return x / np.linalg.norm(x, axis=1, keepdims=True)
-
-
-@pytest.fixture(scope="module")
-def synthetic() -> ShardVectors:
-    """4 shards of unequal size (one empty) of clustered 32-d unit vectors, float16 like a shard file."""
-    rng = np.random.default_rng(0)
-    centres = _unit(rng, 40, 32)
-    x = centres[rng.integers(0, 40, 3000)] + 0.3 * _unit(rng, 3000, 32)
-    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
-    return ShardVectors.of([x[:1100], x[1100:1100], x[1100:2500], x[2500:]])
+from tests.index.conftest import unit_vectors
 
 
 @pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF16,PQ8"])
@@ -75,7 +61,7 @@ def _rss_anon_mb() -> float:
 def test_reading_maps_the_lists_instead_of_loading_them(tmp_path):
     """A 40 MB lists file: reading and searching the index leaves the process's own memory almost unchanged."""
     rng = np.random.default_rng(0)
-    x = _unit(rng, 300_000, 32)  # codes: 300k x 128 bytes = 38 MB
+    x = unit_vectors(rng, 300_000, 32)  # codes: 300k x 128 bytes = 38 MB
     trained = fi.new_index(32, "IVF16,Flat")
     trained.train(x[:20_000])
     files = []
