@@ -116,8 +116,8 @@ def test_every_loss_matches_the_cpu_in_value_and_gradients(name, options, scale)
     with strict_fp32():
         for device in ("cpu", "cuda"):
             m, loss = copy.deepcopy(model).to(device), copy.deepcopy(loss_cpu).to(device)
-            i = image.to(device).requires_grad_(True)
-            t = text.to(device).requires_grad_(True)
+            i = image.detach().clone().to(device).requires_grad_(True)  # a leaf on each device
+            t = text.detach().clone().to(device).requires_grad_(True)
             terms = loss(i, t, m.logit_scale(), m.importance())
             total = sum(terms.values())
             total.backward()
@@ -199,20 +199,30 @@ def _train_argv(data: Path, out: Path, *extra: str) -> list[str]:
 
 
 class _Spy:
-    """Records, per training step, the autocast state, the head's output dtype and the loss."""
+    """Records, per training step, the autocast state, the head's output dtype and the loss
+    (evaluation runs the heads in fp32, outside the step: not recorded)."""
 
     def __init__(self, monkeypatch):
         import training.train as train_mod
 
         self.autocast, self.head_dtypes, self.losses = [], [], []
+        self.in_step = False
         forward, step = train_mod._StepModule.forward, train_mod._train_step
+
+        def record_head(module, inputs, output):
+            if self.in_step:
+                self.head_dtypes.append(output.dtype)
 
         def spy_forward(module, *args, **kw):
             self.autocast.append((torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")))
             if not getattr(module, "_spied", False):
-                module.model.image_head.register_forward_hook(lambda m, i, o: self.head_dtypes.append(o.dtype))
+                module.model.image_head.register_forward_hook(record_head)
                 module._spied = True
-            return forward(module, *args, **kw)
+            self.in_step = True
+            try:
+                return forward(module, *args, **kw)
+            finally:
+                self.in_step = False
 
         def spy_step(*args, **kw):
             terms = step(*args, **kw)
