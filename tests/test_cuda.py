@@ -267,7 +267,25 @@ def test_cli_train_on_cuda_uses_bf16_autocast_and_learns(cuda_run, data):
     print("t2i_r10 per epoch", [round(e["t2i_r10"], 4) for e in evals])
     assert evals[-1]["t2i_r10"] > 2 * _chance(data)
     config = json.loads((run / "config.json").read_text())
-    assert config["train"]["device"] == "cuda"
+    assert config["train"]["device"] == "cuda:0"  # plain "cuda" means this rank's GPU
+
+
+def test_plain_cuda_is_this_ranks_gpu_and_a_missing_gpu_is_a_user_error(data, tmp_path, monkeypatch, capsys):
+    from app.cli import main
+    from retrieval.errors import UserError
+    from training.train import _pick_device
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert _pick_device("cuda", 0) == torch.device("cuda", 0) and torch.cuda.current_device() == 0
+    n = torch.cuda.device_count()
+    monkeypatch.setenv("LOCAL_RANK", str(n))  # torchrun with one process more than GPUs
+    with pytest.raises(UserError, match=f"GPU {n} \\(this process's LOCAL_RANK\\) asked for, {n} present"):
+        _pick_device("cuda", n)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    capsys.readouterr()
+    assert main(_train_argv(data, tmp_path / "run", "--device", f"cuda:{n}")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"GPU {n} asked for" in err[0]
 
 
 def test_cuda_checkpoint_loads_on_the_cpu_and_embeds_alike(cuda_run, data):

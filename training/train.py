@@ -637,7 +637,15 @@ def _pick_device(name: str | None, rank: int) -> torch.device:
     if name:
         if name.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"--device {name}: CUDA is not available")
-        return torch.device(name)
+        device = torch.device(name)
+        if device.type == "cuda":  # plain "cuda": this rank's GPU (under torchrun every rank said "cuda")
+            index = device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", rank))
+            if index >= torch.cuda.device_count():
+                rank_gpu = " (this process's LOCAL_RANK)" if device.index is None else ""
+                raise UserError(f"--device {name}: GPU {index}{rank_gpu} asked for, {torch.cuda.device_count()} present")
+            device = torch.device("cuda", index)
+            torch.cuda.set_device(device)
+        return device
     if torch.cuda.is_available():
         local = int(os.environ.get("LOCAL_RANK", rank))
         torch.cuda.set_device(local)
