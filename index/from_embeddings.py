@@ -28,7 +28,11 @@ never run again. For every m (and for the captions, when the shards have them):
   Memory is bounded by one shard, the trained index and the page cache. The parts and
   lists are written in ``.{out}.*.shard-parts`` (``.{out}.shard-parts`` under torchrun)
   beside the output folder (same filesystem: the lists file is renamed into the version,
-  not copied), removed at the end; a killed build leaves it behind.
+  not copied), removed at the end. The build holds an ``fcntl.flock`` on ``owner.lock``
+  in that folder (its pid and host written inside) for as long as it runs; the kernel
+  drops it when the process dies, however it dies. The next build of the same output
+  (and ``Searcher.load``) removes the parts folders whose lock nobody holds, i.e. those
+  of killed builds (:func:`remove_stale_parts`), and keeps those of live builds.
 
 ``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
 index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
@@ -41,8 +45,11 @@ its full-D vectors are kept in memory while writing, as that format holds them.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -69,6 +76,8 @@ from retrieval.errors import UserError
 from retrieval.shards import IMAGE, TEXT, barrier, check_complete, init_distributed, load_shard, shard_name
 
 TUNE_K = 10  # recall@k that nprobe is tuned for
+PARTS_SUFFIX = ".shard-parts"  # the parts folder of a build of OUT: .{OUT name}.*.shard-parts beside OUT
+OWNER = "owner.lock"  # in a parts folder: flock-ed by the build that owns it while it runs
 
 
 @dataclass
@@ -118,9 +127,12 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
     emb_manifest = check_complete(cfg.embeddings)
     dims = _validate(cfg, emb_manifest["dim"])
     rank, world, owned = init_distributed()
-    work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}.shard-parts"  # torchrun: one for all ranks
+    work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}{PARTS_SUFFIX}"  # torchrun: one for all ranks
     work.parent.mkdir(parents=True, exist_ok=True)
+    owner = None  # fd of the flock-ed owner file of our parts folder (rank 0)
     try:
+        if rank == 0:
+            remove_stale_parts(cfg.out)
         image = ShardVectors.open(cfg.embeddings, emb_manifest["num_shards"], "image")
         text = None
         if cfg.text_index and emb_manifest.get("text"):
@@ -129,10 +141,14 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
         factories = {m: choose_factory(image.count, m, budget, cfg.factory) for m in dims}
         text_factories = {m: choose_factory(text.count, m, budget, cfg.factory) for m in dims} if text else {}
         if world == 1:  # a folder of its own: another build of the same index may be running
-            work = Path(tempfile.mkdtemp(prefix=f".{Path(cfg.out).name}.", suffix=".shard-parts", dir=work.parent))
-        elif rank == 0:  # ranks share the name; parts of an earlier, killed build are not reused
-            shutil.rmtree(work, ignore_errors=True)
+            work = Path(tempfile.mkdtemp(prefix=f".{Path(cfg.out).name}.", suffix=PARTS_SUFFIX, dir=work.parent))
+        elif rank == 0:  # ranks share the name; parts of an earlier, killed build are gone (remove_stale_parts)
+            if (work / OWNER).exists():  # still there after remove_stale_parts: its build is alive
+                raise UserError(f"another build of {cfg.out} is running (its parts are in {work}); wait for it")
+            shutil.rmtree(work, ignore_errors=True)  # an older triclip's, without an owner file
             work.mkdir(parents=True)
+        if rank == 0:
+            owner = claim_parts(work)
         barrier(world)
         builder = ShardedBuilder(cfg.seed, rank, world, work, on_disk=cfg.on_disk, budget=budget)
         image_indexes = builder.build_all(image, factories, "image")
@@ -151,10 +167,71 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
     finally:
         if rank == 0:
             shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
+            if owner is not None:
+                os.close(owner)  # releases the flock
         if owned:
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------- parts folders
+
+
+def claim_parts(work: Path) -> int:
+    """Mark the parts folder ``work`` as this build's: an flock on ``work/owner.lock``; returns its fd (keep it open)."""
+    fd = os.open(work / OWNER, os.O_RDWR | os.O_CREAT, 0o666)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
+    os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+    return fd
+
+
+def remove_stale_parts(out: str | os.PathLike) -> list[Path]:
+    """Remove the parts folders that killed builds of ``out`` left beside it; returns them.
+
+    A folder goes only when its ``owner.lock`` exists and nobody holds its flock (the
+    build that made it is dead); a live build's folder, one without an owner file (an
+    older triclip's, or a build in its first instant: one line says so) and one we may
+    not open are kept. Each removal is one line on stderr.
+    """
+    out = Path(out).absolute()
+    prefix = f".{out.name}."
+    try:
+        names = [p for p in out.parent.iterdir() if p.name.startswith(prefix) and p.name.endswith(PARTS_SUFFIX)]
+    except OSError:
+        return []
+    removed = []
+    for folder in names:
+        try:
+            fd = os.open(folder / OWNER, os.O_RDONLY)
+        except FileNotFoundError:
+            if _age(folder) > 60:  # not a build in its first instant
+                print(f"kept {folder}: it has no owner record (an older triclip made it); remove it by hand"
+                      f" if no build of {out} is running", file=sys.stderr, flush=True)
+            continue
+        except OSError:  # not a folder, or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live build holds it
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not folder.exists():
+            removed.append(folder)
+            print(f"removed {folder}: parts of a killed index build", file=sys.stderr, flush=True)
+    return removed
+
+
+def _age(path: Path) -> float:
+    """Seconds since ``path`` was last modified (0 when it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
 
 
 # ---------------------------------------------------------------------------- shards

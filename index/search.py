@@ -40,6 +40,7 @@ import torch
 
 from index import faiss_index as fi
 from index.build import prefix
+from index.from_embeddings import remove_stale_parts
 from index.store import IndexContents, load_contents
 from retrieval.compact import CompactTransform
 from retrieval.data import DEFAULT_MAX_PIXELS
@@ -89,6 +90,7 @@ class Searcher:
         """
         t0 = time.perf_counter()
         contents = load_contents(index_dir)
+        remove_stale_parts(index_dir)  # parts of a killed `index build --embeddings` beside the folder
         manifest = contents.manifest
         t1 = time.perf_counter()
         run = os.fspath(run) if run is not None else manifest.get("run", "")
