@@ -10,7 +10,13 @@ Each of ``--clients`` clients sends one search after another (a closed loop: the
 query leaves when the last answer came back) through Gradio's plain HTTP API:
 ``POST gradio_api/call/search_text`` queues the query and returns an event id,
 ``GET gradio_api/call/search_text/<id>`` streams the answer. The latency of a query is
-the time from the POST to the answer, so it includes Gradio's queue. ``--api json``
+the time from the POST to the answer, so it includes Gradio's queue. ``--api run`` posts
+to ``gradio_api/run/search_text`` and gets the answer in the reply, outside the queue;
+the app's ``search_text`` is a batched event (``batch=True``), and Gradio (6.31) answers
+a single sample sent there with HTTP 500 (it wraps the sample as one input column), so
+the query goes as a batch of one (``"batched": true``, one list per input) and the answer
+comes back as one list per output; an app started with ``--batch 1`` (not batched) gets
+a plain sample (read from the app's ``/config``). ``--api json``
 sends the same searches to the app's JSON route instead (``GET
 /triclip/api/search_text?q=...``, outside Gradio: one request, no queue, no session).
 
@@ -47,7 +53,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlencode, urlparse
 
 import httpx
@@ -83,6 +89,7 @@ class LoadConfig:
     # the app's JSON route (outside Gradio)
     server_pid: int | None = None  # the app's process id (this machine): report its CPU time per query
     client: str = "async"  # async: coroutines on raw HTTP (light); threads: httpx per thread; gradio: gradio_client
+    run_batched: bool | None = None  # --api run: whether the app's search_text is batched (None: read its /config)
 
 
 @dataclass
@@ -163,6 +170,29 @@ def default_m(url: str) -> int:
     raise SystemExit("load_app: the app's search_text endpoint has no parameter m")
 
 
+def text_batched(url: str) -> bool:
+    """Whether the app's ``search_text`` event is batched (``batch=True``), from its ``/config``."""
+    config = httpx.get(url + "config", timeout=30).json()
+    for dep in config.get("dependencies", []):
+        if dep.get("api_name") == "search_text":
+            return bool(dep.get("batch"))
+    raise SystemExit("load_app: the app has no search_text endpoint")
+
+
+def run_body(text: str, m: int, cfg: LoadConfig, session: str | None) -> dict:
+    """The body of ``POST gradio_api/run/search_text``: a batch of one for a batched event, else the sample."""
+    sample = [text, m, cfg.funnel, cfg.k]
+    if cfg.run_batched:  # Gradio's own batch layout: one list per input, "batched" set
+        return {"data": [[value] for value in sample], "batched": True, "session_hash": session}
+    return {"data": sample, "session_hash": session}
+
+
+def run_outputs(answer: dict, cfg: LoadConfig) -> list:
+    """The outputs of one query from a ``gradio_api/run`` reply (a batch answers one list per output)."""
+    data = answer["data"]
+    return [column[0] for column in data] if cfg.run_batched else data
+
+
 def one_query(client: httpx.Client, url: str, text: str, cfg: LoadConfig, m: int, session: str | None = None) -> float | None:
     """Send one search and wait for its answer; returns the app's search ms (None if absent).
 
@@ -173,11 +203,11 @@ def one_query(client: httpx.Client, url: str, text: str, cfg: LoadConfig, m: int
         answer = client.get(url + JSON_ROUTE.lstrip("/"), params=json_params(text, m, cfg))
         answer.raise_for_status()
         return _read_json(answer.json())
-    data = {"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}
     if cfg.api == "run":  # one request, answered directly (outside the queue)
-        answer = client.post(url + "gradio_api/run/search_text", json=data)
+        answer = client.post(url + "gradio_api/run/search_text", json=run_body(text, m, cfg, session))
         answer.raise_for_status()
-        return _read_answer(answer.json()["data"])
+        return _read_answer(run_outputs(answer.json(), cfg))
+    data = {"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}
     start = client.post(url + "gradio_api/call/search_text", json=data)
     start.raise_for_status()
     event_id = start.json()["event_id"]
@@ -296,12 +326,13 @@ async def async_query(conn: RawHTTP, text: str, cfg: LoadConfig, m: int, session
         if status != 200:
             raise RuntimeError(f"HTTP {status}: {body[:60]!r}")
         return _read_json(json.loads(body))
-    data = json.dumps({"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}).encode()
     if cfg.api == "run":  # one request, answered directly (outside the queue)
-        status, body = await conn.request("POST", "/gradio_api/run/search_text", data)
+        run = json.dumps(run_body(text, m, cfg, session)).encode()
+        status, body = await conn.request("POST", "/gradio_api/run/search_text", run)
         if status != 200:
             raise RuntimeError(f"HTTP {status} on POST: {body[:60]!r}")
-        return _read_answer(json.loads(body)["data"])
+        return _read_answer(run_outputs(json.loads(body), cfg))
+    data = json.dumps({"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}).encode()
     status, body = await conn.request("POST", "/gradio_api/call/search_text", data)
     if status != 200:
         raise RuntimeError(f"HTTP {status} on POST: {body[:60]!r}")
@@ -374,6 +405,8 @@ def run_load(cfg: LoadConfig) -> dict:
     if cfg.client == "gradio" and cfg.api != "call":
         raise SystemExit("load_app: --client gradio sends through Gradio's queue only (--api call)")
     m = cfg.m if cfg.m is not None else default_m(url)
+    if cfg.api == "run" and cfg.run_batched is None:
+        cfg = replace(cfg, run_batched=text_batched(url))
     texts = queries(cfg.seed, cfg.queries_from)
     with httpx.Client(timeout=cfg.timeout) as warm:  # one query first: model and caches warm, app answers
         one_query(warm, url, "a warm-up query", cfg, m)
