@@ -181,7 +181,10 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
 def claim_parts(work: Path) -> int:
     """Mark the parts folder ``work`` as this build's: an flock on ``work/owner.lock``; returns its fd (keep it open)."""
     fd = os.open(work / OWNER, os.O_RDWR | os.O_CREAT, 0o666)
-    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
+    except OSError:  # a filesystem without flock: nobody can take it either, so the folder is never removed
+        pass
     os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
     return fd
 
