@@ -179,7 +179,7 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
 
 
 def claim_parts(work: Path) -> int:
-    """Mark the parts folder ``work`` as this build's: an flock on ``work/owner.lock``; returns its fd (keep it open)."""
+    """Mark the parts folder ``work`` as this build's: an flock on ``work/owner.lock``; returns its fd (keep open)."""
     fd = os.open(work / OWNER, os.O_RDWR | os.O_CREAT, 0o666)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
