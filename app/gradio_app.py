@@ -447,13 +447,11 @@ def result_gallery(**kwargs) -> gr.Gallery:
     Gradio's ``Gallery.postprocess`` starts a thread pool (and new threads) for every
     answer to prepare its items; for our items, URLs of the image route, there is
     nothing to prepare, and under load those threads cost ~6% of the server's CPU. This
-    instance override builds the same ``GalleryData`` in a loop (anything else still
-    goes through Gradio's own code). As in :func:`query_image`, an instance override,
+    instance override validates :func:`gallery_wire`'s dicts into the same ``GalleryData``
+    in the calling thread (anything else still goes through Gradio's own code). As in :func:`query_image`, an instance override,
     not a subclass.
     """
-    from gradio.components.gallery import GalleryData, GalleryImage
-    from gradio.data_classes import ImageData
-    from gradio_client.utils import get_mimetype
+    from gradio.components.gallery import GalleryData
 
     gallery = gr.Gallery(**kwargs)
     postprocess = gallery.postprocess
@@ -461,15 +459,7 @@ def result_gallery(**kwargs) -> gr.Gallery:
     def urls_only(value):
         if not isinstance(value, list) or not all(_is_url_item(item) for item in value):
             return postprocess(value)
-        return GalleryData(
-            root=[
-                GalleryImage(
-                    image=ImageData(path=url, url=url, orig_name=Path(urlparse(url).path).name, mime_type=get_mimetype(url)),
-                    caption=caption,
-                )
-                for url, caption in value
-            ]
-        )
+        return GalleryData.model_validate(gallery_wire(value))  # one serialisation: gallery_wire's
 
     gallery.postprocess = urls_only
     return gallery
