@@ -179,12 +179,17 @@ def text_batched(url: str) -> bool:
     raise SystemExit("load_app: the app has no search_text endpoint")
 
 
+def call_body(text: str, m: int, cfg: LoadConfig, session: str | None) -> dict:
+    """The body of ``POST gradio_api/call/search_text``: one sample, the inputs in order."""
+    return {"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}
+
+
 def run_body(text: str, m: int, cfg: LoadConfig, session: str | None) -> dict:
     """The body of ``POST gradio_api/run/search_text``: a batch of one for a batched event, else the sample."""
-    sample = [text, m, cfg.funnel, cfg.k]
+    body = call_body(text, m, cfg, session)
     if cfg.run_batched:  # Gradio's own batch layout: one list per input, "batched" set
-        return {"data": [[value] for value in sample], "batched": True, "session_hash": session}
-    return {"data": sample, "session_hash": session}
+        body.update(data=[[value] for value in body["data"]], batched=True)
+    return body
 
 
 def run_outputs(answer: dict, cfg: LoadConfig) -> list:
@@ -207,8 +212,7 @@ def one_query(client: httpx.Client, url: str, text: str, cfg: LoadConfig, m: int
         answer = client.post(url + "gradio_api/run/search_text", json=run_body(text, m, cfg, session))
         answer.raise_for_status()
         return _read_answer(run_outputs(answer.json(), cfg))
-    data = {"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}
-    start = client.post(url + "gradio_api/call/search_text", json=data)
+    start = client.post(url + "gradio_api/call/search_text", json=call_body(text, m, cfg, session))
     start.raise_for_status()
     event_id = start.json()["event_id"]
     event = None
@@ -332,7 +336,7 @@ async def async_query(conn: RawHTTP, text: str, cfg: LoadConfig, m: int, session
         if status != 200:
             raise RuntimeError(f"HTTP {status} on POST: {body[:60]!r}")
         return _read_answer(run_outputs(json.loads(body), cfg))
-    data = json.dumps({"data": [text, m, cfg.funnel, cfg.k], "session_hash": session}).encode()
+    data = json.dumps(call_body(text, m, cfg, session)).encode()
     status, body = await conn.request("POST", "/gradio_api/call/search_text", data)
     if status != 200:
         raise RuntimeError(f"HTTP {status} on POST: {body[:60]!r}")

@@ -634,23 +634,20 @@ def _init_distributed() -> tuple[int, int]:
 
 
 def _pick_device(name: str | None, rank: int) -> torch.device:
-    if name:
-        if name.startswith("cuda") and not torch.cuda.is_available():
-            raise UserError(f"--device {name}: CUDA is not available")
-        device = torch.device(name)
-        if device.type == "cuda":  # plain "cuda": this rank's GPU (under torchrun every rank said "cuda")
-            index = device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", rank))
-            if index >= torch.cuda.device_count():
-                rank_gpu = " (this process's LOCAL_RANK)" if device.index is None else ""
-                raise UserError(f"--device {name}: GPU {index}{rank_gpu} asked for, {torch.cuda.device_count()} present")
-            device = torch.device("cuda", index)
-            torch.cuda.set_device(device)
+    """``name`` (None: CUDA when available, else the CPU); plain "cuda" is this rank's GPU (LOCAL_RANK)."""
+    if name and name.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {name}: CUDA is not available")
+    if not name and not torch.cuda.is_available():
+        return torch.device("cpu")
+    device = torch.device(name or "cuda")
+    if device.type != "cuda":
         return device
-    if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", rank))
-        torch.cuda.set_device(local)
-        return torch.device("cuda", local)
-    return torch.device("cpu")
+    index = device.index if device.index is not None else int(os.environ.get("LOCAL_RANK", rank))
+    if index >= torch.cuda.device_count():  # under torchrun every rank says "cuda"
+        rank_gpu = " (this process's LOCAL_RANK)" if device.index is None else ""
+        raise UserError(f"--device {name or 'cuda'}: GPU {index}{rank_gpu} asked for, {torch.cuda.device_count()} present")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def _tensorboard(run: Path):
