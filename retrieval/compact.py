@@ -29,6 +29,7 @@ This module is pure torch: it never imports ``training``, ``index`` or ``app``.
 
 from __future__ import annotations
 
+import math
 import numbers
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
@@ -105,6 +106,37 @@ def sign_flips(anchor_feats: torch.Tensor) -> torch.Tensor:
     first = nonzero.to(torch.int8).argmax(dim=0)  # (D,) first non-zero row (0 if none)
     anchor = anchor_feats.gather(0, first[None]).squeeze(0)  # (D,)
     return torch.where(anchor < 0, -1.0, 1.0).to(anchor_feats.dtype)
+
+
+def suggest_m(importance: torch.Tensor | None, share: float = 0.9, dim: int | None = None) -> int:
+    """The smallest m whose top-m dimensions hold ``share`` of the total importance.
+
+    The importance spectrum's cumulative share ``sum_{k<m} w_(k) / sum_k w_k`` (sorted
+    descending) is the predictor of the compact recall curve; ``share=0.9`` asks for the
+    smallest m whose predicted recall is within 10% of full D. A model without importance
+    (``None``) or with a flat one predicts nothing better than ``ceil(share * D)``.
+
+    Args:
+        importance: ``w`` (D,), non-negative, or ``None`` (then ``dim`` is needed).
+        share: the fraction of full D to keep, in (0, 1].
+        dim: D when ``importance`` is None.
+
+    Returns:
+        m, 1 <= m <= D.
+    """
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"share must be in (0, 1], got {share}")
+    if importance is None:
+        if dim is None or dim <= 0:
+            raise ValueError("suggest_m needs a positive dim when importance is None")
+        return max(1, min(dim, math.ceil(share * dim - 1e-9)))
+    w = _check_importance(importance).double()
+    total = float(w.sum())
+    if total <= 0.0:
+        return max(1, min(w.numel(), math.ceil(share * w.numel() - 1e-9)))
+    cum = torch.sort(w, descending=True).values.cumsum(0) / total  # (D,)
+    m = int((cum < share - 1e-12).sum()) + 1
+    return max(1, min(w.numel(), m))
 
 
 @dataclass

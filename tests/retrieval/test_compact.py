@@ -238,3 +238,32 @@ def test_compact_curve_matches_reference_recall(metrics_module):
     assert curve["first"][D] == pytest.approx(curve["random"][D])  # both are plain cosine at m = D
     with pytest.raises(ValueError):
         compact_curve(img, txt, t2i, w, dims=[D + 1])
+
+
+# ---------------------------------------------------------------------------- suggest_m
+
+
+def test_suggest_m_on_synthetic_spectra():
+    from retrieval.compact import suggest_m
+
+    # one dominant dimension: 0.9 of the total in the first one
+    w = torch.tensor([9.0, 0.25, 0.25, 0.25, 0.25])
+    assert suggest_m(w, share=0.9) == 1
+    assert suggest_m(w, share=0.95) == 3  # 9.5 / 10 after three
+    # the order of the input does not matter, only the sorted spectrum
+    assert suggest_m(w.flip(0), share=0.9) == 1
+    # a flat spectrum predicts a share of D
+    assert suggest_m(torch.ones(64), share=0.5) == 32
+    assert suggest_m(None, share=0.5, dim=64) == 32
+    # geometric spectrum: smallest m with cumulative share >= 0.9, from a slow loop
+    g = 0.8 ** torch.arange(32, dtype=torch.float64)
+    total, acc, want = float(g.sum()), 0.0, None
+    for k, v in enumerate(g.tolist(), 1):
+        acc += v
+        if acc / total >= 0.9:
+            want = k
+            break
+    assert suggest_m(g, share=0.9) == want
+    assert suggest_m(g, share=1.0) == 32
+    with pytest.raises(ValueError):
+        suggest_m(g, share=0.0)
