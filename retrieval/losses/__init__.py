@@ -19,7 +19,7 @@ from retrieval.losses.nested import NESTED_ORDERS, Nested
 from retrieval.losses.registry import LOSSES, LossConfigError, available_losses, build_loss, loss_options, register_loss
 
 # one module per family; importing them registers their losses
-from retrieval.losses import align_uniform, hard_negative, infonce, margin, sigmoid, tricl  # noqa: E402,F401
+from retrieval.losses import align_uniform, hard_negative, infonce, margin, sigmoid, spectral, tricl  # noqa: E402,F401
 
 __all__ = [
     "LOSSES",

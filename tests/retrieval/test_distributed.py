@@ -33,6 +33,9 @@ OBJECTIVES = [
     ("triplet", {"mining": "semihard"}),
     ("sigmoid", {}),
     ("hard_negative", {}),
+    ("spectral", {}),
+    ("tricl_spectral", {"dec_weight": 0.5}),
+    ("tricl_spectral", {"nested": 1}),
 ]
 
 
@@ -122,7 +125,7 @@ def test_two_gloo_ranks_equal_one_process_on_the_concatenated_batch(tmp_path):
         want = _step(core, core, x, y, name, opts)
         expected_params = {"image.weight", "image.bias", "text.weight", "text.bias"}
         expected_params |= {"log_scale"} if build_loss(name, **opts).uses_logit_scale else set()
-        expected_params |= {"theta"} if name == "tricl" else set()
+        expected_params |= {"theta"} if build_loss(name, **opts).needs_importance else set()
         assert expected_params <= set(want["grads"]), name
         for got in runs:
             assert got["terms"].keys() == want["terms"].keys(), name

@@ -30,7 +30,8 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def test_registry_has_the_eight_objectives():
-    assert sorted(ALL + ["mrl"]) == available_losses()  # mrl: infonce with prefix nesting on by default
+    spectral = ["spectral", "tricl_spectral"]  # Eq. 6 + 8: tests/retrieval/test_losses_spectral.py
+    assert sorted(ALL + ["mrl"] + spectral) == available_losses()  # mrl: infonce with prefix nesting on by default
     nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None}  # every loss takes these
     assert loss_options("debiased") == {"tau_plus": 0.1, **nesting}
     assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting}

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.losses import build_loss
+from tests.retrieval.test_losses_spectral import ref_spectral, ref_tricl_spectral
 
 # ---------------------------------------------------------------------------- reference loops
 
@@ -177,6 +178,8 @@ CASES = [
     ("triplet", {"margin": 0.5, "mining": "hardest"}, lambda i, t, s, w, b: ref_triplet(i, t, 0.5, "hardest")),
     ("triplet", {"margin": 0.3, "mining": "all"}, lambda i, t, s, w, b: ref_triplet(i, t, 0.3, "all")),
     ("sigmoid", {"bias_init": -3.0}, lambda i, t, s, w, b: ref_sigmoid(i, t, s, b)),
+    ("spectral", {}, lambda i, t, s, w, b: ref_spectral(i, t)),
+    ("tricl_spectral", {"dec_weight": 0.5}, lambda i, t, s, w, b: ref_tricl_spectral(i, t, w, 0.5)),
 ]
 CASE_IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in opts.items()) or 'default'}" for name, opts, _ in CASES]
 
