@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import asdict, fields, replace
@@ -38,7 +39,7 @@ from tqdm.auto import tqdm
 from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.io import write_json_atomic
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
@@ -60,7 +61,7 @@ DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_ord
 DEFAULT_IMPORTANCE = {"tricl_spectral": ("softplus", 1.0)}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
-RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
+RUNTIME = ("out", "resume", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -75,8 +76,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     """
     rank, world = _init_distributed()
     run = Path(cfg.out)
-    _check_out(run, cfg.resume, cfg.overwrite)
-    saved = _saved_run(run, cfg.resume, cfg.overwrite)
+    _check_out(run)
+    saved = _saved_run(run, cfg.resume)
     if saved is not None:
         cfg = _resumed_config(run, saved, cfg, _explicit(cfg) if given is None else set(given))
     _validate(cfg)
@@ -95,8 +96,6 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     trains_importance = getattr(loss_fn, "needs_importance", False)
     if saved is None:  # a resumed run keeps what its config.json recorded
         cfg = _importance_defaults(cfg, _explicit(cfg) if given is None else set(given))
-        if cfg.init:
-            cfg = _init_defaults(cfg, _explicit(cfg) if given is None else set(given))
     cfg = replace(
         cfg,
         lr=cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4),
@@ -113,8 +112,6 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         text_max_length=cfg.text_max_length,
     )
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
-    if cfg.init and saved is None:  # a resumed run restores its checkpoint instead
-        _load_init(model, cfg.init)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
     partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
@@ -457,8 +454,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise UserError(f"--fixed-logit-scale must be in [1, 100] (the trainer's clamp), got {cfg.fixed_logit_scale}")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.head not in (None, "linear", "affine", "mlp"):
-        raise UserError(f"--head must be linear, affine or mlp, got {cfg.head!r}")
+    if cfg.head not in (None, "linear", "mlp"):
+        raise UserError(f"--head must be linear or mlp, got {cfg.head!r}")
     if cfg.device is not None:
         try:
             kind = torch.device(cfg.device).type
@@ -494,38 +491,6 @@ def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     )
 
 
-def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``--init RUN``: its preset must be ``--model``; D, head kind, importance form and caption length
-    come from it (D and head must agree when given: an MLP cannot start equal to an affine head)."""
-    model = ckpt.read_config(cfg.init)["model"]
-    head, dim = model.get("head", "linear"), model.get("embed_dim")
-    if model.get("preset") != cfg.model:
-        raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
-    if cfg.head is not None and cfg.head != head:
-        raise UserError(
-            f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (only the same head kind:"
-            " an MLP's last layer has no bias, so it cannot start equal to an affine head); leave --head out"
-        )
-    if cfg.embed_dim is not None and cfg.embed_dim != dim:
-        raise UserError(f"--init {cfg.init} has D={dim}, not --embed-dim {cfg.embed_dim}; leave --embed-dim out")
-    taken = {k: getattr(cfg, k) if k in given else model.get(k, getattr(cfg, k)) for k in ("importance", "text_max_length")}
-    return replace(cfg, head=head, embed_dim=dim, **taken)
-
-
-def _load_init(model: DualEncoder, init: str) -> None:
-    """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
-    from safetensors.torch import load_file
-
-    from retrieval.run import weights_path
-
-    path = weights_path(init, "best")
-    try:
-        model.load_state_dict(load_file(str(path)))
-    except Exception as err:  # safetensors / load_state_dict raise many types for foreign files
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise UserError(f"--init: cannot load {path} into this model: {first}") from None
-
-
 def _loss_options(loss: str, options: dict) -> dict:
     """The objective's options with the trainer's defaults filled in (what config.json records)."""
     return {**DEFAULT_LOSS_OPTIONS.get(loss, {}), **options}
@@ -543,26 +508,28 @@ def _abs(path: str | None) -> str | None:
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
-    """``--out`` must be a writable folder that is new, empty or a run (``retrieval.io.claim_output_dir``).
+def _check_out(run: Path) -> None:
+    """``--out`` must be a folder, or a place where one can be made."""
+    if run.exists() and not run.is_dir():
+        raise UserError(f"--out {run} is a file, not a run folder")
+    parent = run
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"--out {run}: {parent} is a file, not a folder")
+    try:  # a real write: access() says yes to root on read-only places (/proc, a read-only mount)
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as err:
+        raise UserError(f"--out {run}: cannot write in {parent} ({err.strerror or err})") from None
 
-    A run killed before it trained anything (no weights, metrics or checkpoint) is taken as it is.
-    """
-    if resume and overwrite:
-        raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
-    trained = any((run / name).exists() for name in (ckpt.MODEL, ckpt.METRICS, ckpt.BEST)) or (
-        run.is_dir() and ckpt.has_checkpoint(run)
-    )
-    claim_output_dir(run, "run", overwrite=overwrite, reuse=resume or not trained)
 
-
-def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:
+def _saved_run(run: Path, resume: bool) -> dict | None:
     """The config.json to resume from (None: a new run). Refuses to overwrite a run with a checkpoint."""
     has_config = (run / ckpt.CONFIG).exists()
     if resume and not has_config:
         raise UserError(f"--resume: {run} is not a run (no {ckpt.CONFIG})")
     if not resume:
-        if has_config and ckpt.has_checkpoint(run) and not overwrite:
+        if has_config and ckpt.has_checkpoint(run):
             raise UserError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
         return None  # new, or killed before its first checkpoint: nothing trained to lose
     return ckpt.read_config(run)
@@ -633,8 +600,7 @@ def _start_over(run: Path) -> None:
     run.mkdir(parents=True, exist_ok=True)
     for name in (ckpt.MODEL, ckpt.METRICS, ckpt.SKIPPED):
         (run / name).unlink(missing_ok=True)
-    for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", ckpt.CHECKPOINT, f".{ckpt.CHECKPOINT}.old",
-                 f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
+    for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
         shutil.rmtree(run / name, ignore_errors=True)
 
 
