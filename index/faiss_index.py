@@ -49,7 +49,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from tqdm.auto import tqdm
+from retrieval.progress import progress as progress_bar
 
 METRIC = faiss.METRIC_INNER_PRODUCT
 # threads prefetching the lists of an on-disk index per search (FAISS's default). benchmarks/bench_shards.py
@@ -173,7 +173,7 @@ def add_vectors(index: faiss.Index, vectors: np.ndarray, progress: bool = False)
     """Append vectors in batches (ids continue from ``index.ntotal``)."""
     vectors = as_float32(vectors, index.d)
     starts = range(0, len(vectors), ADD_BATCH)
-    for start in tqdm(starts, desc="indexing", unit="batch", disable=not progress or len(starts) < 2):
+    for start in progress_bar(starts, desc="indexing", unit="batch", disable=not progress or len(starts) < 2):
         index.add(vectors[start : start + ADD_BATCH])
 
 
@@ -186,7 +186,7 @@ def build(
         vectors: L2-normalised vectors. Shape: (N, d).
         factory: FAISS factory string (``auto`` is resolved by the caller, :func:`auto_factory`).
         seed: seed of the training sample and of k-means.
-        progress: show a tqdm bar while adding.
+        progress: show progress while adding.
         gpu: move to the GPU for training and adding when possible.
 
     Returns:

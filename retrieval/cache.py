@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.errors import UserError
 from retrieval.io import atomic_path
@@ -60,7 +60,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     feats, valid = None, torch.zeros(len(pairs.records), dtype=torch.bool)
     model.image_tower.eval()
-    for batch in tqdm(loader, desc="caching locked image tower", unit="batch"):
+    for batch in progress(loader, desc="caching locked image tower", unit="batch"):
         if batch is None:
             continue
         out = image_features(model, batch["image"].to(device)).float().cpu()  # (b, F), fast path on the CPU
@@ -92,7 +92,7 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     model.text_tower.eval()
     order = sorted(range(len(captions)), key=lambda i: len(captions[i]))  # similar lengths: little padding
     feats = None
-    for start in tqdm(range(0, len(captions), batch_size), desc="caching locked text tower", unit="batch"):
+    for start in progress(range(0, len(captions), batch_size), desc="caching locked text tower", unit="batch"):
         rows = order[start : start + batch_size]
         tokens = model.tokenize([captions[i] for i in rows])
         tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)

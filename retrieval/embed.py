@@ -1,7 +1,7 @@
 """Batch embedding: the one path from data to (N, D) embeddings, for eval, index and app.
 
 Everything runs under ``torch.no_grad`` in batches, returns float32 CPU tensors of the
-model's L2-normalised embedding, and shows a tqdm bar when there is more than one
+model's L2-normalised embedding, and shows progress (retrieval.progress) when there is more than one
 batch. A locked tower's output comes from the on-disk cache (``retrieval.cache``)
 when one is passed, so a run trained on locked towers is embedded without running
 them again. The compact transform (``retrieval.compact``) is applied by the caller.
@@ -14,7 +14,7 @@ from collections import Counter
 from typing import NamedTuple, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.accel import image_features, text_features
 from retrieval.cache import skipped_images
@@ -88,7 +88,7 @@ def embed_records(
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     embs, keep = [], []
-    for batch in tqdm(loader, desc="embedding images", unit="batch", disable=len(loader) < 2):
+    for batch in progress(loader, desc="embedding images", unit="batch", disable=len(loader) < 2):
         if batch is not None:
             keep.append(batch["index"])
             embs.append(model.project_image(image_features(model, batch["image"].to(device))).float().cpu())  # (B, D)
@@ -106,7 +106,7 @@ def embed_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> t
     starts = range(0, len(texts), batch_size)
     out = [
         model.project_text(text_features(model, [texts[i] for i in order[s : s + batch_size]])).float().cpu()  # (B, D)
-        for s in tqdm(starts, desc="embedding texts", unit="batch", disable=len(starts) < 2)
+        for s in progress(starts, desc="embedding texts", unit="batch", disable=len(starts) < 2)
     ]
     return torch.cat(out)[torch.tensor(order).argsort()]  # back to the input order
 

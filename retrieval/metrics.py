@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterator, Sequence
 
 import torch
-from tqdm.auto import tqdm
+from retrieval.progress import progress as progress_bar
 
 CHUNK = 256  # default rows of queries scored at once
 
@@ -60,7 +60,7 @@ def _chunks(n: int, chunk_size: int, desc: str, progress: bool) -> Iterator[slic
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     starts = range(0, n, chunk_size)
-    for start in tqdm(starts, desc=desc, disable=not progress, leave=False):
+    for start in progress_bar(starts, desc=desc, disable=not progress, leave=False):
         yield slice(start, min(start + chunk_size, n))
 
 
@@ -106,8 +106,8 @@ def best_positive_ranks(
         pair_query: query row of each (query, relevant gallery item) pair. Shape: (P,).
         pair_gallery: gallery row of each pair. Shape: (P,).
         chunk_size: queries scored at once.
-        desc: tqdm label.
-        progress: show a tqdm bar over chunks.
+        desc: progress label.
+        progress: show progress over chunks.
 
     Returns:
         Long tensor (Q,).
@@ -152,7 +152,7 @@ def retrieval_ranks(
         text_emb: caption embeddings. Shape: (M, D).
         text_to_image: row of each caption's image. Shape: (M,).
         chunk_size: queries scored at once.
-        progress: show a tqdm bar over chunks.
+        progress: show progress over chunks.
         texts: the caption strings, one per row of ``text_emb`` (None: all distinct).
 
     Returns:
@@ -196,7 +196,7 @@ def retrieval_recall(
         text_to_image: row of each caption's image. Shape: (M,).
         ks: the cut-offs.
         chunk_size: queries scored at once.
-        progress: show a tqdm bar over chunks.
+        progress: show progress over chunks.
         texts: caption strings, one per row of ``text_emb``: recall over distinct texts
             (None: every caption counts as its own text, per-caption recall).
 
@@ -251,7 +251,7 @@ def align_uniform(
         alpha: exponent of the alignment distance.
         t: temperature of the uniformity kernel.
         chunk_size: rows scored at once.
-        progress: show a tqdm bar over chunks.
+        progress: show progress over chunks.
 
     Returns:
         ``{"align": float, "uniform": float}``.
@@ -305,7 +305,7 @@ def class_map(
         gallery_labels: a label per gallery item. Shape: (G,).
         exclude_self: query i and gallery item i are the same sample: leave it out (needs Q == G).
         chunk_size: queries scored at once.
-        progress: show a tqdm bar over chunks.
+        progress: show progress over chunks.
 
     Returns:
         mAP in [0, 1].
@@ -360,7 +360,7 @@ def zero_shot_accuracy(
         labels: class row of each image. Shape: (N,).
         k: top-k (1 for accuracy). A tie with another class counts as wrong.
         chunk_size: images scored at once.
-        progress: show a tqdm bar over chunks.
+        progress: show progress over chunks.
 
     Returns:
         Accuracy in [0, 1].

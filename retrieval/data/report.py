@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.data.reasons import BadRecord, count_by_reason
 from retrieval.data.records import DataConfig
@@ -30,7 +30,7 @@ def inspect(path: str | os.PathLike, config: DataConfig | None = None) -> dict:
     """
     pairs = load_pairs(path, config)
     decoded, usable = Counter(), []
-    for record in tqdm(pairs.records, desc="decoding images", unit=" img", leave=False, disable=None):
+    for record in progress(pairs.records, desc="decoding images", unit=" img", leave=False, disable=None):
         try:
             record.open_image(pairs.max_pixels).close()
             usable.append(record)

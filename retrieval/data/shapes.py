@@ -16,7 +16,7 @@ import random
 from dataclasses import dataclass
 
 from PIL import Image, ImageDraw
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.data.manifest import Built, manifest_row, save_image
 from retrieval.errors import UserError
@@ -142,7 +142,7 @@ def build(out: str, num: int | None, seed: int) -> Built:
     num_val = max(1, round(num * VAL_FRACTION))
     width = max(6, len(str(num - 1)))
     rows = []
-    for index in tqdm(range(num), desc="shapes", unit=" img"):
+    for index in progress(range(num), desc="shapes", unit=" img"):
         rng = random.Random(f"shapes:{seed}:{index}")
         scene = sample_scene(rng)
         captions = captions_for(scene, rng)

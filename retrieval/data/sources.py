@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.data.images import probe_image
 from retrieval.data.reasons import BadRecord
@@ -92,7 +92,7 @@ def load_pairs(path: str | os.PathLike, config: DataConfig | None = None) -> Pai
     skipped: Counter = Counter()
     seen: Counter = Counter()
     bar = dict(desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False, disable=None)
-    for item in tqdm(source.read(path, config), **bar):
+    for item in progress(source.read(path, config), **bar):
         if isinstance(item, BadRecord):
             skipped[item.reason] += 1
             continue
