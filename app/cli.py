@@ -108,6 +108,22 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_solve(ns: argparse.Namespace) -> int:
+    from app.options import to_config
+    from training.config import SolveConfig
+    from training.solve import solve
+
+    solve(to_config(SolveConfig, ns))
+    return 0
+
+
+def _solve_options(p: argparse.ArgumentParser) -> None:
+    from app.options import add_options
+    from training.config import SolveConfig
+
+    add_options(p, SolveConfig)
+
+
 def _train_options(p: argparse.ArgumentParser) -> None:
     """``train``'s options: every field of TrainConfig (and its DataConfig), old short names kept."""
     from app.options import LazyChoices, add_options
@@ -320,6 +336,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="evaluate a trained run", description="Evaluate a run (options: training.config.EvalConfig).")
     _eval_options(p)
     p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser(
+        "solve",
+        help="the exact Eq. 6 optimum for locked towers (regularised CCA) as a run, in seconds",
+        description="Solve for affine heads on locked towers by regularised CCA (options: training.config.SolveConfig).",
+    )
+    _solve_options(p)
+    p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
     p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run; under torchrun write --run-dir")

@@ -58,7 +58,7 @@ from pathlib import Path
 
 import faiss
 import numpy as np
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from index import faiss_index as fi
 from index.store import (
@@ -372,7 +372,7 @@ class ShardedBuilder:
             return build_in_memory(vectors, m, empty, self.seed)
         if self.world == 1 and not disk:
             trained = train_once(vectors, m, empty, self.seed)
-            shards = tqdm(range(len(vectors.parts)), desc=f"adding shards (m={m})", unit="shard", disable=None)
+            shards = progress(range(len(vectors.parts)), desc=f"adding shards (m={m})", unit="shard", disable=None)
             parts = (add_shard(trained, vectors.shard(s, m)) for s in shards)
             return merge_parts(trained, parts, vectors.offsets)
         return self._build_parts(vectors, m, empty, tag, disk)
@@ -411,7 +411,7 @@ class ShardedBuilder:
         files = [work / f"{tag}.part{s:05d}.faiss" for s in range(len(vectors.parts))]
         mine = range(self.rank, len(vectors.parts), self.world)
         who = f"rank {self.rank} " if self.world > 1 else ""
-        for s in tqdm(mine, desc=f"{who}adding shards (m={m})", unit="shard", disable=None):
+        for s in progress(mine, desc=f"{who}adding shards (m={m})", unit="shard", disable=None):
             first = int(vectors.offsets[s]) if disk else None
             fi.save(add_shard(trained, vectors.shard(s, m), first), files[s])
         barrier(self.world)
@@ -438,7 +438,7 @@ def build_in_memory(vectors: ShardVectors, m: int, index: faiss.Index, seed: int
     """Flat / HNSW (and any index that is not IVF): train on the sample if needed, add shards in order."""
     if not index.is_trained:
         index = train_once(vectors, m, index, seed)
-    for s in tqdm(range(len(vectors.parts)), desc=f"indexing shards (m={m})", unit="shard", disable=None):
+    for s in progress(range(len(vectors.parts)), desc=f"indexing shards (m={m})", unit="shard", disable=None):
         if len(vectors.parts[s]):
             fi.add_vectors(index, vectors.shard(s, m))
     return index

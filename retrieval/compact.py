@@ -88,24 +88,43 @@ def weighted_top(z: torch.Tensor, w: torch.Tensor | None, keep: torch.Tensor) ->
     return F.normalize(picked, dim=-1)
 
 
-def sign_flips(anchor_feats: torch.Tensor) -> torch.Tensor:
-    """Per-dimension sign fix: +-1 so the anchor's coordinate becomes positive.
+SIGN_RULES = ("anchor", "majority", "skew")  # see sign_flips
 
-    The anchor of a dimension is the first row whose coordinate is non-zero; a
-    dimension that is zero on every row keeps +1. Multiplying both towers' features
-    by the result leaves every inner product unchanged.
+
+def sign_flips(anchor_feats: torch.Tensor, rule: str = "anchor") -> torch.Tensor:
+    """Per-dimension sign fix: +-1 per dimension; multiplying both towers' features by it
+    leaves every inner product unchanged.
+
+    Rules (a dimension that is zero on every row keeps +1):
+
+    - ``anchor`` (the paper's): the first row whose coordinate is non-zero becomes positive.
+      Fragile: when that row's coordinate is near zero, another sample of data flips it.
+    - ``majority``: most rows positive (the sign of ``sum_i sign(z_id)``; a tie falls back
+      to ``anchor``).
+    - ``skew``: a positive third central moment (the sign of ``sum_i (z_id - mean_d)^3``;
+      zero falls back to ``anchor``): a property of the distribution, not of one sample.
 
     Args:
         anchor_feats: features in dataset order (first row first). Shape: (N, D).
+        rule: one of :data:`SIGN_RULES`.
 
     Returns:
         Float tensor ``(D,)`` of +1 / -1.
     """
     _check_feats(anchor_feats)
+    if rule not in SIGN_RULES:
+        raise ValueError(f"unknown sign rule {rule!r}; choose from {SIGN_RULES}")
     nonzero = anchor_feats != 0  # (N, D)
     first = nonzero.to(torch.int8).argmax(dim=0)  # (D,) first non-zero row (0 if none)
     anchor = anchor_feats.gather(0, first[None]).squeeze(0)  # (D,)
-    return torch.where(anchor < 0, -1.0, 1.0).to(anchor_feats.dtype)
+    stat = anchor  # (D,) the statistic whose sign is made positive
+    if rule == "majority":
+        stat = torch.sign(anchor_feats).sum(dim=0)  # (D,)
+    elif rule == "skew":
+        x = anchor_feats.double()
+        stat = ((x - x.mean(dim=0)) ** 3).sum(dim=0)  # (D,)
+    stat = torch.where(stat == 0, anchor.to(stat.dtype), stat)
+    return torch.where(stat < 0, -1.0, 1.0).to(anchor_feats.dtype)
 
 
 def suggest_m(importance: torch.Tensor | None, share: float = 0.9, dim: int | None = None) -> int:

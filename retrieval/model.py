@@ -37,7 +37,7 @@ class ModelConfig:
     preset: str = "tiny"  # tiny, lite, lite1, lite2, or an open_clip architecture name
     pretrained: str | None = None  # open_clip pretrained tag (weights must be reachable)
     embed_dim: int | None = None  # D, the embedding size after the heads (None: per preset)
-    head: str = "linear"  # projection head: linear or mlp
+    head: str = "linear"  # projection head: linear, affine (linear with a bias) or mlp
     importance: str = "softplus_mean1"  # how w is made from theta: see IMPORTANCE_FORMS
     importance_spread: float = 1.0  # w starts as a geometric ramp from 1 down to 1/spread (1: all ones)
     init_temperature: float = 0.07  # initial 1 / logit scale (CLIP)
@@ -199,10 +199,12 @@ class DualEncoder(nn.Module):
 def _make_head(kind: str, in_dim: int, out_dim: int) -> nn.Module:
     if kind == "linear":
         return nn.Linear(in_dim, out_dim, bias=False)
+    if kind == "affine":  # linear with a bias: centred heads (the CCA solution of training.solve)
+        return nn.Linear(in_dim, out_dim, bias=True)
     if kind == "mlp":
         hidden = max(in_dim, out_dim)
         return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim, bias=False))
-    raise UserError(f"unknown head {kind!r}; choose linear or mlp")
+    raise UserError(f"unknown head {kind!r}; choose linear, affine or mlp")
 
 
 def _to_device(tokens, device):

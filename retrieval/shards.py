@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.errors import UserError
 from retrieval.io import read_json, write_json_atomic
@@ -102,7 +102,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         workers = _workers(cfg.workers, device)
         mine = list(range(rank, num_shards, world))
         todo = [s for s in mine if not (out / shard_name(s) / SHARD_INFO).is_file()]
-        bar = tqdm(todo, desc=f"rank {rank}/{world} shards", unit="shard", position=rank, disable=None)
+        bar = progress(todo, desc=f"rank {rank}/{world} shards", unit="shard", position=rank, disable=None)
         for s in bar:
             _write_shard(out, s, pairs, cfg, model, transform, device, batch, workers, rank, cache)
         barrier(world)

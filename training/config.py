@@ -22,7 +22,7 @@ class TrainConfig:
     model: str = "tiny"  # preset: tiny, lite, lite1, lite2, or an open_clip architecture
     pretrained: str | None = None  # open_clip pretrained tag (needs the weights locally)
     embed_dim: int | None = None  # D (None: per preset)
-    head: Literal["linear", "mlp"] | None = None  # projection heads (None: mlp for lite, else linear)
+    head: Literal["linear", "affine", "mlp"] | None = None  # projection heads (None: --init's, else mlp for lite, else linear)
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256; 64 bounds memory when the text tower trains)
     importance: str = "softplus_mean1"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
     importance_spread: float | None = None  # w starts as a ramp 1 ... 1/spread (None: 100 if the objective trains w, else 1)
@@ -39,6 +39,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warmup steps (None: 5% of all steps)
     grad_clip: float = 1.0  # max global grad norm (0: off)
     resume: bool = False  # continue the run in --out with the settings of its config.json
+    init: str | None = None  # start from this run's weights (e.g. triclip solve's): same preset, D and head kind
     lock_image: bool = False  # freeze the image tower, cache its outputs
     lock_text: bool = False  # freeze the text tower, cache its outputs
     unlock_image_groups: int = 0  # train only the top N groups of the image tower; the rest runs once, cached (0: off)
@@ -66,3 +67,20 @@ class EvalConfig:
     seed: int = 0  # seed of the random ordering of the compact curve
     device: str | None = None  # cpu, cuda, cuda:1 (None: cuda when available)
     data_config: DataConfig = field(default_factory=DataConfig)  # how to read the source
+
+
+@dataclass
+class SolveConfig:
+    train_data: str  # training data source: the CCA is fitted on its (image, caption) pairs
+    out: str  # run directory (an ordinary run: eval, index build, app and train --init read it)
+    val_data: str | None = None  # picks the ridge by t2i_r10 (--ridge auto) and is evaluated
+    model: str = "lite"  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture
+    embed_dim: int | None = None  # D, canonical directions kept (None: per preset; at most the smaller tower width)
+    ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.001-1 on --val-data
+    weighting: float = 1.0  # the served score weighs dimension k by rho_k ** this (1: f^T S g; 0: plain cosine)
+    text_max_length: int | None = None  # lite: caption tokens kept (None: 256)
+    overwrite: bool = False  # replace the run already in --out
+    batch_size: int = 256  # pairs per batch when evaluating
+    workers: int = 0  # DataLoader worker processes for image decoding
+    device: str | None = None  # cpu, cuda, cuda:1 (None: cuda when available)
+    data: DataConfig = field(default_factory=DataConfig)  # how to read the sources

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
@@ -164,7 +164,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     step = state["step"]
     for epoch in range(state["epoch"], cfg.epochs):
         first_batch = state["batch"] if epoch == state["epoch"] else 0
-        bar = tqdm(total=steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=rank != 0)
+        bar = progress(total=steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=rank != 0)
         speed = _Throughput(window=20)
         model.train()
         done, epoch_start_step = first_batch, step  # batches of this epoch finished; step at its start

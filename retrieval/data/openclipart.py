@@ -22,7 +22,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from PIL import Image
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.data.debian import ensure_debian_packages
 from retrieval.data.images import DEFAULT_MAX_PIXELS, FileImage, decode_image
@@ -81,11 +81,11 @@ def _run_jobs(jobs: list[tuple[str, tuple[str, ...], int]]) -> list[str | None]:
     bar = dict(total=len(jobs), desc="openclipart thumbnails", unit=" img")
     workers = min(WORKERS, os.cpu_count() or 1)
     if workers < 2 or len(jobs) < MIN_POOL_JOBS:
-        return [make_thumbnail(job) for job in tqdm(jobs, **bar)]
+        return [make_thumbnail(job) for job in progress(jobs, **bar)]
     # fork where possible: workers only run Pillow, and spawn would re-run a caller's unguarded script
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     with multiprocessing.get_context(method).Pool(workers) as pool:
-        return list(tqdm(pool.imap(make_thumbnail, jobs, chunksize=4), **bar))
+        return list(progress(pool.imap(make_thumbnail, jobs, chunksize=4), **bar))
 
 
 def _hash_order(key: str) -> bytes:
@@ -106,7 +106,7 @@ def read_clips(names: list[str], keys: dict[str, str], skipped: Counter) -> list
     """Metadata and split of each name; names without a PNG, SVG or caption are counted in ``skipped``."""
     svg_root, png_root = os.path.join(ROOT, "svg"), os.path.join(ROOT, "png")
     clips = []
-    for name in tqdm(names, desc="openclipart metadata", unit=" svg"):
+    for name in progress(names, desc="openclipart metadata", unit=" svg"):
         png = os.path.join(png_root, name + ".png")
         split = split_of(keys[name], VAL_FRACTION)
         try:

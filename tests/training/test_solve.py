@@ -1,0 +1,192 @@
+"""The exact solver (training.solve): CCA maths against known answers, the run folder, --init."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import training.train as train_mod
+from app.cli import main
+from retrieval.cache import locked_tower_outputs
+from retrieval.data import load_pairs
+from retrieval.embed import embed_pairs
+from retrieval.errors import UserError
+from retrieval.losses import build_loss
+from retrieval.run import load_run
+from training.batches import BatchSource
+from training.config import SolveConfig
+from training.evaluate import evaluate_run
+from training.solve import eq6_value, fit_cca, pair_stats, paired_features, solve
+from training.train import TrainConfig, train
+
+CORRS = torch.tensor([0.9, 0.2, 0.75, 0.5, 0.05, 0.6], dtype=torch.float64)  # known canonical correlations
+
+
+def _known_problem(n: int = 200_000, seed: int = 0):
+    """x, y whose canonical correlations are CORRS: x_k = u_k, y_k = c_k u_k + sqrt(1 - c_k^2) e_k,
+    then each side mixed by a random invertible map and shifted (CCA does not see either)."""
+    gen = torch.Generator().manual_seed(seed)
+    k = len(CORRS)
+    u, e = torch.randn(n, k, generator=gen, dtype=torch.float64), torch.randn(n, k, generator=gen, dtype=torch.float64)
+    v = CORRS * u + (1 - CORRS**2).sqrt() * e
+    mix_x = torch.randn(k, k, generator=gen, dtype=torch.float64) + 2 * torch.eye(k, dtype=torch.float64)
+    mix_y = torch.randn(k, k, generator=gen, dtype=torch.float64) + 2 * torch.eye(k, dtype=torch.float64)
+    return u @ mix_x + 3.0, v @ mix_y - 1.0
+
+
+def test_s_is_the_known_canonical_correlations_sorted():
+    x, y = _known_problem()
+    solution = fit_cca(pair_stats(x, y, torch.arange(len(x))), dim=6, ridge=0.0, anchor_x=x)
+    torch.testing.assert_close(solution.rho, CORRS.sort(descending=True).values, atol=0.01, rtol=0)
+    assert bool((solution.rho[:-1] >= solution.rho[1:]).all())
+
+
+def test_heads_satisfy_the_decorrelation_constraint_up_to_the_ridge():
+    x, y = _known_problem(20_000, seed=1)
+    stats = pair_stats(x, y, torch.arange(len(x)))
+    for ridge in (0.0, 0.1):
+        s = fit_cca(stats, dim=4, ridge=ridge)
+        zx, zy = (x - s.mean_x) @ s.a, (y - s.mean_y) @ s.b  # (N, 4)
+        eye = torch.eye(4, dtype=torch.float64)
+        # exactly whitened under the ridge-regularised covariance ...
+        reg_x = stats.cxx + ridge * stats.cxx.diagonal().mean() * torch.eye(6, dtype=torch.float64)
+        torch.testing.assert_close(s.a.T @ reg_x @ s.a, eye, atol=1e-8, rtol=0)
+        # ... so E[z z^T] = I without it, and below I with it; the cross moment is diag(rho)
+        cov_x = zx.T @ zx / len(zx)
+        if ridge == 0.0:
+            torch.testing.assert_close(cov_x, eye, atol=1e-8, rtol=0)
+            torch.testing.assert_close(zx.T @ zy / len(zx), torch.diag(s.rho), atol=1e-8, rtol=0)
+        else:
+            assert float(torch.linalg.eigvalsh(eye - cov_x).min()) > 0
+        assert float(zx.mean(0).abs().max()) < 1e-8  # centred: the affine heads' bias
+
+
+def test_eq6_is_lower_at_the_solution_than_at_perturbed_heads():
+    x, y = _known_problem(20_000, seed=2)
+    stats = pair_stats(x, y, torch.arange(len(x)))
+    s = fit_cca(stats, dim=3, ridge=0.0)
+    zx, zy = (x - s.mean_x) @ s.a, (y - s.mean_y) @ s.b
+    best = float(eq6_value(zx, zy, s.rho))
+    torch.testing.assert_close(best, -float((s.rho**2).sum()), atol=1e-6, rtol=0)  # the closed-form value
+    gen = torch.Generator().manual_seed(3)
+    for _ in range(10):
+        a = s.a + 0.3 * torch.randn(s.a.shape, generator=gen, dtype=torch.float64)
+        b = s.b + 0.3 * torch.randn(s.b.shape, generator=gen, dtype=torch.float64)
+        a, b = a @ _inv_sqrt(a.T @ stats.cxx @ a), b @ _inv_sqrt(b.T @ stats.cyy @ b)  # back on the constraint
+        px, py = (x - s.mean_x) @ a, (y - s.mean_y) @ b
+        s_best = (px * py).mean(0).clamp_min(0)  # the best diagonal S for these heads
+        assert float(eq6_value(px, py, s_best)) > best + 1e-6
+        assert float(eq6_value(zx, zy, s.rho * 1.1)) > best  # and S = rho is the best S for the solution
+
+
+def _inv_sqrt(m: torch.Tensor) -> torch.Tensor:
+    vals, vecs = torch.linalg.eigh(m)
+    return vecs @ torch.diag(vals.rsqrt()) @ vecs.T
+
+
+def test_eq6_value_matches_a_loop_over_all_negative_pairs():
+    gen = torch.Generator().manual_seed(4)
+    zx, zy, s = torch.randn(7, 3, generator=gen), torch.randn(7, 3, generator=gen), torch.rand(3, generator=gen)
+    pos = sum(float((zx[i] * s * zy[i]).sum()) for i in range(7)) / 7
+    neg = sum(float((zx[i] * s * zy[j]).sum()) ** 2 for i in range(7) for j in range(7)) / 49
+    torch.testing.assert_close(float(eq6_value(zx, zy, s)), -2 * pos + neg, atol=1e-5, rtol=0)
+
+
+# ---------------------------------------------------------------------------- the run folder
+
+
+def _solve_cfg(shapes_data, out, **kw) -> SolveConfig:
+    base = dict(
+        train_data=str(shapes_data / "train.jsonl"),
+        val_data=str(shapes_data / "val.jsonl"),
+        out=str(out),
+        model="tiny",
+        embed_dim=16,
+        device="cpu",
+    )
+    base.update(kw)
+    return SolveConfig(**base)
+
+
+@pytest.fixture
+def solved(shapes_data, tmp_path):
+    run = tmp_path / "solved"
+    result = solve(_solve_cfg(shapes_data, run))
+    return run, result
+
+
+def test_solved_run_is_an_ordinary_run_whose_embeddings_are_the_solution(shapes_data, solved):
+    run, result = solved
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["head"] == "affine" and config["model"]["importance"] == "softplus"
+    assert config["solver"]["ridge"] in (0.001, 0.01, 0.03, 0.1, 0.3, 1.0)
+    assert max(config["solver"]["ridge_grid_t2i_r10"].values()) == result["t2i_r10"]
+    model, _ = load_run(run)
+    rho = torch.tensor(config["solver"]["canonical_correlations"])
+    torch.testing.assert_close(model.importance().detach(), rho, atol=1e-5, rtol=1e-4)  # w = rho, not normalised
+    # the loaded model embeds the training images exactly as the CCA formula does
+    pairs = load_pairs(str(shapes_data / "train.jsonl"))
+    cache = locked_tower_outputs(model, pairs, "cpu")
+    x, y, owner = paired_features(cache)
+    solution = fit_cca(pair_stats(x, y, owner), 16, config["solver"]["ridge"], x)
+    want = F.normalize(((x.double() - solution.mean_x) @ solution.a).float(), dim=-1)
+    got = embed_pairs(model, pairs, "cpu", cache=cache).image
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+    # eval reads it unchanged and finds the solver's validation recall
+    metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    again = evaluate_run(str(run), str(shapes_data / "val.jsonl"), device="cpu")
+    assert again["t2i_r10"] == pytest.approx(metrics["t2i_r10"]) == pytest.approx(result["t2i_r10"])
+
+
+def test_init_starts_training_from_the_solved_weights(shapes_data, solved, tmp_path, monkeypatch):
+    run, _ = solved
+    first = {}
+    real_step = train_mod._train_step
+
+    def spy(step_module, batch, *args, **kwargs):
+        if not first:
+            first["batch"] = batch
+            first["terms"] = real_step(step_module, batch, *args, **kwargs)
+            return first["terms"]
+        return real_step(step_module, batch, *args, **kwargs)
+
+    monkeypatch.setattr(train_mod, "_train_step", spy)
+    cfg = TrainConfig(
+        train_data=str(shapes_data / "train.jsonl"), out=str(tmp_path / "trained"), model="tiny", init=str(run),
+        lock_image=True, lock_text=True, loss="infonce", loss_options={"nested": 0}, batch_size=32, max_steps=2, epochs=1,
+    )  # fmt: skip
+    train(cfg)
+    config = json.loads((tmp_path / "trained" / "config.json").read_text())
+    assert config["model"]["head"] == "affine" and config["model"]["embed_dim"] == 16  # taken from --init
+    assert config["model"]["importance"] == "softplus"
+    solved_model, _ = load_run(run)
+    batch = first["batch"]
+    with torch.no_grad():
+        img = solved_model.project_image(batch.image)
+        txt = solved_model.project_text(batch.text)
+        want = build_loss("infonce", nested=0)(img, txt, solved_model.logit_scale(), solved_model.importance())
+    assert sum(first["terms"].values()) == pytest.approx(float(sum(want.values())), abs=1e-5)
+
+
+def test_init_refuses_another_head_kind(shapes_data, solved, tmp_path):
+    run, _ = solved
+    cfg = TrainConfig(
+        train_data=str(shapes_data / "train.jsonl"), out=str(tmp_path / "mlp"), model="tiny", init=str(run), head="mlp",
+        lock_image=True, lock_text=True, max_steps=1, epochs=1,
+    )  # fmt: skip
+    with pytest.raises(UserError, match="affine heads"):
+        train(cfg)
+
+
+def test_cli_solve_refuses_an_existing_run_without_overwrite(shapes_data, solved, capsys):
+    run, _ = solved
+    args = ["solve", "--train-data", str(shapes_data / "train.jsonl"), "--out", str(run), "--model", "tiny",
+            "--embed-dim", "8", "--ridge", "0.1", "--device", "cpu"]  # fmt: skip
+    assert main(args) == 2
+    assert "overwrite" in capsys.readouterr().err
+    assert main(args + ["--overwrite"]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["embed_dim"] == 8 and config["solver"]["ridge"] == 0.1
+    assert not (run / "metrics.jsonl").exists()  # no --val-data: nothing evaluated, the old metrics gone
+    assert main(args[:-4] + ["--ridge", "lots", "--device", "cpu", "--overwrite"]) == 2

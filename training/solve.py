@@ -1,0 +1,348 @@
+"""``triclip solve``: the exact optimum of Eq. 6 for locked towers with affine heads, as a run folder.
+
+For locked towers the tri-factor spectral objective (Zhang et al. 2023, Eq. 6)
+``-2 E[f(x)^T S g(y+)] + E E[(f(x)^T S g(y-))^2]`` under the decorrelation
+constraint ``E[f f^T] = E[g g^T] = I`` is maximised by regularised CCA between
+the two towers' outputs: the heads are the top-D canonical directions (centred,
+hence affine heads) and ``S`` the canonical correlations, sorted. ``solve``
+computes it in float64 with ``torch.linalg`` (Cholesky whitening of the
+ridge-regularised covariances, SVD of the whitened cross-covariance), picks the
+ridge on the validation split by distinct-text t2i R@10, and writes an ordinary
+run folder (``config.json``, ``model.safetensors``, ``metrics.jsonl``) that
+``eval``, ``index build``, ``app`` and ``train --init`` read unchanged.
+
+The model's importance is ``w = softplus(theta) = rho`` (the paper's form, not
+normalised); the served score weights dimension k by ``rho_k ** weighting``
+(``weighting`` 1: the tri-factor score ``f^T S g``; the heads carry the extra
+factor ``rho ** ((weighting - 1) / 2)`` so that ``importance()`` stays ``rho``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from retrieval.cache import locked_tower_outputs
+from retrieval.compact import sign_flips
+from retrieval.data import load_pairs
+from retrieval.embed import pick_device
+from retrieval.errors import UserError
+from retrieval.io import write_json_atomic
+from retrieval.model import DualEncoder, ModelConfig, build_model
+from training import checkpoint as ckpt
+from training.config import SolveConfig, TrainConfig
+from training.evaluate import evaluate
+
+RIDGE_GRID = (1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0)  # r of ``--ridge auto``: ridge = r * mean variance
+LOGIT_SCALES = torch.logspace(0.0, 2.0, 41)  # candidates for the saved logit scale (1 ... 100)
+MIN_RHO = 1e-6  # softplus^-1 needs rho > 0
+
+
+@dataclass
+class PairStats:
+    """Means and covariances of paired tower outputs (float64), one row per (image, caption) pair."""
+
+    mean_x: torch.Tensor  # (F_img,)
+    mean_y: torch.Tensor  # (F_txt,)
+    cxx: torch.Tensor  # (F_img, F_img) image covariance
+    cyy: torch.Tensor  # (F_txt, F_txt) text covariance
+    cxy: torch.Tensor  # (F_img, F_txt) cross-covariance
+    pairs: int  # number of pairs
+
+
+@dataclass
+class CCA:
+    """Regularised CCA: ``z_img = (x - mean_x) @ a``, ``z_txt = (y - mean_y) @ b``.
+
+    Shape: ``a`` (F_img, D), ``b`` (F_txt, D), ``rho`` (D,) descending.
+    """
+
+    mean_x: torch.Tensor  # (F_img,)
+    mean_y: torch.Tensor  # (F_txt,)
+    a: torch.Tensor  # (F_img, D) image canonical directions, a^T (Cxx + ridge) a = I
+    b: torch.Tensor  # (F_txt, D) text canonical directions, b^T (Cyy + ridge) b = I
+    rho: torch.Tensor  # (D,) canonical correlations, descending
+    ridge: float  # r: ridge = r * mean variance, per tower
+
+
+# ---------------------------------------------------------------------------- the command
+
+
+def solve(cfg: SolveConfig) -> dict:
+    """Solve, pick the ridge on the validation data, write the run; return its validation metrics.
+
+    Raises:
+        UserError: bad settings or data (one line), before anything is written.
+    """
+    _validate(cfg)
+    _claim(cfg.out, cfg.overwrite)
+    device = pick_device(cfg.device)
+    start = time.perf_counter()
+    model_cfg = ModelConfig(
+        preset=cfg.model, embed_dim=cfg.embed_dim, head="affine", importance="softplus", text_max_length=cfg.text_max_length
+    )
+    model = build_model(model_cfg).to(device)
+    model.lock(image=True, text=True)
+    train_pairs = load_pairs(cfg.train_data, cfg.data)
+    val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
+    x, y, owner = paired_features(locked_tower_outputs(model, train_pairs, device, cfg.workers))
+    dim = model.embed_dim
+    if dim > min(x.shape[1], y.shape[1]):
+        raise UserError(f"--embed-dim {dim} exceeds the smaller tower's width {min(x.shape[1], y.shape[1])} (CCA has no more directions)")
+    stats = pair_stats(x, y, owner)
+    ridges = RIDGE_GRID if cfg.ridge == "auto" else (float(cfg.ridge),)
+    if val_pairs is None and len(ridges) > 1:
+        raise UserError("--ridge auto picks the ridge on --val-data: give --val-data, or a number with --ridge")
+    val_cache = locked_tower_outputs(model, val_pairs, device, cfg.workers) if val_pairs is not None else None
+    grid: dict[str, float] = {}
+    best = None
+    for r in tqdm(ridges, desc="solving CCA per ridge", disable=len(ridges) < 2):
+        solution = fit_cca(stats, dim, r, x)
+        set_heads(model, solution, cfg.weighting)
+        if val_pairs is None:
+            best = (solution, None)
+            break
+        result = evaluate(model, val_pairs, device, batch_size=cfg.batch_size, cache=val_cache, workers=cfg.workers)
+        grid[f"{r:g}"] = result["t2i_r10"]
+        if best is None or result["t2i_r10"] > best[1]["t2i_r10"]:
+            best = (solution, result)
+    solution, result = best
+    set_heads(model, solution, cfg.weighting)
+    with torch.no_grad():
+        model.logit_scale_param.fill_(math.log(fit_logit_scale(model, x, y, owner)))
+    seconds = time.perf_counter() - start
+    _write_run(cfg, model, model_cfg, solution, grid, result, train_pairs, val_pairs, stats.pairs, seconds)
+    print(_summary(cfg, solution, grid, result, seconds))
+    return result or {}
+
+
+# ---------------------------------------------------------------------------- the maths
+
+
+def paired_features(cache: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Tower outputs of every decoded image and every caption of it.
+
+    Returns:
+        ``(x (N', F_img), y (M', F_txt), owner (M',))``: caption j belongs to image row ``owner[j]``.
+    """
+    keep = cache["image"]["valid"].nonzero().squeeze(1)  # (N',)
+    offsets = cache["text"]["offsets"]
+    counts = offsets[keep + 1] - offsets[keep]  # (N',)
+    rows = torch.cat([torch.arange(offsets[i], offsets[i + 1]) for i in keep.tolist()])  # (M',)
+    owner = torch.repeat_interleave(torch.arange(len(keep)), counts)
+    return cache["image"]["features"][keep], cache["text"]["features"][rows], owner
+
+
+def pair_stats(x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor) -> PairStats:
+    """Means and covariances over the pairs ``(x[owner[j]], y[j])`` without repeating image rows.
+
+    Shape: x (N, F_img), y (M, F_txt), owner (M,).
+    """
+    x, y = x.double(), y.double()
+    counts = torch.bincount(owner, minlength=x.shape[0]).double()  # (N,) captions per image
+    m = float(counts.sum())
+    mean_x = (counts[:, None] * x).sum(0) / m  # (F_img,) each image weighted by its captions
+    mean_y = y.mean(0)  # (F_txt,)
+    xc, yc = x - mean_x, y - mean_y
+    cxx = (xc * counts[:, None]).T @ xc / m  # (F_img, F_img)
+    cyy = yc.T @ yc / m  # (F_txt, F_txt)
+    per_image = torch.zeros(x.shape[0], y.shape[1], dtype=torch.float64).index_add_(0, owner, yc)  # (N, F_txt)
+    cxy = xc.T @ per_image / m  # (F_img, F_txt)
+    return PairStats(mean_x, mean_y, cxx, cyy, cxy, int(m))
+
+
+def fit_cca(stats: PairStats, dim: int, ridge: float, anchor_x: torch.Tensor | None = None) -> CCA:
+    """Top-``dim`` regularised canonical directions and correlations.
+
+    ``C_xx + r * mean(diag C_xx) * I`` (same for y) are whitened by their Cholesky factors
+    ``L``; the SVD of ``L_x^{-1} C_xy L_y^{-T}`` gives the correlations (singular values) and
+    the directions ``L^{-T} U``. Signs: the robust sign fix of ``retrieval.compact`` on the
+    image features ``anchor_x`` (N, F_img) when given (so runs are comparable), else SVD's.
+    """
+    lx = _chol(stats.cxx, ridge)
+    ly = _chol(stats.cyy, ridge)
+    wx = torch.linalg.solve_triangular(lx, stats.cxy, upper=False)  # L_x^{-1} C_xy
+    whitened = torch.linalg.solve_triangular(ly, wx.T, upper=False).T  # (F_img, F_txt) L_x^{-1} C_xy L_y^{-T}
+    u, s, vh = torch.linalg.svd(whitened, full_matrices=False)
+    a = torch.linalg.solve_triangular(lx.T, u[:, :dim], upper=True)  # (F_img, D)
+    b = torch.linalg.solve_triangular(ly.T, vh[:dim].T, upper=True)  # (F_txt, D)
+    if anchor_x is not None:
+        flips = sign_flips((anchor_x.double() - stats.mean_x) @ a, rule="skew")  # (D,)
+        a, b = a * flips, b * flips
+    return CCA(stats.mean_x, stats.mean_y, a, b, s[:dim].clamp(0.0, 1.0), float(ridge))
+
+
+def _chol(cov: torch.Tensor, ridge: float) -> torch.Tensor:
+    scale = float(cov.diagonal().mean())
+    eye = torch.eye(cov.shape[0], dtype=cov.dtype)
+    reg = cov + max(ridge, 0.0) * scale * eye
+    for jitter in (0.0, 1e-10, 1e-8, 1e-6):  # a rank-deficient covariance without ridge
+        chol, info = torch.linalg.cholesky_ex(reg + jitter * scale * eye)
+        if int(info) == 0:
+            return chol
+    raise UserError("the tower features' covariance is singular; use a larger --ridge")
+
+
+def set_heads(model: DualEncoder, solution: CCA, weighting: float = 1.0) -> None:
+    """Write the solution into the model's affine heads and ``theta`` (importance form ``softplus``).
+
+    Heads: ``z = (x - mean) @ a * rho ** ((weighting - 1) / 2)``, so the served score
+    ``sum_k w_k z_k z'_k`` weighs dimension k by ``rho_k ** weighting``; ``w = rho``.
+    """
+    if model.config.head != "affine" or model.config.importance != "softplus":
+        raise ValueError("set_heads needs a model with affine heads and the softplus importance form")
+    rho = solution.rho.clamp_min(MIN_RHO)  # (D,)
+    scale = rho ** ((weighting - 1.0) / 2.0)  # (D,)
+    with torch.no_grad():
+        for head, mean, dirs in ((model.image_head, solution.mean_x, solution.a), (model.text_head, solution.mean_y, solution.b)):
+            weight = (dirs * scale).T  # (D, F)
+            head.weight.copy_(weight.to(head.weight))
+            head.bias.copy_((-(weight @ mean)).to(head.bias))
+        model.theta.copy_(torch.log(torch.expm1(rho)).to(model.theta))  # softplus(theta) = rho
+
+
+@torch.no_grad()
+def fit_logit_scale(model: DualEncoder, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, batch: int = 256) -> float:
+    """The logit scale (1-100) with the lowest symmetric InfoNCE of the served score on training
+    batches of ``batch`` pairs (one caption per image): what ``train --init`` starts from."""
+    from retrieval.compact import topm_embed
+
+    gen = torch.Generator().manual_seed(0)
+    first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(owner, minlength=x.shape[0]).cumsum(0)[:-1]])
+    perm = torch.randperm(x.shape[0], generator=gen)[: 16 * batch]
+    device = model.logit_scale_param.device
+    img = model.project_image(x[perm].to(device)).float().cpu()
+    txt = model.project_text(y[first[perm]].to(device)).float().cpu()
+    w = model.importance().float().cpu()
+    every = torch.arange(w.numel())
+    img, txt = topm_embed(img, w, every, w.numel()), topm_embed(txt, w, every, w.numel())
+    losses = []
+    for s in LOGIT_SCALES.tolist():
+        total = 0.0
+        for i in range(0, len(img), batch):
+            logits = s * img[i : i + batch] @ txt[i : i + batch].T  # (B, B)
+            target = torch.arange(len(logits))
+            total += float(torch.nn.functional.cross_entropy(logits, target) + torch.nn.functional.cross_entropy(logits.T, target))
+        losses.append(total)
+    return float(LOGIT_SCALES[int(torch.tensor(losses).argmin())])
+
+
+def eq6_value(zx: torch.Tensor, zy: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """Eq. 6 on paired features: ``-2 E[zx^T S zy] + E_x E_y[(zx^T S zy')^2]`` over all pairs (i, j).
+
+    The second expectation is over independent draws; for finite samples it is
+    ``tr(S Cx S Cy)`` with the second moments ``Cx = E[zx zx^T]``, ``Cy = E[zy zy^T]``.
+    Shape: zx (N, D), zy (N, D), s (D,) -> scalar.
+    """
+    pos = (zx * s * zy).sum(1).mean()
+    cx, cy = zx.T @ zx / len(zx), zy.T @ zy / len(zy)  # (D, D)
+    neg = torch.trace(torch.diag(s) @ cx @ torch.diag(s) @ cy)
+    return -2.0 * pos + neg
+
+
+# ---------------------------------------------------------------------------- the run folder
+
+
+def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
+    run = Path(cfg.out)
+    run.mkdir(parents=True, exist_ok=True)
+    for name in (ckpt.METRICS, ckpt.SKIPPED):  # an --overwrite: nothing of the old run stays
+        (run / name).unlink(missing_ok=True)
+    for name in (ckpt.BEST, ckpt.CHECKPOINT, "tensorboard"):
+        import shutil
+
+        shutil.rmtree(run / name, ignore_errors=True)
+    train_cfg = TrainConfig(
+        train_data=_abs(cfg.train_data),
+        out=str(run),
+        val_data=_abs(cfg.val_data),
+        model=cfg.model,
+        embed_dim=model.embed_dim,
+        head="affine",
+        text_max_length=cfg.text_max_length,
+        importance="softplus",
+        importance_spread=1.0,
+        loss="cca",
+        loss_options={},
+        epochs=1,
+        lock_image=True,
+        lock_text=True,
+        device=str(model.logit_scale_param.device),
+        data=cfg.data,
+    )
+    sources = {"train": {"path": _abs(cfg.train_data), "fingerprint": train_pairs.fingerprint, "records": len(train_pairs.records)}}
+    if val_pairs is not None:
+        sources["val"] = {"path": _abs(cfg.val_data), "fingerprint": val_pairs.fingerprint, "records": len(val_pairs.records)}
+    solver = {
+        "method": "regularised CCA (torch.linalg, float64)",
+        "ridge": solution.ridge,
+        "ridge_grid_t2i_r10": grid,
+        "weighting": cfg.weighting,
+        "canonical_correlations": [round(float(v), 6) for v in solution.rho],
+        "pairs": pairs,
+        "seconds": round(seconds, 3),
+    }
+    config = {"model": model_cfg.to_dict(), "loss": "cca", "loss_options": {}, "train": asdict(train_cfg), "sources": sources, "solver": solver}
+    ckpt.save_weights(model, run / ckpt.MODEL)
+    if result is not None:
+        record = {"epoch": 0, "step": 0, "ridge": solution.ridge, **{k: v for k, v in result.items() if k != "skipped"}}
+        ckpt.append_metrics(run, record)
+    skipped = {"train": dict(train_pairs.skipped)}
+    if val_pairs is not None:
+        skipped["val"] = dict(val_pairs.skipped)
+    write_json_atomic(run / ckpt.SKIPPED, skipped)
+    ckpt.write_config(run, config)  # last: a folder with config.json is a whole run
+
+
+def _claim(out: str, overwrite: bool) -> None:
+    """``--out`` may be written: new, empty, or a run to replace with ``--overwrite``."""
+    try:
+        from retrieval.io import claim_output_dir
+    except ImportError:  # before retrieval.io has it: the same rule, in short
+        root = Path(out)
+        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not overwrite)):
+            raise UserError(f"--out {out} is not empty; give --overwrite to replace the run there, or another --out") from None
+        return
+    claim_output_dir(out, "run", overwrite=overwrite)
+
+
+def _abs(path: str | None) -> str | None:
+    import os
+
+    return path if path is None or path.startswith("hf:") else os.path.abspath(path)
+
+
+def _validate(cfg: SolveConfig) -> None:
+    if cfg.ridge != "auto":
+        try:
+            r = float(cfg.ridge)
+        except ValueError:
+            raise UserError(f"--ridge must be auto or a number >= 0, got {cfg.ridge!r}") from None
+        if not (math.isfinite(r) and r >= 0):
+            raise UserError(f"--ridge must be auto or a number >= 0, got {cfg.ridge!r}")
+    if cfg.embed_dim is not None and cfg.embed_dim < 1:
+        raise UserError(f"--embed-dim must be >= 1, got {cfg.embed_dim}")
+    if not math.isfinite(cfg.weighting):
+        raise UserError(f"--weighting must be a finite number, got {cfg.weighting}")
+    for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
+        if path and not path.startswith("hf:") and not Path(path).exists():
+            raise UserError(f"{option}: no such data source: {path}")
+
+
+def _summary(cfg: SolveConfig, solution: CCA, grid: dict, result: dict | None, seconds: float) -> str:
+    rho = solution.rho
+    text = (
+        f"Solved {cfg.model} (locked towers, affine heads, D={len(rho)}) by regularised CCA in {seconds:.1f} s"
+        f" (ridge {solution.ridge:g} x mean variance); the run is in {cfg.out}."
+        f" Canonical correlations (the importance): {float(rho[0]):.3f} ... {float(rho[-1]):.3f}."
+    )
+    if result is not None:
+        text += f" Validation t2i_r10 {result['t2i_r10']:.4f}"
+        text += f" (ridge grid: {', '.join(f'{k}: {v:.4f}' for k, v in grid.items())})." if len(grid) > 1 else "."
+    return text
+
