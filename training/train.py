@@ -96,6 +96,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     trains_importance = getattr(loss_fn, "needs_importance", False)
     if saved is None:  # a resumed run keeps what its config.json recorded
         cfg = _importance_defaults(cfg, _explicit(cfg) if given is None else set(given))
+        if cfg.init:
+            cfg = _init_defaults(cfg, _explicit(cfg) if given is None else set(given))
     cfg = replace(
         cfg,
         lr=cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4),
@@ -112,6 +114,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         text_max_length=cfg.text_max_length,
     )
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
+    if cfg.init and saved is None:  # a resumed run restores its checkpoint instead
+        _load_init(model, cfg.init)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
     partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
@@ -454,8 +458,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise UserError(f"--fixed-logit-scale must be in [1, 100] (the trainer's clamp), got {cfg.fixed_logit_scale}")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.head not in (None, "linear", "mlp"):
-        raise UserError(f"--head must be linear or mlp, got {cfg.head!r}")
+    if cfg.head not in (None, "linear", "affine", "mlp"):
+        raise UserError(f"--head must be linear, affine or mlp, got {cfg.head!r}")
     if cfg.device is not None:
         try:
             kind = torch.device(cfg.device).type
@@ -489,6 +493,38 @@ def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
         importance=cfg.importance if "importance" in given else form,
         importance_spread=cfg.importance_spread if "importance_spread" in given else spread,
     )
+
+
+def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
+    """``--init RUN``: its preset must be ``--model``; D, head kind, importance form and caption length
+    come from it (D and head must agree when given: an MLP cannot start equal to an affine head)."""
+    model = ckpt.read_config(cfg.init)["model"]
+    head, dim = model.get("head", "linear"), model.get("embed_dim")
+    if model.get("preset") != cfg.model:
+        raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
+    if cfg.head is not None and cfg.head != head:
+        raise UserError(
+            f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (only the same head kind:"
+            " an MLP's last layer has no bias, so it cannot start equal to an affine head); leave --head out"
+        )
+    if cfg.embed_dim is not None and cfg.embed_dim != dim:
+        raise UserError(f"--init {cfg.init} has D={dim}, not --embed-dim {cfg.embed_dim}; leave --embed-dim out")
+    taken = {k: getattr(cfg, k) if k in given else model.get(k, getattr(cfg, k)) for k in ("importance", "text_max_length")}
+    return replace(cfg, head=head, embed_dim=dim, **taken)
+
+
+def _load_init(model: DualEncoder, init: str) -> None:
+    """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
+    from safetensors.torch import load_file
+
+    from retrieval.run import weights_path
+
+    path = weights_path(init, "best")
+    try:
+        model.load_state_dict(load_file(str(path)))
+    except Exception as err:  # safetensors / load_state_dict raise many types for foreign files
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise UserError(f"--init: cannot load {path} into this model: {first}") from None
 
 
 def _loss_options(loss: str, options: dict) -> dict:
