@@ -67,7 +67,7 @@ def _data_config(ns: argparse.Namespace):
 def cmd_data_prepare(ns: argparse.Namespace) -> int:
     from retrieval.data.builtin import prepare
 
-    summary = prepare(ns.name, ns.out, num=ns.num, seed=ns.seed)
+    summary = prepare(ns.name, ns.out, num=ns.num, seed=ns.seed, overwrite=ns.overwrite)
     _print_json(summary)
     return 0
 
@@ -185,6 +185,7 @@ def cmd_embed(ns: argparse.Namespace) -> int:
         workers=ns.workers,
         device=ns.device,
         data_config=_data_config(ns),
+        overwrite=ns.overwrite,
     )
     summary = embed_to_shards(cfg)
     if summary["rank"] == 0:  # under torchrun: one summary, from rank 0
@@ -205,6 +206,14 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     summary = build_index(to_config(IndexBuildConfig, ns))
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
         _print_json(summary)
+    return 0
+
+
+def cmd_index_rollback(ns: argparse.Namespace) -> int:
+    from index.store import rollback
+
+    removed, live = rollback(ns.index)
+    print(f"{ns.index}: {live} is live again ({removed} removed)")
     return 0
 
 
@@ -322,6 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
     p.set_defaults(func=cmd_data_prepare)
     p = dsub.add_parser("inspect", help="count usable and skipped records of a data source")
     p.add_argument("path")
@@ -355,6 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 64 on the CPU")
     p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
     p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
+    p.add_argument("--overwrite", action="store_true", help="start --out over when it holds other embeddings")
     _data_args(p)
     p.set_defaults(func=cmd_embed)
 
@@ -367,6 +378,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _index_build_options(p)
     p.set_defaults(func=cmd_index_build)
+    p = isub.add_parser("rollback", help="go back to the version an index build --overwrite replaced")
+    p.add_argument("--index", required=True)
+    p.set_defaults(func=cmd_index_rollback)
 
     p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")
     p.add_argument("--index", required=True)

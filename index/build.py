@@ -42,7 +42,6 @@ from index.store import (
     IndexContents,
     current_version,
     image_index_name,
-    is_empty_dir,
     is_index_dir,
     load_contents,
     write_version,
@@ -53,6 +52,7 @@ from retrieval.compact import ORDERINGS, CompactTransform, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
+from retrieval.io import claim_output_dir
 from index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
 from retrieval.run import METRICS, best_info, load_run, run_fingerprint
 
@@ -101,7 +101,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         fresh = _fresh(cfg, dims, vectors, text_vectors, records)  # FAISS training happens before the lock
         with writer_lock(cfg.out, cfg.lock_timeout):
             fresh.manifest = _manifest(cfg, fresh, run_config, fingerprint, transform, model, pairs, len(records), skipped, None)
-            write_version(cfg.out, fresh)
+            write_version(cfg.out, fresh, keep_previous=True)  # an --overwrite keeps one rollback
         return _summary(cfg, fresh.manifest, len(records), already, skipped, started)
     with writer_lock(cfg.out, cfg.lock_timeout):
         live = load_contents(cfg.out)  # the version that is live now: another writer may have added to it
@@ -131,12 +131,17 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
         raise UserError("--factory must be a FAISS factory string or auto")
     if cfg.lock_timeout < 0:
         raise UserError(f"--lock-timeout must be >= 0, got {cfg.lock_timeout}")
-    out = Path(cfg.out)
-    if cfg.add and not is_index_dir(out):
-        raise UserError(f"--add needs an existing index at {out}")
-    if out.is_file() or (out.is_dir() and not is_index_dir(out) and not is_empty_dir(out)):
-        raise UserError(f"{out} exists and is not a triclip index; refusing to overwrite it")
+    claim_index_dir(cfg.out, cfg.add, getattr(cfg, "overwrite", False))
     return dims
+
+
+def claim_index_dir(out: str, add: bool, overwrite: bool) -> None:
+    """The ``--out`` rule of ``retrieval.io.claim_output_dir`` for an index; ``--add`` needs one to extend."""
+    if add and overwrite:
+        raise UserError("--add extends the index and --overwrite replaces it: give one of them")
+    if add and not is_index_dir(out):
+        raise UserError(f"--add needs an existing index at {out}")
+    claim_output_dir(out, "index", overwrite=overwrite, reuse=add)
 
 
 def _check_new_index(cfg: IndexBuildConfig, dims: list[int] | None, dim: int, n: int) -> None:

@@ -22,6 +22,7 @@ class IndexBuildConfig:
     dims: list[int] | None = None  # m's indexed besides D, which always is, e.g. 16,32,64 (None: D only; with --add: the index's)
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
     add: bool = False  # append to the existing index at --out instead of building a new one
+    overwrite: bool = False  # replace the index at --out (its previous version is kept: triclip index rollback --index OUT)
     weights: Literal["best", "last"] = "best"  # the run's best epoch by validation t2i_r10 (last when none is kept), or its last
     batch_size: int = 64  # images per embedding batch
     device: str | None = None  # torch device (None: cuda when available, else cpu)

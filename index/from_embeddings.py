@@ -66,13 +66,12 @@ from index.store import (
     TEXT_VECTORS,
     VECTORS,
     IndexContents,
-    is_empty_dir,
-    is_index_dir,
     ivfdata_name,
     write_version,
     writer_lock,
 )
 from retrieval.errors import UserError
+from retrieval.io import claim_output_dir
 from retrieval.shards import IMAGE, TEXT, barrier, check_complete, init_distributed, load_shard, shard_name
 
 TUNE_K = 10  # recall@k that nprobe is tuned for
@@ -95,6 +94,7 @@ class EmbeddingsIndexConfig:
     seed: int = 0  # seed of the training sample, k-means and the tuning queries
     lock_timeout: float = 600.0  # seconds to wait for another writer of the folder
     on_disk: str = "auto"  # IVF lists on disk: auto (when they exceed memory_budget), always, never
+    overwrite: bool = False  # replace an index already at out (its previous version is kept for one rollback)
 
 
 def from_build_config(cfg) -> EmbeddingsIndexConfig:
@@ -114,6 +114,7 @@ def from_build_config(cfg) -> EmbeddingsIndexConfig:
         seed=getattr(cfg, "seed", 0),
         lock_timeout=getattr(cfg, "lock_timeout", 600.0),
         on_disk=getattr(cfg, "on_disk", "auto"),
+        overwrite=getattr(cfg, "overwrite", False),
     )
 
 
@@ -162,7 +163,7 @@ def build_from_embeddings(cfg: EmbeddingsIndexConfig) -> dict:
         contents = _contents(cfg, emb_manifest, image, text, image_indexes, text_indexes, work)
         contents.manifest = _manifest(cfg, emb_manifest, contents, factories, text_factories, tuning, budget)
         with writer_lock(cfg.out, cfg.lock_timeout):
-            write_version(cfg.out, contents)
+            write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
         return _summary(cfg, contents.manifest, started, rank, world)
     finally:
         if rank == 0:
@@ -551,9 +552,7 @@ def _validate(cfg: EmbeddingsIndexConfig, dim: int) -> list[int]:
     if cfg.factory != "auto":
         for m in dims:
             _new(m, cfg.factory)
-    out = Path(cfg.out)
-    if out.is_file() or (out.is_dir() and not is_index_dir(out) and not is_empty_dir(out)):
-        raise UserError(f"{out} exists and is not a triclip index; refusing to overwrite it")
+    claim_output_dir(cfg.out, "index", overwrite=cfg.overwrite)
     return dims
 
 

@@ -18,14 +18,15 @@ version cannot be extended in place (``--add``): it is rebuilt from the embeddin
 
 A writer (:func:`writer_lock`) stages a complete version in ``INDEX/.tmp-*``, renames it
 to the next ``vNNNNNN``, then points ``CURRENT`` at it (temporary file + ``os.replace``)
-and removes the other versions. A reader reads ``CURRENT`` once and loads that folder,
+and removes the other versions; a replacing build (``--overwrite``) keeps the version it
+replaced, so :func:`rollback` (``triclip index rollback INDEX``) can point back at it. A reader reads ``CURRENT`` once and loads that folder,
 so it sees one consistent version; if a writer removed it meanwhile, it reads again.
 
 Recovery after a crash, at the next read or write: staging folders are removed (by
 whoever gets the lock); a ``CURRENT`` that is missing or names a missing or incomplete
 folder falls back to the newest complete version (one with a manifest); a complete
 version that ``CURRENT`` never pointed to (a crash between the rename and the pointer)
-is dropped. The first layout (format 1: ``manifest.json`` at the top, one m) is refused
+is dropped; of the older versions only the newest (the rollback) is kept. The first layout (format 1: ``manifest.json`` at the top, one m) is refused
 with a "rebuild" message.
 """
 
@@ -199,9 +200,38 @@ def recover(root: Path) -> None:
         return  # nothing complete yet (or the old format)
     if _read_pointer(root) != live:
         _point_at(root, live)
+    keep = {live, previous_version(root, live)}
     for name in _versions(root):
-        if name != live:
+        if name not in keep:
             shutil.rmtree(root / name, ignore_errors=True)
+
+
+def previous_version(root: str | os.PathLike, live: str) -> str | None:
+    """The newest complete version older than ``live`` (what :func:`rollback` returns to), or None."""
+    older = [n for n in _versions(Path(root)) if int(n[1:]) < int(live[1:]) and _complete(Path(root), n)]
+    return older[-1] if older else None
+
+
+def rollback(root: str | os.PathLike, timeout: float = 600.0) -> tuple[str, str]:
+    """Point ``CURRENT`` back at the version a replacing build kept; the replacing one is removed.
+
+    Returns:
+        ``(removed, live)``: the version dropped and the one now live.
+
+    Raises:
+        UserError: no index, or no earlier version kept.
+    """
+    root = Path(root)
+    if not root.is_dir() or not is_index_dir(root):
+        raise UserError(f"{root} is not a triclip index")
+    with writer_lock(root, timeout):
+        live = current_version(root)
+        previous = previous_version(root, live)
+        if previous is None:
+            raise UserError(f"{root} keeps no earlier version to roll back to (only a build with --overwrite keeps one)")
+        _point_at(root, previous)
+        shutil.rmtree(root / live, ignore_errors=True)
+    return live, previous
 
 
 def _try_recover(root: Path) -> None:
@@ -242,8 +272,10 @@ def _umask() -> int:
 # ---------------------------------------------------------------------------- writing
 
 
-def write_version(root: str | os.PathLike, contents: IndexContents) -> str:
+def write_version(root: str | os.PathLike, contents: IndexContents, keep_previous: bool = False) -> str:
     """Stage every file, rename to the next version, point CURRENT at it; hold :func:`writer_lock`.
+
+    ``keep_previous``: keep the version being replaced for one :func:`rollback` (older ones go).
 
     Returns:
         The new version's folder name.
@@ -260,8 +292,9 @@ def write_version(root: str | os.PathLike, contents: IndexContents) -> str:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _point_at(root, name)
+    keep = {name, pointer if keep_previous and pointer and _complete(root, pointer) else None}
     for old in _versions(root):
-        if old != name:
+        if old not in keep:
             shutil.rmtree(root / old, ignore_errors=True)
     for old in OLD_FILES:  # a fresh build over a format-1 folder replaces it
         (root / old).unlink(missing_ok=True)

@@ -6,6 +6,11 @@ mode a plain ``open`` / ``mkdir`` would have (0666 / 0777 less the umask) before
 they are renamed into place, so runs and indexes are as readable as any other
 file the user writes. Use :func:`temp_dir` instead of ``tempfile.mkdtemp`` for
 folders that will be renamed into place.
+
+:func:`claim_output_dir` is the one rule for every command's ``--out``: a folder
+that is not empty and not the command's own kind (:func:`folder_kind`) is refused,
+its own kind needs ``--overwrite`` (or the command's resume: ``--resume``, ``--add``,
+an ``embed`` re-run), and the place must be writable, all before any work is done.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import stat
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -113,3 +120,132 @@ def _rmtree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------------------- output folders
+
+KINDS = ("run", "index", "data", "embeddings")  # what triclip commands write (train, index build, data prepare, embed)
+_WHAT = {"run": "a training run", "index": "an index", "data": "a data set", "embeddings": "embedding shards"}
+_VERSION = re.compile(r"^v\d{6,}$")  # index/store.py's version folders
+_LEFTOVER = re.compile(r"^\.(lock$|tmp-|.*\.tmp(-|$)|.*\.old$|.*\.tmp\.)")  # what a killed writer leaves
+
+
+def folder_kind(path: str | os.PathLike) -> str | None:
+    """Which triclip command wrote the folder ``path`` (one of :data:`KINDS`), or None.
+
+    Recognised by what each writes: ``embed`` a manifest of format ``triclip-embeddings/*``;
+    ``index build`` a ``CURRENT`` pointer or ``vNNNNNN/manifest.json`` (format 1: ``index.faiss``
+    beside a manifest); ``train`` a ``config.json`` whose ``model`` section names a preset;
+    ``data prepare`` ``train.jsonl`` / ``val.jsonl``.
+    """
+    root = Path(path)
+    manifest = _json_or_none(root / "manifest.json")
+    if isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("triclip-embeddings/"):
+        return "embeddings"
+    if (root / "CURRENT").is_file() or (manifest is not None and (root / "index.faiss").is_file()):
+        return "index"
+    with contextlib.suppress(OSError):
+        if any(_VERSION.match(p.name) and (p / "manifest.json").is_file() for p in root.iterdir()):
+            return "index"
+    config = _json_or_none(root / "config.json")
+    if isinstance(config, dict) and isinstance(config.get("model"), dict) and "preset" in config["model"]:
+        return "run"
+    if (root / "train.jsonl").is_file() or (root / "val.jsonl").is_file():
+        return "data"
+    return None
+
+
+def _json_or_none(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+
+
+def is_empty_output(path: str | os.PathLike) -> bool:
+    """True when the folder holds nothing, or only what killed triclip writers leave (temp files, a lock)."""
+    return all(_LEFTOVER.match(p.name) for p in Path(path).iterdir())
+
+
+def claim_output_dir(
+    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out"
+) -> str | None:
+    """Check, before any work, that the command writing ``kind`` may write into ``path``.
+
+    Rules: ``path`` is a folder or can be made (no file, device or FIFO there or on the way)
+    in a place this process can write (a real write is tried: ``access`` says yes to root
+    on read-only mounts); an existing folder that is not empty must hold ``kind`` already
+    (anything else, the user's own files included, is refused), and replacing it needs
+    ``overwrite``, or ``reuse`` for commands that continue their own output (``train
+    --resume``, ``index build --add``, an ``embed`` re-run). Nothing is written or removed.
+
+    Args:
+        path: the output folder.
+        kind: one of :data:`KINDS`.
+        overwrite: the user passed ``--overwrite``.
+        reuse: the command continues what is there (its own kind only).
+        option: the option's name in messages.
+
+    Returns:
+        The kind found in ``path`` (``kind``), or None for a new or empty folder.
+
+    Raises:
+        UserError: one line saying what is there and what to do.
+    """
+    if kind not in KINDS:
+        raise ValueError(f"unknown output kind {kind!r}")
+    root = Path(path)
+    try:
+        st = os.stat(root)
+    except FileNotFoundError:
+        st = None
+    except OSError as err:
+        raise UserError(f"{option} {root}: {err.strerror or err}") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        what = "a file" if stat.S_ISREG(st.st_mode) else "not a folder (a device, FIFO or socket)"
+        raise UserError(f"{option} {root} is {what}; give a folder")
+    check_writable(root if st is not None else _existing_parent(root, option), option, root)
+    if st is None:
+        return None
+    try:
+        empty = is_empty_output(root)
+    except OSError as err:
+        raise UserError(f"{option} {root}: cannot list it ({err.strerror or err})") from None
+    if empty:
+        return None
+    found = folder_kind(root)
+    if found != kind:
+        holds = f"it holds {_WHAT[found]}" if found else "it holds files triclip did not write"
+        raise UserError(
+            f"{option} {root} is not empty and not a triclip {kind} folder ({holds}); refusing to overwrite it"
+            f" (choose another {option})"
+        )
+    if not (overwrite or reuse):
+        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {_HINT[kind]}")
+    return found
+
+
+_HINT = {
+    "run": "pass --resume to continue it, or --overwrite to replace it",
+    "index": "pass --add to extend it, or --overwrite to replace it (the replaced version is kept for one"
+    " `triclip index rollback`)",
+    "data": "pass --overwrite to replace it (runs and indexes built on it would no longer match it)",
+    "embeddings": "pass --overwrite to start it over",
+}
+
+
+def _existing_parent(root: Path, option: str) -> Path:
+    parent = root.absolute().parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise UserError(f"{option} {root}: {parent} is not a folder")
+    return parent
+
+
+def check_writable(folder: str | os.PathLike, option: str = "--out", shown: str | os.PathLike | None = None) -> None:
+    """UserError unless a file can be created in ``folder`` (tried for real, then removed)."""
+    try:
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise UserError(f"{option} {shown or folder}: cannot write in {folder} ({err.strerror or err})") from None

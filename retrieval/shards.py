@@ -30,7 +30,6 @@ import json
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ import numpy as np
 from retrieval.progress import progress
 
 from retrieval.errors import UserError
-from retrieval.io import read_json, write_json_atomic
+from retrieval.io import claim_output_dir, read_json, temp_dir, write_json_atomic
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -67,6 +66,7 @@ class EmbedConfig:
     device: str | None = None  # torch device (None: this rank's GPU when present, else the CPU)
     data_config: DataConfig | None = None  # how to read data (None: the format's defaults)
     anchor_rows: int = 64  # the sign fix's anchors: the first images of the source
+    overwrite: bool = False  # start out over (otherwise a re-run resumes it, and other embeddings there are refused)
 
 
 def shard_name(index: int) -> str:
@@ -206,9 +206,7 @@ def _validate(cfg: EmbedConfig) -> None:
         raise UserError(f"--workers must be >= 0, got {cfg.workers}")
     if cfg.anchor_rows < 1:
         raise UserError(f"anchor_rows must be >= 1, got {cfg.anchor_rows}")
-    out = Path(cfg.out)
-    if out.is_file() or (out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file()):
-        raise UserError(f"{out} exists and is not a triclip embeddings folder; refusing to write into it")
+    claim_output_dir(cfg.out, "embeddings", overwrite=cfg.overwrite, reuse=True)  # a re-run resumes its own
 
 
 def init_distributed() -> tuple[int, int, bool]:
@@ -278,6 +276,10 @@ def _prepare_folder(cfg, out: Path, model, run_config, fingerprint, pairs: PairS
 
     for leftover in out.glob(".shard-*.tmp-*"):  # a killed run's half-written shards
         shutil.rmtree(leftover, ignore_errors=True)
+    if cfg.overwrite and (out / MANIFEST).is_file():  # claim_output_dir made sure it holds embeddings
+        (out / MANIFEST).unlink()
+        for old_shard in out.glob("shard-*"):
+            shutil.rmtree(old_shard)
     if (out / MANIFEST).is_file():
         old = read_manifest(out)
         mine = {"fingerprint": fingerprint, "data_fingerprint": pairs.fingerprint, "shard_size": cfg.shard_size,
@@ -285,7 +287,8 @@ def _prepare_folder(cfg, out: Path, model, run_config, fingerprint, pairs: PairS
         for key, value in mine.items():
             if old.get(key) != value:
                 raise UserError(
-                    f"{out} holds embeddings with {key}={old.get(key)!r}, not {value!r}; use a new --out to start over"
+                    f"{out} holds embeddings with {key}={old.get(key)!r}, not {value!r}; use a new --out, or"
+                    " --overwrite to start over"
                 )
         return
     anchors = PairSet(pairs.records[: cfg.anchor_rows], Counter(), pairs.source, pairs.max_pixels)
@@ -339,7 +342,7 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
     records = [part.records[i] for i in keep.tolist()]
     caption_no = [c for r in records for c in range(len(r.captions))]
     text_rows = np.stack([text_to_image.long().numpy(), np.array(caption_no, dtype=np.int64)], 1).reshape(-1, 2)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{shard_name(s)}.tmp-", dir=out))
+    tmp = temp_dir(out, prefix=f".{shard_name(s)}.tmp-")  # the umask's mode, not mkdtemp's 0700
     try:
         np.save(tmp / IMAGE, transform(image).numpy().astype(cfg.dtype))  # (n, D)
         if cfg.text:

@@ -39,6 +39,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warmup steps (None: 5% of all steps)
     grad_clip: float = 1.0  # max global grad norm (0: off)
     resume: bool = False  # continue the run in --out with the settings of its config.json
+    overwrite: bool = False  # replace the run already in --out (any other non-empty folder is refused)
     init: str | None = None  # start from this run's weights (e.g. triclip solve's): same preset, D and head kind
     lock_image: bool = False  # freeze the image tower, cache its outputs
     lock_text: bool = False  # freeze the text tower, cache its outputs

@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import tempfile
 import time
 from collections import Counter, deque
 from dataclasses import asdict, fields, replace
@@ -39,7 +38,7 @@ from retrieval.progress import progress
 from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError
-from retrieval.io import write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
@@ -61,7 +60,7 @@ DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_ord
 DEFAULT_IMPORTANCE = {"tricl_spectral": ("softplus", 1.0)}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
-RUNTIME = ("out", "resume", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
+RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -76,8 +75,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     """
     rank, world = _init_distributed()
     run = Path(cfg.out)
-    _check_out(run)
-    saved = _saved_run(run, cfg.resume)
+    _check_out(run, cfg.resume, cfg.overwrite)
+    saved = _saved_run(run, cfg.resume, cfg.overwrite)
     if saved is not None:
         cfg = _resumed_config(run, saved, cfg, _explicit(cfg) if given is None else set(given))
     _validate(cfg)
@@ -544,28 +543,26 @@ def _abs(path: str | None) -> str | None:
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _check_out(run: Path) -> None:
-    """``--out`` must be a folder, or a place where one can be made."""
-    if run.exists() and not run.is_dir():
-        raise UserError(f"--out {run} is a file, not a run folder")
-    parent = run
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"--out {run}: {parent} is a file, not a folder")
-    try:  # a real write: access() says yes to root on read-only places (/proc, a read-only mount)
-        tempfile.TemporaryFile(dir=parent).close()
-    except OSError as err:
-        raise UserError(f"--out {run}: cannot write in {parent} ({err.strerror or err})") from None
+def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
+    """``--out`` must be a writable folder that is new, empty or a run (``retrieval.io.claim_output_dir``).
+
+    A run killed before it trained anything (no weights, metrics or checkpoint) is taken as it is.
+    """
+    if resume and overwrite:
+        raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
+    trained = any((run / name).exists() for name in (ckpt.MODEL, ckpt.METRICS, ckpt.BEST)) or (
+        run.is_dir() and ckpt.has_checkpoint(run)
+    )
+    claim_output_dir(run, "run", overwrite=overwrite, reuse=resume or not trained)
 
 
-def _saved_run(run: Path, resume: bool) -> dict | None:
+def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:
     """The config.json to resume from (None: a new run). Refuses to overwrite a run with a checkpoint."""
     has_config = (run / ckpt.CONFIG).exists()
     if resume and not has_config:
         raise UserError(f"--resume: {run} is not a run (no {ckpt.CONFIG})")
     if not resume:
-        if has_config and ckpt.has_checkpoint(run):
+        if has_config and ckpt.has_checkpoint(run) and not overwrite:
             raise UserError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
         return None  # new, or killed before its first checkpoint: nothing trained to lose
     return ckpt.read_config(run)
@@ -636,7 +633,8 @@ def _start_over(run: Path) -> None:
     run.mkdir(parents=True, exist_ok=True)
     for name in (ckpt.MODEL, ckpt.METRICS, ckpt.SKIPPED):
         (run / name).unlink(missing_ok=True)
-    for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
+    for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", ckpt.CHECKPOINT, f".{ckpt.CHECKPOINT}.old",
+                 f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
         shutil.rmtree(run / name, ignore_errors=True)
 
 

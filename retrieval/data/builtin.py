@@ -15,6 +15,7 @@ from typing import Callable
 from retrieval.data import fashion_mnist, openclipart, shapes
 from retrieval.data.manifest import Built, write_manifest
 from retrieval.errors import UserError
+from retrieval.io import claim_output_dir
 
 Builder = Callable[[str, "int | None", int], Built]
 
@@ -25,7 +26,7 @@ BUILTINS: dict[str, Builder] = {
 }
 
 
-def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int = 0) -> dict:
+def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int = 0, overwrite: bool = False) -> dict:
     """Build dataset ``name`` into ``out``; return ``{"dataset", "out", "train", "val", "skipped", ...}``.
 
     Args:
@@ -33,6 +34,7 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
         out: output folder (created); holds ``train.jsonl``, ``val.jsonl``, ``images/``.
         num: ``shapes``: number of images (default 2000); others: a cap on the total.
         seed: ``shapes``: the scenes; ``fashion-mnist``: the caption templates.
+        overwrite: replace a data set already in ``out`` (any other non-empty folder is refused).
 
     Raises:
         UserError: unknown name, bad ``num``, unusable ``out``, missing Debian package.
@@ -42,8 +44,7 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
     if num is not None and num <= 0:
         raise UserError(f"--num must be positive, got {num}")
     out = os.fspath(out)
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise UserError(f"--out must be a folder, but {out} is a file")
+    claim_output_dir(out, "data", overwrite=overwrite)
     train, val = os.path.join(out, "train.jsonl"), os.path.join(out, "val.jsonl")
     try:
         os.makedirs(out, exist_ok=True)

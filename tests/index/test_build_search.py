@@ -192,11 +192,11 @@ def test_bad_settings_leave_existing_files_alone(tmp_path, run_dir, shapes_dir):
     _build(run_dir, data, out, dims=4, factory="Flat")
     before = (out / "v000001" / MANIFEST).read_text()
     with pytest.raises(UserError, match="factory"):
-        _build(run_dir, data, out, factory="Bogus99")
+        _build(run_dir, data, out, factory="Bogus99", overwrite=True)
     with pytest.raises(UserError, match="exceeds"):
-        _build(run_dir, data, out, dims=EMBED_DIM + 1)
+        _build(run_dir, data, out, dims=EMBED_DIM + 1, overwrite=True)
     with pytest.raises(UserError, match="--dims"):
-        _build(run_dir, data, out, dims=0)
+        _build(run_dir, data, out, dims=0, overwrite=True)
     assert (out / "CURRENT").read_text().strip() == "v000001" and (out / "v000001" / MANIFEST).read_text() == before
     with pytest.raises(UserError, match="-k"):
         Searcher.load(out).search_text(["x"], k=0)

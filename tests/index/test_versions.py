@@ -179,7 +179,7 @@ def test_old_format_is_refused_with_rebuild(tmp_path, run_dir, parts):
     (old / "index.faiss").write_bytes(b"x")
     with pytest.raises(UserError, match="older format.*rebuild"):
         Searcher.load(old)
-    build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[0]), out=str(old), dims=[8]))  # a fresh build replaces it
+    build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[0]), out=str(old), dims=[8], overwrite=True))  # --overwrite replaces it
     assert sorted(os.listdir(old)) == [".lock", "CURRENT", "v000001"] and len(Searcher.load(old)) == 40
 
 

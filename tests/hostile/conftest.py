@@ -1,0 +1,90 @@
+"""Fixtures of the hostile suite: tiny shapes data, an untrained tiny run, a tiny index, the CLI.
+
+Everything is small (tens of records, ``tiny`` at D = 32, no training unless a test is
+about training) so the suite stays fast; ``cli`` runs ``app.cli.main`` in this process and
+returns ``(status, stdout, stderr)``.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # FAISS on a busy CPU (see tests/index/conftest.py)
+
+import shutil  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from app.cli import main  # noqa: E402
+from retrieval.data.builtin import prepare  # noqa: E402
+from tests.index.conftest import make_run  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _isolated_cache(tmp_path, monkeypatch):
+    """Locked-tower caches go to a fresh folder per test."""
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def cli(capsys):
+    """``cli(*args) -> (status, stdout, stderr)`` of ``triclip ARGS`` run in this process."""
+
+    def run(*args) -> tuple[int, str, str]:
+        capsys.readouterr()
+        status = main([str(a) for a in args])
+        out, err = capsys.readouterr()
+        return status, out, err
+
+    return run
+
+
+def one_line_error(status: int, err: str) -> str:
+    """Assert the CLI's user-error shape (exit 2, one ``triclip: error:`` line, no traceback); return the line."""
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, err
+    assert "Traceback" not in err, err
+    errors = [line for line in lines if line.startswith("triclip: error:")]
+    assert len(errors) == 1, err
+    return errors[0]
+
+
+@pytest.fixture(scope="session")
+def shapes(tmp_path_factory) -> Path:
+    """A shapes data folder with ~40 records (train.jsonl, val.jsonl, images/)."""
+    out = tmp_path_factory.mktemp("hostile") / "shapes"
+    prepare("shapes", str(out), num=44, seed=0)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    """An untrained tiny run (seeded weights, random importance), D = 32."""
+    return make_run(tmp_path_factory.mktemp("hostile") / "run", seed=0)
+
+
+@pytest.fixture(scope="session")
+def built_index(tmp_path_factory, shapes, tiny_run) -> Path:
+    """A tiny index over the shapes train split; copy it before changing it (:func:`copy_tree`)."""
+    from index.build import IndexBuildConfig, build_index
+
+    out = tmp_path_factory.mktemp("hostile") / "index"
+    build_index(IndexBuildConfig(run=str(tiny_run), data=str(shapes / "train.jsonl"), out=str(out), dims=[8]))
+    return out
+
+
+def copy_tree(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def first_rows(manifest: Path, out: Path, n: int) -> Path:
+    """A manifest of the first ``n`` rows of ``manifest`` with absolute image paths."""
+    import json
+
+    rows = [json.loads(line) for line in manifest.read_text().splitlines() if line.strip()][:n]
+    for row in rows:
+        row["image"] = str((manifest.parent / row["image"]).resolve())
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
