@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Callable, Sequence
 
@@ -299,10 +300,21 @@ def cmd_search(ns: argparse.Namespace) -> int:
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
+    """Serve until stopped, then leave without the interpreter's teardown (``os._exit``): the app has
+    nothing left to write, and at teardown onnx's nanobind module prints ~30 "leaked" lines."""
     from app.gradio_app import serve
 
-    serve(ns.index, host=ns.host, port=ns.port, run=ns.run, device=ns.device)
-    return 0
+    code = 0
+    try:
+        serve(ns.index, host=ns.host, port=ns.port, run=ns.run, device=ns.device)
+    except UserError as err:
+        print(f"{PROG}: error: {err}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:

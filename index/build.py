@@ -23,12 +23,20 @@ app shows:
     recall ({str(m): t2i recall@10 or None}, from the run's last evaluation), recall_source,
     factories / text_factories ({str(m): factory}), factory_option, metric, count,
     text_count (None without a caption index), sources, skipped, created, updated
+
+Each image row of ``meta.jsonl`` records its file's identity (``"file"``: device, inode,
+size, mtime_ns; :func:`file_identity`), so the app serves only the files that were indexed.
+Each version also holds ``curves.json`` (:func:`_curves`): t2i recall@10 against m for the
+run's own ordering, first-m, random and PCA, on ``--val-data`` (else the indexed data);
+the manifest's ``recall`` per m is the index ordering's curve.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import stat
+import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -39,6 +47,7 @@ import torch
 from index import faiss_index as fi
 from index.store import (
     FORMAT,
+    TMP_PREFIX,
     IndexContents,
     current_version,
     image_index_name,
@@ -48,13 +57,16 @@ from index.store import (
     writer_lock,
 )
 from retrieval.cache import locked_tower_outputs
-from retrieval.compact import ORDERINGS, CompactTransform, make_transform
+from retrieval.compact import ORDERINGS, CompactTransform, compact_curve, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir
 from index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
 from retrieval.run import METRICS, best_info, load_run, run_fingerprint
+
+CURVES = "curves.json"  # in each version: recall@10 against m per ordering (written with the version)
+CURVE_MAX_IMAGES = 5000  # curves on the indexed data (no --val-data) use at most its first this many images
 
 
 def build_index(cfg: IndexBuildConfig) -> dict:
@@ -86,7 +98,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
 
     # one embedding path (retrieval.embed); a locked tower's outputs come from the cache training wrote
     cache = locked_tower_outputs(model, todo, device, workers=cfg.workers)
-    image_emb, text_emb, _, keep, bad = embed_pairs(model, todo, device, cfg.batch_size, cache, cfg.workers)  # (N, D)
+    image_emb, text_emb, text_to_image, keep, bad = embed_pairs(model, todo, device, cfg.batch_size, cache, cfg.workers)  # (N, D)
     records = [todo.records[i] for i in keep.tolist()]
     need_text = base.manifest["text_count"] is not None if base is not None else cfg.text_index
     transform = (
@@ -99,8 +111,10 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     skipped = pairs.skipped + bad
     if base is None:
         fresh = _fresh(cfg, dims, vectors, text_vectors, records)  # FAISS training happens before the lock
+        curves = _curves(cfg, model, device, fresh.dims, transform.ordering, (image_emb, text_emb, text_to_image, records))
         with writer_lock(cfg.out, cfg.lock_timeout):
             fresh.manifest = _manifest(cfg, fresh, run_config, fingerprint, transform, model, pairs, len(records), skipped, None)
+            _attach_curves(cfg.out, fresh, curves)
             write_version(cfg.out, fresh, keep_previous=True)  # an --overwrite keeps one rollback
         return _summary(cfg, fresh.manifest, len(records), already, skipped, started)
     with writer_lock(cfg.out, cfg.lock_timeout):
@@ -109,6 +123,10 @@ def build_index(cfg: IndexBuildConfig) -> dict:
             raise UserError(f"the index {cfg.out} was rebuilt by another process during this --add; run it again")
         added = _extend(live, vectors, text_vectors, records)
         live.manifest = _manifest(cfg, live, run_config, fingerprint, transform, model, pairs, added, skipped, live.manifest)
+        curves = read_curves(cfg.out, live.version)  # the same run and ordering: the curve carries over
+        if curves is None and cfg.val_data:
+            curves = _curves(cfg, model, device, live.dims, transform.ordering, None)
+        _attach_curves(cfg.out, live, curves)
         write_version(cfg.out, live)
     return _summary(cfg, live.manifest, added, already + len(records) - added, skipped, started)
 
@@ -220,7 +238,7 @@ def _meta_rows(records: list, existing: list[dict]) -> list[dict]:
             n += 1
             rid = f"{r.key}#{n}"
         taken.add(rid)
-        rows.append({"id": rid, "image": r.path, "captions": list(r.captions), "label": r.label})
+        rows.append({"id": rid, "image": r.path, "captions": list(r.captions), "label": r.label, "file": file_identity(r.path)})
     return rows
 
 
@@ -277,6 +295,91 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
         live.text_vectors = np.concatenate([live.text_vectors, picked])
         live.text_rows = np.concatenate([live.text_rows, _text_rows(meta, offset)])
     return len(rows)
+
+
+def file_identity(path: str) -> list[int] | None:
+    """``[device, inode, size, mtime_ns]`` of a regular file, not following a link; None for anything else.
+
+    Recorded per image row (meta ``"file"``) at build time; the app serves a row's file only
+    while an open of it without following links finds this same identity.
+    """
+    try:
+        st = os.lstat(path)
+    except (OSError, ValueError):
+        return None
+    return [st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns] if stat.S_ISREG(st.st_mode) else None
+
+
+# ---------------------------------------------------------------------------- the recall-against-m curves
+
+
+def curve_dims(dims: list[int], dim: int) -> list[int]:
+    """The m's of the stored curves: the index's m's and every power of two from 2 up to D."""
+    return sorted(set(dims) | {2**i for i in range(1, dim.bit_length()) if 2**i <= dim} | {dim})
+
+
+def _curves(cfg, model, device, dims: list[int], ordering: str, indexed) -> dict | None:
+    """t2i recall@10 (distinct texts) against m for the four orderings (``retrieval.compact.compact_curve``).
+
+    On ``cfg.val_data`` when given, else on ``indexed`` = (image (N, D), text (T, D), text_to_image,
+    records) just embedded, its first ``CURVE_MAX_IMAGES`` images. None when neither is usable.
+    """
+    started = time.perf_counter()
+    if cfg.val_data:
+        pairs = load_pairs(cfg.val_data, cfg.data_config or DataConfig())
+        cache = locked_tower_outputs(model, pairs, device, workers=cfg.workers)
+        image, text, owner, keep, _ = embed_pairs(model, pairs, device, cfg.batch_size, cache, cfg.workers)
+        records = [pairs.records[i] for i in keep.tolist()]
+        source, split = os.path.abspath(cfg.val_data), "validation"
+    elif indexed is not None:
+        image, text, owner, records = indexed
+        source, split = os.path.abspath(cfg.data) if os.path.exists(cfg.data) else cfg.data, "indexed"
+    else:
+        return None
+    n = min(len(records), CURVE_MAX_IMAGES)
+    rows = (owner < n).nonzero().squeeze(1)  # the captions of the first n images
+    texts = [c for r in records[:n] for c in r.captions]
+    if n < 2 or len(rows) != len(texts):
+        return None
+    w = model.importance().detach().float().cpu()  # (D,)
+    m_values = curve_dims(dims, int(image.shape[1]))
+    curve = compact_curve(image[:n], text[rows], owner[rows], w, m_values, seed=cfg.seed, texts=texts)
+    return {
+        "metric": "t2i_r10",  # text->image recall@10 over distinct caption texts (retrieval.metrics)
+        "split": split,  # validation: --val-data; indexed: the indexed data (no --val-data given)
+        "data": source,
+        "images": n,
+        "queries": len(set(texts)),
+        "ordering": ordering,  # the index's own ordering: its recall per m is curves[ordering]
+        "dims": m_values,
+        "curves": {name: {str(m): round(v, 4) for m, v in by_m.items()} for name, by_m in curve.items()},
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def read_curves(index_dir, version: str | None) -> dict | None:
+    """The curves file of a version of an index folder, or None (none recorded, or unreadable)."""
+    if not version:
+        return None
+    try:
+        data = json.loads((Path(index_dir) / version / CURVES).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return data if isinstance(data, dict) and isinstance(data.get("curves"), dict) else None
+
+
+def _attach_curves(out, contents: IndexContents, curves: dict | None) -> None:
+    """Put the curves file into the version being written (moved in by ``write_version``: atomic with it)
+    and take the manifest's recall per m from it. Call while holding the writer lock."""
+    if curves is None:
+        return
+    fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "curves-", dir=out)  # removed by recovery if the write dies
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(json.dumps(curves, indent=1) + "\n")
+    contents.files[CURVES] = Path(tmp)
+    own = curves["curves"].get(curves["ordering"], {})
+    contents.manifest["recall"] = {str(m): own.get(str(m)) for m in contents.dims}
+    contents.manifest["recall_source"] = f"{CURVES} ({curves['split']} data {curves['data']})"
 
 
 def run_recall(run: str, ordering: str, dims: list[int], weights: str = "best") -> dict[str, float | None]:

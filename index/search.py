@@ -31,7 +31,7 @@ import numbers
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import faiss
@@ -109,6 +109,21 @@ class Searcher:
         searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
         searcher._to_device(gpu)
         return searcher
+
+    def with_contents(self, contents: IndexContents, index_dir: str | os.PathLike = "") -> "Searcher":
+        """This model over another version of the same index, built with the same run (an ``--add``,
+        a rebuild): no model reload. Its transform is the version's own.
+
+        Raises:
+            UserError: the version was built with another run (use :meth:`load`), or its transform is damaged.
+        """
+        if contents.manifest.get("fingerprint") != self.manifest.get("fingerprint"):
+            raise UserError(f"index {index_dir} version {contents.version} was built with another run")
+        transform = _transform(contents.manifest, index_dir, self.dim)
+        other = replace(self, contents=contents, transform=transform, timings={}, _faiss_lock=None)
+        other._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
+        other._to_device(self._faiss_lock is not None)
+        return other
 
     def _to_device(self, gpu: bool | None) -> None:
         for table in (self.contents.image_indexes, self.contents.text_indexes):
