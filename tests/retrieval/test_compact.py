@@ -267,3 +267,40 @@ def test_suggest_m_on_synthetic_spectra():
     assert suggest_m(g, share=1.0) == 32
     with pytest.raises(ValueError):
         suggest_m(g, share=0.0)
+
+
+# ---------------------------------------------------------------------------- sign rules
+
+
+@pytest.mark.parametrize("rule", ["anchor", "majority", "skew"])
+def test_every_sign_rule_is_invariant_to_input_flips_and_keeps_scores(rule):
+    gen = torch.Generator().manual_seed(8)
+    img = torch.randn(50, D, generator=gen, dtype=torch.float64).exp() - 1.0  # skewed coordinates
+    txt = torch.randn(30, D, generator=gen, dtype=torch.float64)
+    signs = sign_flips(img, rule)
+    torch.testing.assert_close((img * signs) @ (txt * signs).T, img @ txt.T)
+    for pattern in range(1, 8):  # flip any subset of dimensions on input: the fixed features do not change
+        flips = torch.tensor([-1.0 if (d * pattern) % 3 == 0 else 1.0 for d in range(D)], dtype=torch.float64)
+        torch.testing.assert_close((img * flips) * sign_flips(img * flips, rule), img * signs)
+
+
+def test_skew_and_majority_rules_follow_their_statistics():
+    feats = torch.tensor([[0.1, -0.1], [-1.0, 1.0], [-1.0, 1.0], [-1.0, 1.0], [5.0, -5.0]])
+    # anchor: row 0; majority: most rows; skew: the long tail (the 5) goes positive
+    assert sign_flips(feats, "anchor").tolist() == [1.0, -1.0]
+    assert sign_flips(feats, "majority").tolist() == [-1.0, 1.0]
+    assert sign_flips(feats, "skew").tolist() == [1.0, -1.0]
+    with pytest.raises(ValueError, match="sign rule"):
+        sign_flips(feats, "median")
+
+
+def test_skew_rule_agrees_across_data_halves_where_the_anchor_rule_does_not():
+    # skewed coordinates with many values near zero: the first row of each half decides the
+    # anchor rule by chance, the third moment is a property of the distribution
+    gen = torch.Generator().manual_seed(9)
+    feats = torch.randn(4000, 64, generator=gen, dtype=torch.float64).exp() - 1.5  # skew > 0, mean ~ 0.15
+    a, b = feats[:2000], feats[2000:]
+    skew_agree = (sign_flips(a, "skew") == sign_flips(b, "skew")).double().mean()
+    anchor_agree = (sign_flips(a, "anchor") == sign_flips(b, "anchor")).double().mean()
+    assert skew_agree == 1.0
+    assert anchor_agree < 0.8
