@@ -64,6 +64,13 @@ VARIANTS: dict[str, dict] = {
     "debiased_0.1": dict(loss="debiased", loss_options={"tau_plus": 0.1}),
     "debiased_0.2": dict(loss="debiased", loss_options={"tau_plus": 0.2}),
     "hard_negative": dict(loss="hard_negative", loss_options={}),
+    # Eq. 6 (docs/results.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
+    "spectral": dict(loss="spectral", loss_options={}),
+    "tricl_spectral": dict(loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0),
+    "tricl_spectral_mean1": dict(loss="tricl_spectral", loss_options={}, importance="softplus_mean1", importance_spread=1.0),
+    "tricl_spectral_lr10": dict(
+        loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0, importance_lr_scale=10.0
+    ),
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -84,6 +91,15 @@ CURVE_ROWS = [
     ("contrastive", "pca", "contrastive, PCA m"),
     ("triplet", "pca", "triplet, PCA m"),
     ("sigmoid", "pca", "sigmoid, PCA m"),
+    ("spectral", "first", "spectral, first m"),
+    ("spectral", "random", "spectral, random m"),
+    ("spectral", "pca", "spectral, PCA m"),
+    ("tricl_spectral", "importance", "tricl_spectral, S order"),
+    ("tricl_spectral", "first", "tricl_spectral, first m"),
+    ("tricl_spectral", "random", "tricl_spectral, random m"),
+    ("tricl_spectral", "pca", "tricl_spectral, PCA m (S ignored)"),
+    ("tricl_spectral_mean1", "importance", "tricl_spectral, mean-1 S, S order"),
+    ("tricl_spectral_lr10", "importance", "tricl_spectral, theta lr x10, S order"),
 ]
 
 
@@ -104,6 +120,7 @@ class ResultsConfig:
     scales: list[float] = field(default_factory=lambda: [2.0, 5.0, 10.0, 20.0, 50.0, 100.0])  # ``scales``: fixed s
     per_epoch: bool = False  # ``scales`` / ``compact``: validate every epoch (runs in OUT/scales_val, OUT/epochs); evaluates RUN/best
     curve_metric: str = "t2i_r10"  # ``compact``: the metric against m: t2i_r10, t2i_r1 or class_map (image -> image)
+    eval_split: str = "val"  # evaluated on DIR/<split>.jsonl (test: a held-out split never used to pick anything)
 
 
 # ---------------------------------------------------------------------------- train and evaluate one run
@@ -170,7 +187,8 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metri
     from retrieval.metrics import align_uniform, class_map, retrieval_recall, zero_shot_accuracy
     from retrieval.run import load_run
 
-    saved = run / "result.json"
+    split = Path(val).stem
+    saved = run / ("result.json" if split == "val" else f"result.{split}.json")  # one evaluation per split
     if saved.exists():
         cached = json.loads(saved.read_text())
         if curve_metric == "t2i_r10" or curve_metric in cached.get("curves", {}):
@@ -257,12 +275,13 @@ def collect(cfg: ResultsConfig, variants: list[str]) -> dict[str, list[dict]]:
     evaluated with their best epoch's weights (``RUN/best``, picked on the same validation data).
     """
     zero_shot = _zero_shot_spec(cfg.data)
-    val = str(Path(cfg.data) / "val.jsonl")
+    val = str(Path(cfg.data) / f"{cfg.eval_split}.jsonl")
     results: dict[str, list[dict]] = {}
     for variant in variants:
         for seed in cfg.seeds:
             if cfg.per_epoch:
-                run = train_run(cfg, variant, seed, Path(cfg.out) / "epochs" / variant / f"seed{seed}", val_data=val)
+                picked_on = str(Path(cfg.data) / "val.jsonl")  # RUN/best is picked on val, whatever is evaluated
+                run = train_run(cfg, variant, seed, Path(cfg.out) / "epochs" / variant / f"seed{seed}", val_data=picked_on)
             else:
                 run = train_run(cfg, variant, seed)
             r = _with_best_epoch(evaluate_run(run, val, zero_shot, cfg.curve_metric), run)
@@ -401,7 +420,7 @@ def compact(cfg: ResultsConfig) -> None:
     if cfg.per_epoch:
         print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
                                            for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip
-    for variant in ("tricl", "tricl_flat", "tricl_nonest"):
+    for variant in ("tricl", "tricl_flat", "tricl_nonest", *(v for v in VARIANTS if v.startswith("tricl_spectral"))):
         if variant in results:
             overlap = " / ".join(
                 f"m={m}: {mean_sd([r['w_prefix_overlap'][str(m)] for r in results[variant]])}" for m in dims[:-1]
@@ -697,6 +716,7 @@ def main(argv=None) -> int:
                    help="scales, compact: validate every epoch; evaluate the best epoch (RUN/best)")
     p.add_argument("--curve-metric", default="t2i_r10", choices=["t2i_r10", "t2i_r1", "class_map"],
                    help="compact: the metric of the curve against m")  # fmt: skip
+    p.add_argument("--eval-split", default="val", help="evaluate on DIR/<split>.jsonl (e.g. test)")
     ns = p.parse_args(argv)
     start = time.perf_counter()
     if ns.experiment == "prepare-tuxpaint":
@@ -707,7 +727,7 @@ def main(argv=None) -> int:
         seeds=[int(s) for s in ns.seeds.split(",") if s.strip()], variants=ns.variants, model=ns.model,
         embed_dim=ns.embed_dim, steps=ns.steps, batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock,
         png=ns.png, title=ns.title, scales=[float(s) for s in ns.scales.split(",") if s.strip()],
-        per_epoch=ns.per_epoch, curve_metric=ns.curve_metric,
+        per_epoch=ns.per_epoch, curve_metric=ns.curve_metric, eval_split=ns.eval_split,
     )  # fmt: skip
     {"compact": compact, "falseneg": falseneg, "identifiability": identifiability, "align_uniform": align_uniform_plot,
      "scales": scales, "epochs": epochs}[

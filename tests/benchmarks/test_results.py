@@ -95,6 +95,26 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     assert len(lines) == 2 and all(0.0 <= float(cell) <= 1.0 for cell in lines[0].strip("| ").split(" | ")[-1:])
 
 
+@pytest.mark.slow
+def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
+    """--eval-split test: evaluated on DIR/test.jsonl, saved as result.test.json beside the run (not result.json)."""
+    cfg = small_experiment
+    data = R.Path(cfg.data)
+    (data / "test.jsonl").write_text((data / "val.jsonl").read_text())  # same records: same numbers as val
+    spectral = ["spectral", "tricl_spectral"]
+    R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": spectral, "eval_split": "test", "png": None}))
+    out = capsys.readouterr().out
+    assert "| tricl_spectral, S order |" in out and "| spectral, PCA m |" in out
+    run = R.run_dir(cfg, "tricl_spectral", 0)
+    assert (run / "result.test.json").exists() and not (run / "result.json").exists()
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"]["importance"] == "softplus" and config["model"]["importance_spread"] == 1.0
+    test = json.loads((run / "result.test.json").read_text())
+    val = R.evaluate_run(run, str(data / "val.jsonl"))
+    assert (run / "result.json").exists() and val["t2i_r10"] == test["t2i_r10"]
+    assert len(set(test["w"])) > 1  # S moved from flat
+
+
 def test_scales_table_one_row_per_objective_and_scale():
     run = lambda s, r10: {"logit_scale": s, "align": 1.0, "uniform": -3.0, "t2i_r1": 0.2, "t2i_r10": r10}  # noqa: E731
     results = {("infonce", "10"): [run(10.0, 0.5), run(10.0, 0.7)], ("infonce", "learned"): [run(30.0, 0.6)] * 2}
