@@ -187,6 +187,7 @@ def cmd_embed(ns: argparse.Namespace) -> int:
         device=ns.device,
         data_config=_data_config(ns),
         overwrite=ns.overwrite,
+        verify=ns.verify,
     )
     summary = embed_to_shards(cfg)
     if summary["rank"] == 0:  # under torchrun: one summary, from rank 0
@@ -378,6 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
     p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
     p.add_argument("--overwrite", action="store_true", help="start --out over when it holds other embeddings")
+    p.add_argument("--verify", action="store_true", help="also check the sha256 of finished shards (sizes always are)")
     _data_args(p)
     p.set_defaults(func=cmd_embed)
 

@@ -249,3 +249,53 @@ def check_writable(folder: str | os.PathLike, option: str = "--out", shown: str 
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
         raise UserError(f"{option} {shown or folder}: cannot write in {folder} ({err.strerror or err})") from None
+
+
+# ---------------------------------------------------------------------------- weights files with a checksum
+
+WEIGHTS_SHA256 = "triclip.sha256"  # safetensors metadata: sha256 of the tensors (names, dtypes, shapes, bytes)
+
+
+def tensors_sha256(tensors: dict) -> str:
+    """sha256 over ``tensors`` in name order: each name, dtype, shape and the raw bytes."""
+    import hashlib
+
+    import torch
+
+    digest = hashlib.sha256()
+    for key in sorted(tensors):
+        tensor = tensors[key].detach().cpu().contiguous()
+        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
+        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
+
+
+def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict | None = None) -> None:
+    """Write ``tensors`` atomically as safetensors, their sha256 recorded in the file's metadata."""
+    from safetensors.torch import save_file
+
+    with atomic_path(path) as tmp:  # safetensors itself writes 0600 files: atomic_path applies the umask
+        save_file(tensors, str(tmp), metadata={**(metadata or {}), WEIGHTS_SHA256: tensors_sha256(tensors)})
+
+
+def load_safetensors(path: str | os.PathLike) -> dict:
+    """The tensors of a safetensors file, checked against the sha256 recorded when it was saved.
+
+    A file without the record (written by an older triclip, or by anything else) loads unchecked.
+
+    Raises:
+        UserError: a file that cannot be read, or whose tensors differ from what was saved.
+    """
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            recorded = (fh.metadata() or {}).get(WEIGHTS_SHA256)
+        tensors = load_file(str(path))
+    except Exception as err:  # safetensors raises its own error types for truncated / foreign files
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise UserError(f"cannot load {path}: {first}") from None
+    if recorded is not None and tensors_sha256(tensors) != recorded:
+        raise UserError(f"{path} is damaged: its tensors do not match the sha256 recorded when it was saved")
+    return tensors

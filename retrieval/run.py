@@ -24,10 +24,9 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file
 
 from retrieval.errors import UserError
-from retrieval.io import read_json, recover_dir
+from retrieval.io import load_safetensors, read_json, recover_dir
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
 CONFIG = "config.json"
@@ -112,8 +111,8 @@ def load_run(
         model = build_model(ModelConfig(**config["model"]))
     except (TypeError, ValueError, KeyError) as err:
         raise UserError(f"{Path(run) / CONFIG}: bad model section ({err})") from None
+    state = load_safetensors(weights)  # checked against the sha256 recorded when it was saved
     try:
-        state = load_file(str(weights))
         model.load_state_dict(state)
     except Exception as err:  # safetensors raises its own error types for truncated / foreign files
         raise UserError(f"cannot load {weights}: {str(err).splitlines()[0][:200]}") from None

@@ -9,12 +9,17 @@ The folder (SPEC "Embeddings")::
     EMB/shard-00000/text.npy       (T, D) the same for every caption of those images
     EMB/shard-00000/text_rows.npy  (T, 2) int64: caption t is caption text_rows[t, 1] of image row text_rows[t, 0]
     EMB/shard-00000/meta.jsonl     one line per image row: {"id", "image", "captions", "label"}
-    EMB/shard-00000/shard.json     counts, records covered, skipped images (written last)
+    EMB/shard-00000/shard.json     counts, records covered, skipped images, and the size and sha256
+                                   of every file above (written last)
 
 Shard ``s`` holds records ``s * shard_size`` to ``(s + 1) * shard_size`` of the source, in
 source order, minus the images that do not decode. A shard is built in a temporary folder
 and renamed into place, so it is either complete or absent: a re-run skips the shards that
-exist and a killed job resumes. Under ``torchrun`` rank ``r`` of ``W`` takes shards
+exist and a killed job resumes. Damage after the fact is caught, not reused: every read
+checks each file's size against ``shard.json`` and the ``.npy`` headers against the counts
+(cheap, always); ``embed --verify`` also checks the sha256. ``embed`` recomputes a damaged
+shard; ``index build --embeddings`` refuses it with one line. (Shards written before the
+sizes were recorded get the header checks.) Under ``torchrun`` rank ``r`` of ``W`` takes shards
 ``r, r + W, r + 2W, ...``; rank 0 writes the manifest first (the other ranks wait at a
 barrier), so every rank applies the same transform. The sign fix is anchored on the first
 ``anchor_rows`` images of the source, the same for any number of ranks.
@@ -26,10 +31,12 @@ at scale the tower outputs would dwarf the embeddings.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import shutil
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -67,6 +74,7 @@ class EmbedConfig:
     data_config: DataConfig | None = None  # how to read data (None: the format's defaults)
     anchor_rows: int = 64  # the sign fix's anchors: the first images of the source
     overwrite: bool = False  # start out over (otherwise a re-run resumes it, and other embeddings there are refused)
+    verify: bool = False  # a re-run also checks the sha256 of finished shards (reads them all; sizes are always checked)
 
 
 def shard_name(index: int) -> str:
@@ -101,7 +109,9 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         batch = cfg.batch_size or (256 if device.type == "cuda" else 64)
         workers = _workers(cfg.workers, device)
         mine = list(range(rank, num_shards, world))
-        todo = [s for s in mine if not (out / shard_name(s) / SHARD_INFO).is_file()]
+        todo = [
+            s for s in mine if not (out / shard_name(s) / SHARD_INFO).is_file() or _damaged(out, s, manifest, cfg.verify)
+        ]
         bar = progress(todo, desc=f"rank {rank}/{world} shards", unit="shard", position=rank, disable=None)
         for s in bar:
             _write_shard(out, s, pairs, cfg, model, transform, device, batch, workers, rank, cache)
@@ -131,20 +141,96 @@ def read_manifest(emb: str | os.PathLike) -> dict:
     return manifest
 
 
+def shard_problem(emb: str | os.PathLike, index: int, manifest: dict, verify: bool = False) -> str | None:
+    """What is wrong with finished shard ``index`` (None: nothing found).
+
+    Always: every file recorded in ``shard.json`` has its recorded size, and the ``.npy``
+    headers give the manifest's dtype and the shard's counts, with the data all there.
+    ``verify``: the sha256 of every recorded file too (reads the whole shard).
+    """
+    folder = Path(emb) / shard_name(index)
+    try:
+        info = json.loads((folder / SHARD_INFO).read_text(encoding="utf-8"))
+        count, text_count = int(info["count"]), info.get("text_count")
+        for name, record in (info.get("files") or {}).items():
+            size = (folder / name).stat().st_size
+            if size != record["size"]:
+                return f"{name} has {size} bytes, {record['size']} were written"
+            if verify and file_sha256(folder / name) != record["sha256"]:
+                return f"{name} does not match the sha256 recorded when it was written"
+        dim, dtype = int(manifest["dim"]), np.dtype(manifest["dtype"])
+        arrays = {IMAGE: ((count, dim), dtype)}
+        if text_count is not None:
+            arrays.update({TEXT: ((int(text_count), dim), dtype), TEXT_ROWS: ((int(text_count), 2), np.dtype(np.int64))})
+        for name, (shape, want) in arrays.items():
+            problem = _npy_problem(folder / name, shape, want)
+            if problem:
+                return f"{name} {problem}"
+    except FileNotFoundError as err:
+        return f"{Path(err.filename or '?').name} is missing"
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # unreadable or garbled shard.json
+        return f"{SHARD_INFO} is unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+    return None
+
+
+def _npy_problem(path: Path, shape: tuple, dtype: np.dtype) -> str | None:
+    """Why the ``.npy`` file at ``path`` is not a whole ``dtype`` array of ``shape`` (header only), or None."""
+    with open(path, "rb") as fh:
+        try:
+            version = np.lib.format.read_magic(fh)
+            read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            found, _, found_dtype = read(fh)
+        except ValueError as err:
+            return f"is not a .npy file ({str(err).splitlines()[0]})"
+        data_at = fh.tell()
+    if found_dtype != dtype or tuple(found) != tuple(shape):
+        return f"holds {found_dtype} {tuple(found)}, expected {dtype} {tuple(shape)}"
+    need = data_at + int(np.prod(shape)) * dtype.itemsize
+    size = path.stat().st_size
+    return f"is truncated ({size} of {need} bytes)" if size < need else None
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _damaged(out: Path, s: int, manifest: dict, verify: bool) -> bool:
+    """Whether finished shard ``s`` is damaged; says so on stderr (it is then recomputed)."""
+    problem = shard_problem(out, s, manifest, verify)
+    if problem:
+        print(f"triclip: {out / shard_name(s)} is damaged: {problem}; recomputing it", file=sys.stderr, flush=True)
+    return problem is not None
+
+
 def finished_shards(emb: str | os.PathLike) -> list[int]:
     """Numbers of the shards written completely, ascending."""
     manifest = read_manifest(emb)
     return [s for s in range(manifest["num_shards"]) if (Path(emb) / shard_name(s) / SHARD_INFO).is_file()]
 
 
-def check_complete(emb: str | os.PathLike) -> dict:
-    """The manifest, after checking every shard is there; UserError naming the missing ones."""
+def check_complete(emb: str | os.PathLike, verify: bool = False) -> dict:
+    """The manifest, after checking every shard is there and whole (:func:`shard_problem`).
+
+    Raises:
+        UserError: naming the missing shards, or the first damaged one.
+    """
     manifest = read_manifest(emb)
     done = set(finished_shards(emb))
     missing = [s for s in range(manifest["num_shards"]) if s not in done]
     if missing:
         listed = ", ".join(map(str, missing[:10])) + (" ..." if len(missing) > 10 else "")
         raise UserError(f"{emb} is incomplete: shards {listed} missing; run `triclip embed` again to finish them")
+    for s in sorted(done):
+        problem = shard_problem(emb, s, manifest, verify)
+        if problem:
+            raise UserError(
+                f"{Path(emb) / shard_name(s)} is damaged: {problem}; run `triclip embed` again with the same"
+                " options to recompute it"
+            )
     return manifest
 
 
@@ -157,18 +243,24 @@ def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool
     info_path = folder / SHARD_INFO
     if not info_path.is_file():
         raise UserError(f"{folder} is missing or unfinished")
-    info = json.loads(info_path.read_text(encoding="utf-8"))
     mode = "r" if mmap else None
-    with open(folder / META, encoding="utf-8") as fh:
-        meta = [json.loads(line) for line in fh if line.strip()]
-    has_text = text and info.get("text_count") is not None
-    return {
-        "image": np.load(folder / IMAGE, mmap_mode=mode),
-        "text": np.load(folder / TEXT, mmap_mode=mode) if has_text else None,
-        "text_rows": np.load(folder / TEXT_ROWS) if has_text else None,
-        "meta": meta,
-        "info": info,
-    }
+    try:
+        info = json.loads(info_path.read_text(encoding="utf-8"))
+        with open(folder / META, encoding="utf-8") as fh:
+            meta = [json.loads(line) for line in fh if line.strip()]
+        has_text = text and info.get("text_count") is not None
+        return {
+            "image": np.load(folder / IMAGE, mmap_mode=mode, allow_pickle=False),
+            "text": np.load(folder / TEXT, mmap_mode=mode, allow_pickle=False) if has_text else None,
+            "text_rows": np.load(folder / TEXT_ROWS, allow_pickle=False) if has_text else None,
+            "meta": meta,
+            "info": info,
+        }
+    except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:  # json.JSONDecodeError is a ValueError
+        raise UserError(
+            f"{folder} is damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__}); run `triclip embed`"
+            " again with the same options to recompute it"
+        ) from None
 
 
 def summarize(emb: str | os.PathLike) -> dict:
@@ -361,6 +453,7 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
             "rank": rank,
             "seconds": round(time.perf_counter() - started, 2),
         }
+        info["files"] = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
         (tmp / SHARD_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
         if (out / shard_name(s)).exists():  # a folder without shard.json: not ours to keep
             shutil.rmtree(out / shard_name(s))

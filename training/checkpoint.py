@@ -20,10 +20,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from retrieval.errors import UserError
-from retrieval.io import atomic_path, recover_dir, swap_dir, write_json_atomic
+from retrieval.io import atomic_path, load_safetensors, recover_dir, save_safetensors, swap_dir, write_json_atomic
 from retrieval.model import DualEncoder
 from retrieval.run import (  # noqa: F401 (re-exported)
     BEST,
@@ -44,8 +43,7 @@ CHECKPOINT = "checkpoint"
 
 def save_weights(module: torch.nn.Module, path: Path) -> None:
     tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    with atomic_path(path) as tmp:
-        save_file(tensors, str(tmp))
+    save_safetensors(tensors, path)  # atomic, umask, sha256 checked on loading
 
 
 def save_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Module], optimizer, state: dict) -> None:
@@ -61,8 +59,7 @@ def save_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
     opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
     for name, module in extra.items():
         opt_tensors.update({f"extra.{name}.{k}": v.detach().contiguous().cpu() for k, v in module.state_dict().items()})
-    with atomic_path(tmp / "optim.safetensors") as path:  # safetensors itself writes 0600 files
-        save_file(opt_tensors, str(path))
+    save_safetensors(opt_tensors, tmp / "optim.safetensors")
     (tmp / "state.json").write_text(json.dumps({**state, "optimizer": opt_meta}, indent=2))
     swap_dir(tmp, run / CHECKPOINT)
 
@@ -98,7 +95,7 @@ def load_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
         raise UserError(f"--resume: {ckpt / 'state.json'} is damaged ({err})") from None
     for name, load in (
-        (MODEL, lambda: model.load_state_dict(load_file(str(ckpt / MODEL)))),
+        (MODEL, lambda: model.load_state_dict(load_safetensors(ckpt / MODEL))),
         ("optim.safetensors", lambda: _load_optim(ckpt, extra, optimizer, meta)),
     ):
         try:
@@ -110,7 +107,7 @@ def load_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
 
 
 def _load_optim(ckpt: Path, extra: dict[str, torch.nn.Module], optimizer, meta: dict) -> None:
-    tensors = load_file(str(ckpt / "optim.safetensors"))
+    tensors = load_safetensors(ckpt / "optim.safetensors")
     for name, module in extra.items():
         prefix = f"extra.{name}."
         module.load_state_dict({k[len(prefix) :]: v for k, v in tensors.items() if k.startswith(prefix)})
