@@ -104,9 +104,53 @@ def cmd_eval(ns: argparse.Namespace) -> int:
     if ns.json:
         _print_json(result)
     else:
-        for key, value in result.items():
-            print(f"{key}: {value}")
+        print(format_eval(result))
     return 0
+
+
+def format_eval(result: dict) -> str:
+    """``eval``'s result as a few aligned tables: recall, the other metrics, the compact curve."""
+    lines = ["         R@1     R@5     R@10"]
+    for side in ("t2i", "i2t"):
+        if f"{side}_r1" in result:
+            lines.append(f"{side}    " + "".join(f"{result.get(f'{side}_r{k}', float('nan')):8.3f}" for k in (1, 5, 10)))
+            if side == "t2i" and "t2i_queries" in result:
+                lines[-1] += f"    ({result['t2i_queries']} distinct text queries)"
+    shown = {f"{s}_r{k}" for s in ("t2i", "i2t") for k in (1, 5, 10)} | {"t2i_queries", "compact", "importance", "skipped"}
+    others = [f"{key} {_short(value)}" for key, value in result.items() if key not in shown]
+    if others:
+        lines.append("")
+        lines.append("   ".join(others))
+    spectrum = result.get("importance")
+    if isinstance(spectrum, dict) and spectrum.get("sorted"):
+        w = spectrum["sorted"]
+        lines.append(
+            f"importance: effective dims {_short(spectrum.get('effective_dims'))} of {len(w)},"
+            f" max/mean {_short(spectrum.get('max_over_mean'))}, top {_short(w[:5])}, bottom {_short(w[-3:])}"
+        )
+    compact = result.get("compact") or {}
+    if compact:
+        orderings = list(compact)
+        dims = sorted({int(m) for curve in compact.values() for m in curve})
+        lines += ["", "compact curve: t2i R@10 at m", "m     " + "".join(f"{name:>12}" for name in orderings)]
+        for m in dims:
+            cells = [compact[name].get(m, compact[name].get(str(m))) for name in orderings]
+            lines.append(f"{m:<6}" + "".join(f"{c:12.3f}" if isinstance(c, (int, float)) else f"{'-':>12}" for c in cells))
+    skipped = result.get("skipped")
+    lines += ["", f"skipped records: {_short(skipped) if skipped else 'none'}"]
+    return "\n".join(lines)
+
+
+def _short(value) -> str:
+    """A number with 3-4 significant digits, a short list in full, a long one as its length and ends."""
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, (list, tuple)):
+        items = [_short(v) for v in value]
+        return "[" + ", ".join(items if len(items) <= 6 else items[:3] + ["...", *items[-2:]]) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {_short(v)}" for k, v in value.items()) + "}"
+    return str(value)
 
 
 def cmd_solve(ns: argparse.Namespace) -> int:
@@ -154,6 +198,7 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
     from index.config import IndexBuildConfig
 
     add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
+    p._option_string_actions["--no-text-index"].help = "index the images only: no caption vectors (no image->text search)"
     p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
 
 
@@ -263,7 +308,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     from index.search import Searcher
 
     imported = time.perf_counter()
-    searcher = Searcher.load(ns.index, run=ns.run, device=ns.device)
+    searcher = Searcher.load(ns.index, run=ns.run, device=ns.device, text_only=not images)
     if ns.factor is not None:
         if ns.factor < 1:
             raise UserError(f"--factor must be >= 1, got {ns.factor}")
@@ -291,12 +336,13 @@ def cmd_search(ns: argparse.Namespace) -> int:
             "import_s": imported - started,
             "index_load_s": searcher.timings["index_load"],
             "model_load_s": searcher.timings["model_load"],
+            "text_encoder": "onnx" if searcher.text_encoder is not None else "torch",
             "embed_s": embedded - loaded,
             "search_s": searched - embedded,
             "queries": len(labels),
             "total_s": startup + time.perf_counter() - started,
         }
-        print("timing: " + json.dumps({k: round(v, 4) for k, v in timing.items()}), file=sys.stderr)
+        print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
 
 
@@ -333,7 +379,17 @@ def cmd_demo(ns: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- parser
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _needs_options(argv: Sequence[str] | None) -> Callable[[str], bool]:
+    """``full(command)``: whether ``command``'s options must be built for ``argv`` (all of them when None)."""
+    words = [a for a in (argv or []) if not a.startswith("-")]
+    chosen = words[0] if argv is not None and words else None
+    return lambda command: chosen is None or chosen == command
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The ``triclip`` parser. Given ``argv``, only its command's dataclass options are built
+    (importing a command's config costs ~0.2 s: a text search must not pay for ``train``'s)."""
+    full = _needs_options(argv)
     parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -353,11 +409,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_data_inspect)
 
     p = sub.add_parser("train", help="train a dual encoder", description="Train a dual encoder (options: training.config.TrainConfig).")
-    _train_options(p)
+    if full("train"):
+        _train_options(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("eval", help="evaluate a trained run", description="Evaluate a run (options: training.config.EvalConfig).")
-    _eval_options(p)
+    if full("eval"):
+        _eval_options(p)
     p.set_defaults(func=cmd_eval)
 
     p = sub.add_parser(
@@ -365,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="the exact Eq. 6 optimum for locked towers (regularised CCA) as a run, in seconds",
         description="Solve for affine heads on locked towers by regularised CCA (options: training.config.SolveConfig).",
     )
-    _solve_options(p)
+    if full("solve"):
+        _solve_options(p)
     p.set_defaults(func=cmd_solve)
 
     p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
@@ -390,7 +449,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="embed a data source once and index it at several m in one folder",
         description="Build an index folder (options: index.config.IndexBuildConfig).",
     )
-    _index_build_options(p)
+    if full("index"):
+        _index_build_options(p)
     p.set_defaults(func=cmd_index_build)
     p = isub.add_parser("rollback", help="go back to the version an index build --overwrite replaced")
     p.add_argument("--index", required=True)
@@ -404,7 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=["image", "text"], default="image", help="search images (default) or captions")
     p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
     p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
-    p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default 10)")
+    p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
     p.add_argument("-k", type=int, default=10)
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
     p.add_argument("--json", action="store_true", help="a list of hits (one query) or of hit lists (several)")
@@ -434,7 +494,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        ns = build_parser().parse_args(argv)
+        argv = sys.argv[1:] if argv is None else list(argv)
+        ns = build_parser(argv).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = ns.func
         return func(ns)
     except UserError as err:

@@ -6,6 +6,7 @@
     s.search_text(["a red circle"], k=10, funnel=32)    # shortlist at m = 32, re-rank at D
     s.search_image(["query.png", pil_image], k=10)      # files or PIL images
     s.search_ids(["img_0007"], k=10)                    # "more like this": an indexed image's stored vector
+    Searcher.load("INDEX", text_only=True)              # text queries without torch (lite runs, once exported)
 
 A hit is ``{"id", "image", "caption", "score"}``, best first; ``score`` is the inner
 product of the compact embeddings at the m searched (cosine; at D for a funnel).
@@ -23,30 +24,34 @@ scored exactly.
 Thread safety: many threads may search one Searcher at once. FAISS CPU searches are
 const and get their ``nprobe`` / ``efSearch`` per call (``faiss.SearchParameters*``);
 the model (tokenizer included) runs under a lock, as do GPU indexes.
+
+Loading a run costs seconds (torch, transformers, both towers); a text query needs only
+the text side. With ``text_only=True`` a ``lite`` run's text side comes from its ONNX
+export (:mod:`retrieval.text_onnx`, written by the first such load), and this module
+imports torch only when a model is actually loaded.
 """
 
 from __future__ import annotations
 
 import numbers
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import faiss
 import numpy as np
-import torch
 
 from index import faiss_index as fi
-from index.build import prefix
-from index.from_embeddings import remove_stale_parts
+from index.from_embeddings import prefix, remove_stale_parts
 from index.store import IndexContents, load_contents
-from retrieval.compact import CompactTransform
-from retrieval.data import DEFAULT_MAX_PIXELS
-from retrieval.embed import embed_pil_images, embed_texts, load_query_image, pick_device
 from retrieval.errors import UserError
-from retrieval.run import load_run, read_config, run_fingerprint
+from retrieval.text_onnx import TextEncoder, cached_text_encoder
+
+if TYPE_CHECKING:
+    from retrieval.compact import CompactTransform
 
 TARGETS = ("image", "text")
 MAX_QUERY_CHARS = 10_000  # longer text queries are refused (the text tower truncates far earlier)
@@ -61,16 +66,18 @@ class Searcher:
     """A loaded model + index folder version. Build with :meth:`load`."""
 
     contents: IndexContents  # the index version, in memory
-    model: torch.nn.Module  # the run's dual encoder, eval mode
-    transform: CompactTransform  # (N, D) -> (N, D) full compact embedding, as the index was built
-    device: torch.device  # where the model runs
+    model: Any  # the run's dual encoder (torch, eval mode); None until an image query needs it (text_encoder set)
+    transform: CompactTransform | None  # (N, D) -> (N, D) full compact embedding, as the index was built; None with model
+    device: Any  # the torch.device the model runs on; None with model
     batch_size: int = 64  # queries embedded per batch
     shortlist_factor: int = SHORTLIST_FACTOR  # funnel: candidates = k * shortlist_factor
     params: fi.SearchParams | None = None  # nprobe / efSearch overrides, passed per call (nprobe default: manifest's)
-    timings: dict = field(default_factory=dict)  # seconds spent loading: index_load, model_load
+    timings: dict = field(default_factory=dict)  # seconds spent loading: index_load, model_load (, text_export)
+    text_encoder: TextEncoder | None = None  # the run's exported text side (ONNX Runtime): text queries without torch
     _model_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _faiss_lock: threading.Lock | None = field(default=None, repr=False)  # set when an index is on a GPU
     _rows: dict = field(default_factory=dict, repr=False)  # id -> image row
+    _source: tuple = field(default=(), repr=False)  # (run, weights, device, index_dir): to load the model later
 
     @classmethod
     def load(
@@ -79,10 +86,16 @@ class Searcher:
         run: str | os.PathLike | None = None,
         device: str | None = None,
         gpu: bool | None = None,
+        text_only: bool = False,
     ) -> "Searcher":
         """Open the live version of ``index_dir`` with ``run`` (default: the run in its manifest).
 
         ``gpu``: search Flat / IVF indexes on the GPU (``None``: when faiss sees one).
+        ``text_only``: the caller expects text queries (``triclip search --text``). Then a
+        ``lite`` run's text side is taken from its ONNX export (``retrieval.text_onnx``)
+        when one is cached and still matches the run: torch is not imported, and the
+        model is loaded only if an image query comes. Without a valid export the model
+        is loaded and the export written, for the next load.
 
         Raises:
             UserError: no index there, a damaged index, the run is missing, or its
@@ -95,20 +108,27 @@ class Searcher:
         t1 = time.perf_counter()
         run = os.fspath(run) if run is not None else manifest.get("run", "")
         weights = manifest.get("weights", "best")  # the run's weights the index was built with
-        fingerprint = _fingerprint(run, weights)
-        if fingerprint != manifest["fingerprint"]:
-            raise UserError(
-                f"run {run} (fingerprint {fingerprint}) is not the run index {index_dir} was built with"
-                f" ({manifest.get('run')}, fingerprint {manifest['fingerprint']}); rebuild the index or pass that --run"
-            )
-        dev = pick_device(device)
-        model, _ = load_run(run, dev, which=weights)
-        transform = _transform(manifest, index_dir, int(model.embed_dim))
-        searcher = cls(contents, model, transform, dev)
+        source = (run, weights, device, index_dir)
+        encoder = None
+        if text_only and device in (None, "cpu"):
+            encoder = cached_text_encoder(run, weights, manifest["fingerprint"])
+        if encoder is not None:
+            _numpy_transform(manifest, index_dir, encoder.dim)  # UserError: a damaged or foreign transform
+            searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source)
+        else:
+            model, transform, dev = _load_model(*source, manifest)
+            searcher = cls(contents, model, transform, dev, _source=source)
         searcher.timings = {"index_load": t1 - t0, "model_load": time.perf_counter() - t1}
+        if text_only and encoder is None:
+            searcher.timings["text_export"] = _export_text_side(searcher.model, run, weights, manifest["fingerprint"])
         searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
         searcher._to_device(gpu)
         return searcher
+
+    def _ensure_model(self) -> None:
+        """Load the run's model now (a Searcher opened on the exported text side, asked an image query)."""
+        if self.model is None:
+            self.model, self.transform, self.device = _load_model(*self._source, self.manifest)
 
     def with_contents(self, contents: IndexContents, index_dir: str | os.PathLike = "") -> "Searcher":
         """This model over another version of the same index, built with the same run (an ``--add``,
@@ -170,6 +190,11 @@ class Searcher:
             if len(text) > MAX_QUERY_CHARS:
                 raise UserError(f"text query too long: {len(text)} characters (at most {MAX_QUERY_CHARS})")
         with self._model_lock:
+            if self.text_encoder is not None:
+                emb = self.text_encoder.encode(list(texts))  # (Q, D) numpy, unit rows
+                return _numpy_transform(self.manifest, "", self.text_encoder.dim)(emb)
+            from retrieval.embed import embed_texts
+
             emb = embed_texts(self.model, list(texts), self.device, self.batch_size)  # (Q, D)
         return self.transform(emb).numpy()
 
@@ -179,6 +204,9 @@ class Searcher:
             raise UserError("search_image expects a list of image paths or PIL images")
         decoded = [_as_rgb(image) for image in images]
         with self._model_lock:
+            self._ensure_model()
+            from retrieval.embed import embed_pil_images
+
             emb = embed_pil_images(self.model, decoded, self.device, self.batch_size)  # (Q, D)
         return self.transform(emb).numpy()
 
@@ -372,7 +400,9 @@ def _as_rgb(image):
     """A query image as RGB PIL: decoded from a path with the data layer's checks, or a PIL image checked here."""
     from PIL import Image
 
+    from retrieval.data import DEFAULT_MAX_PIXELS
     from retrieval.data.images import to_rgb
+    from retrieval.embed import load_query_image
 
     if isinstance(image, (str, os.PathLike)):
         return load_query_image(image)
@@ -387,6 +417,8 @@ def _as_rgb(image):
 
 
 def _transform(manifest: dict, index_dir, dim: int) -> CompactTransform:
+    from retrieval.compact import CompactTransform
+
     try:
         transform = CompactTransform.from_dict(manifest["transform"])
     except (KeyError, TypeError, ValueError) as err:
@@ -401,5 +433,84 @@ def _transform(manifest: dict, index_dir, dim: int) -> CompactTransform:
 
 def _fingerprint(run: str, weights: str = "best") -> str:
     """The fingerprint of the run's ``weights``; UserError when the run (or its weights) is missing."""
+    from retrieval.run import read_config, run_fingerprint
+
     read_config(run)  # UserError: not a run
     return run_fingerprint(run, which=weights)  # UserError: no weights
+
+
+def _load_model(run: str, weights: str, device: str | None, index_dir, manifest: dict) -> tuple:
+    """``(model, transform, device)``: the run's model after checking its fingerprint against the index's.
+
+    Raises:
+        UserError: the run is missing or is not the one the index was built with.
+    """
+    from retrieval.embed import pick_device
+    from retrieval.run import load_run
+
+    fingerprint = _fingerprint(run, weights)
+    if fingerprint != manifest["fingerprint"]:
+        raise UserError(
+            f"run {run} (fingerprint {fingerprint}) is not the run index {index_dir} was built with"
+            f" ({manifest.get('run')}, fingerprint {manifest['fingerprint']}); rebuild the index or pass that --run"
+        )
+    dev = pick_device(device)
+    model, _ = load_run(run, dev, which=weights)
+    return model, _transform(manifest, index_dir, int(model.embed_dim)), dev
+
+
+def _export_text_side(model, run: str, weights: str, fingerprint: str) -> float:
+    """Export a lite run's text side for the next ``text_only`` load (:mod:`retrieval.text_onnx`); seconds spent.
+
+    Best effort: a model without an exportable text tower, a missing ``onnx`` package or a
+    failed export leaves the cache as it was (one line on stderr for a failure).
+    """
+    from retrieval import text_onnx
+    from retrieval.run import CONFIG, MODEL, weights_path
+
+    if not (text_onnx.enabled() and text_onnx.exportable(model)):
+        return 0.0
+    t0 = time.perf_counter()
+    # every file that decides which weights load: a change to any of them is a cache miss
+    files = [CONFIG, "selection.json", os.path.join("best", MODEL), MODEL]
+    files = [os.path.join(run, f) for f in files] + [weights_path(run, weights)]
+    try:
+        text_onnx.export_text_encoder(model, run, weights, fingerprint, files)
+    except Exception as err:  # noqa: BLE001 (a cache: the search itself goes on)
+        print(f"note: could not cache the text encoder for fast searches ({str(err).splitlines()[0][:200]})", file=sys.stderr)
+    return time.perf_counter() - t0
+
+
+def _numpy_transform(manifest: dict, index_dir, dim: int):
+    """The manifest's compact transform in numpy (``CompactTransform`` without torch): (Q, D) -> (Q, D) float32.
+
+    Same maths: selection (``keep``, ``weights``) or PCA (``basis``), L2 normalisation, ``signs``.
+    """
+    try:
+        data = manifest["transform"]
+        m = int(data["m"])
+        keep = None if data.get("keep") is None else np.asarray(data["keep"], np.int64)
+        weights = None if data.get("weights") is None else np.asarray(data["weights"], np.float32)
+        signs = None if data.get("signs") is None else np.asarray(data["signs"], np.float32)
+        basis = data.get("basis")
+        mean = None if basis is None else np.asarray(basis["mean"], np.float32)
+        components = None if basis is None else np.asarray(basis["components"], np.float32)[:m]
+        if (keep is None) == (basis is None):
+            raise ValueError("needs exactly one of keep or basis")
+    except (KeyError, TypeError, ValueError) as err:
+        raise UserError(f"index {index_dir} is damaged: bad transform in the manifest ({err})") from None
+    if not int(data["dim"]) == m == manifest["dim"] == dim:
+        raise UserError(
+            f"index {index_dir} is of dimension {manifest['dim']} (transform {data['dim']} -> {m}),"
+            f" the run embeds in {dim}; rebuild the index"
+        )
+
+    def apply(z: np.ndarray) -> np.ndarray:
+        if keep is not None:
+            out = z[:, keep] * weights if weights is not None else z[:, keep]  # (Q, m)
+        else:
+            out = (z - mean) @ components.T  # (Q, m)
+        out = out / np.maximum(np.linalg.norm(out, axis=1, keepdims=True), 1e-12)
+        return np.ascontiguousarray(out * signs if signs is not None else out, dtype=np.float32)
+
+    return apply

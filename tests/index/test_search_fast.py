@@ -1,0 +1,117 @@
+"""Text search through the exported text side (Searcher.load(text_only=True), triclip search --text).
+
+A lite run with random heads, indexed over a dozen shapes images: the ONNX path must give
+the torch path's hits and scores, load torch only for an image query, and ``triclip search
+--text`` on it must not import torch at all.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from app.cli import main
+from index.search import Searcher
+from retrieval import accel, text_onnx
+from retrieval.model import ModelConfig, build_model
+
+QUERIES = ["two red circles", "a small blue square in the top left", "Ünïcödé 文字", "three large green triangles " * 30]
+HEAVY = ("torch", "transformers", "open_clip", "timm", "torchvision")  # what the fast path must not import
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = pytest.mark.skipif(not (accel.onnxruntime_available() and text_onnx.enabled()), reason="onnx / onnxruntime missing")
+
+
+@pytest.fixture(scope="module")
+def lite_index(tmp_path_factory, shapes_dir):
+    """(index folder, cache folder): a lite run with random heads (an old-style weights file: every
+    tensor) indexed at m = 8 and D = 16 over 12 shapes images."""
+    root = tmp_path_factory.mktemp("fast")
+    torch.manual_seed(0)
+    cfg = ModelConfig(preset="lite", embed_dim=16)
+    model = build_model(cfg)
+    with torch.no_grad():
+        model.theta.copy_(torch.randn(16))  # a non-trivial importance order and weights
+    run = root / "run"
+    run.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(run / "model.safetensors"))
+    (run / "config.json").write_text(json.dumps({"model": cfg.to_dict(), "loss": "tricl"}))
+    lines = (shapes_dir / "train.jsonl").read_text().splitlines()[:12]
+    data = shapes_dir / "fast12.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    cache = root / "cache"
+    old = os.environ.get("TRICLIP_CACHE")
+    os.environ["TRICLIP_CACHE"] = str(cache)
+    try:
+        assert main(["index", "build", "--run", str(run), "--data", str(data), "--out", str(root / "index"), "--dims", "8"]) == 0
+    finally:
+        os.environ.pop("TRICLIP_CACHE") if old is None else os.environ.__setitem__("TRICLIP_CACHE", old)
+    return root / "index", cache
+
+
+@pytest.fixture
+def cache_env(lite_index, monkeypatch):
+    monkeypatch.setenv("TRICLIP_CACHE", str(lite_index[1]))
+    return lite_index[1]
+
+
+def _same_hits(fast, slow, tol=1e-4):
+    for a, b in zip(fast, slow, strict=True):
+        assert [h["id"] for h in a] == [h["id"] for h in b]
+        np.testing.assert_allclose([h["score"] for h in a], [h["score"] for h in b], atol=tol)
+
+
+def test_fast_text_search_matches_the_torch_path(lite_index, cache_env):
+    index, _ = lite_index
+    slow = Searcher.load(index)  # the torch path, as the app loads it
+    first = Searcher.load(index, text_only=True)  # no export yet: torch, and it writes one
+    assert first.text_encoder is None and first.model is not None and first.timings["text_export"] > 0
+    fast = Searcher.load(index, text_only=True)
+    assert fast.text_encoder is not None and fast.model is None
+    np.testing.assert_allclose(fast.embed_texts(QUERIES), slow.embed_texts(QUERIES), atol=1e-4)
+    for m in (8, None):
+        _same_hits(fast.search_text(QUERIES, k=5, m=m), slow.search_text(QUERIES, k=5, m=m))
+    _same_hits(fast.search_text(QUERIES, k=3, funnel=8), slow.search_text(QUERIES, k=3, funnel=8))
+    image = json.loads((index / "v000001" / "meta.jsonl").read_text().splitlines()[2])["image"]
+    assert fast.search_image([image], k=3) == slow.search_image([image], k=3)  # the model, loaded on demand
+    assert fast.model is not None
+
+
+def test_search_text_cli_does_not_import_torch(lite_index, cache_env):
+    index, cache = lite_index
+    Searcher.load(index, text_only=True)  # makes sure the export exists (whatever ran before)
+    expected = Searcher.load(index).search_text(QUERIES[:1], k=4)[0]
+    code = (
+        "import json, sys\n"
+        "from app.cli import main\n"
+        f"rc = main(['search', '--index', {str(index)!r}, '--text', {QUERIES[0]!r}, '-k', '4', '--json', '--timing'])\n"
+        f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
+        "print('HEAVY ' + json.dumps(heavy), file=sys.stderr)\n"
+        "sys.exit(rc)\n"
+    )
+    env = {**os.environ, "TRICLIP_CACHE": str(cache)}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    heavy = json.loads(done.stderr.split("HEAVY ", 1)[1].splitlines()[0])
+    assert heavy == []
+    timing = json.loads(done.stderr.split("timing: ", 1)[1].splitlines()[0])
+    assert timing["text_encoder"] == "onnx"
+    _same_hits([json.loads(done.stdout)], [expected])
+
+
+def test_tiny_runs_keep_the_torch_path(run_dir, shapes_dir, tmp_path, monkeypatch):
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
+    data = str(shapes_dir / "val.jsonl")
+    assert main(["index", "build", "--run", str(run_dir), "--data", data, "--out", str(tmp_path / "index")]) == 0
+    searcher = Searcher.load(tmp_path / "index", text_only=True)
+    assert searcher.text_encoder is None and searcher.model is not None
+    assert searcher.timings.get("text_export", 0.0) == 0.0
+    assert not (tmp_path / "cache" / "text_encoder").exists()
