@@ -71,6 +71,11 @@ VARIANTS: dict[str, dict] = {
     "tricl_spectral_lr10": dict(
         loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0, importance_lr_scale=10.0
     ),
+    # the closed form (triclip solve: regularised CCA, ridge picked on val; deterministic, one run for every seed),
+    # and Eq. 6 trained from it (train --init: its affine heads, S = the canonical correlations), plain or nested on S
+    "solve": dict(solve=True),
+    "solve_eq6": dict(init="solve", loss="tricl_spectral", loss_options={}),
+    "solve_eq6_nested": dict(init="solve", loss="tricl_spectral", loss_options={"nested": 4, "nested_order": "importance"}),
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -100,6 +105,9 @@ CURVE_ROWS = [
     ("tricl_spectral", "pca", "tricl_spectral, PCA m (S ignored)"),
     ("tricl_spectral_mean1", "importance", "tricl_spectral, mean-1 S, S order"),
     ("tricl_spectral_lr10", "importance", "tricl_spectral, theta lr x10, S order"),
+    ("solve", "importance", "closed form (CCA), S order"),
+    ("solve_eq6", "importance", "closed form + Eq. 6 trained (warm start), S order"),
+    ("solve_eq6_nested", "importance", "closed form + Eq. 6 + nesting on S order, S order"),
 ]
 
 
@@ -139,6 +147,11 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
     """
     from training.train import TrainConfig, train
 
+    spec = dict(VARIANTS[variant])
+    if spec.pop("solve", False):  # deterministic: the same run for every seed
+        return solve_run(cfg)
+    if spec.get("init") == "solve":
+        spec["init"] = str(solve_run(cfg))
     run = run or run_dir(cfg, variant, seed)
     if (run / "model.safetensors").exists() or (run / "result.json").exists():  # weights of some deleted (disk)
         return run
@@ -159,11 +172,26 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
             lock_image=cfg.lock,
             lock_text=cfg.lock,
             seed=seed,
-            **VARIANTS[variant],
+            **spec,
             **overrides,
         )
     )
     (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
+    return run
+
+
+def solve_run(cfg: ResultsConfig) -> Path:
+    """``triclip solve`` on DIR/train.jsonl (ridge picked on DIR/val.jsonl) into OUT/solve/seed0, unless it exists."""
+    from training.config import SolveConfig
+    from training.solve import solve
+
+    run = run_dir(cfg, "solve", 0)
+    if not (run / "model.safetensors").exists():
+        data = Path(cfg.data)
+        start = time.perf_counter()
+        solve(SolveConfig(train_data=str(data / "train.jsonl"), val_data=str(data / "val.jsonl"), out=str(run),
+                          model=cfg.model, embed_dim=cfg.embed_dim))  # fmt: skip
+        (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
     return run
 
 
@@ -420,7 +448,8 @@ def compact(cfg: ResultsConfig) -> None:
     if cfg.per_epoch:
         print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
                                            for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip
-    for variant in ("tricl", "tricl_flat", "tricl_nonest", *(v for v in VARIANTS if v.startswith("tricl_spectral"))):
+    spectral = [v for v in VARIANTS if v.startswith(("tricl_spectral", "solve"))]  # Eq. 6 variants with an S
+    for variant in ("tricl", "tricl_flat", "tricl_nonest", *spectral):
         if variant in results:
             overlap = " / ".join(
                 f"m={m}: {mean_sd([r['w_prefix_overlap'][str(m)] for r in results[variant]])}" for m in dims[:-1]

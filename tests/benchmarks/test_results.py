@@ -101,10 +101,15 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     cfg = small_experiment
     data = R.Path(cfg.data)
     (data / "test.jsonl").write_text((data / "val.jsonl").read_text())  # same records: same numbers as val
-    spectral = ["spectral", "tricl_spectral"]
+    spectral = ["spectral", "tricl_spectral", "solve", "solve_eq6_nested"]
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": spectral, "eval_split": "test", "png": None}))
     out = capsys.readouterr().out
     assert "| tricl_spectral, S order |" in out and "| spectral, PCA m |" in out
+    assert "| closed form (CCA), S order |" in out and "| closed form + Eq. 6 + nesting on S order, S order |" in out
+    assert R.train_run(cfg, "solve", 1) == R.train_run(cfg, "solve", 0) == R.run_dir(cfg, "solve", 0)  # one solve
+    warm = json.loads((R.run_dir(cfg, "solve_eq6_nested", 0) / "config.json").read_text())
+    assert warm["train"]["init"] == str(R.run_dir(cfg, "solve", 0)) and warm["model"]["head"] == "affine"
+    assert warm["loss_options"] == {"nested": 4, "nested_order": "importance"}
     run = R.run_dir(cfg, "tricl_spectral", 0)
     assert (run / "result.test.json").exists() and not (run / "result.json").exists()
     config = json.loads((run / "config.json").read_text())
