@@ -8,6 +8,7 @@ port of 127.0.0.1 and is closed after the module's tests.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from pathlib import Path
@@ -37,6 +38,33 @@ def app_index(tmp_path_factory) -> Path:
     run = make_run(root / "run", seed=0)
     build_index(IndexBuildConfig(run=str(run), data=str(root / "data" / "train.jsonl"), out=str(root / "index"), dims=DIMS))
     return root / "index"
+
+
+def small_index(root: Path, num: int = 40, seed: int = 0, **options) -> Path:
+    """A fresh index of ``num`` shapes images (untrained tiny run) at ``root/index``, for tests that change it."""
+    from index.build import IndexBuildConfig, build_index
+    from retrieval.data.builtin import prepare
+
+    prepare("shapes", str(root / "data"), num=num, seed=seed)
+    run = make_run(root / "run", seed=seed)
+    data = str(root / "data" / "train.jsonl")
+    build_index(IndexBuildConfig(run=str(run), data=data, out=str(root / "index"), dims=DIMS, **options))
+    return root / "index"
+
+
+@contextlib.contextmanager
+def serving(index: Path, **config):
+    """The app over ``index`` on a free port of 127.0.0.1 (``AppConfig`` fields in ``config``); yields (URL, SearchApp)."""
+    from app.gradio_app import AppConfig, build_app, launch
+    from index.search import Searcher
+
+    port = free_port()
+    blocks, app = build_app(Searcher.load(index), AppConfig(index=str(index), port=port, **config))
+    launch(blocks, app, "127.0.0.1", port, block=False)
+    try:
+        yield f"http://127.0.0.1:{port}/", app
+    finally:
+        blocks.close()
 
 
 @pytest.fixture(scope="module")
