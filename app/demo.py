@@ -22,6 +22,7 @@ from pathlib import Path
 
 from retrieval.data.builtin import prepare
 from retrieval.run import METRICS, MODEL
+from training.config import recipe_for
 
 EVAL = "eval.json"  # the validation metrics, kept beside data/, run/ and index/ (a second run prints them)
 
@@ -31,9 +32,7 @@ class DemoConfig:
     workdir: str = "demo"  # everything the demo writes lives here
     host: str = "127.0.0.1"  # the app's address (127.0.0.1: this machine only)
     port: int = 7860  # the app's port
-    epochs: int = 40  # heads-only epochs over the cached tower outputs (~28 steps each)
-    batch_size: int = 256  # training batch
-    lr: float = 1e-3  # heads' peak learning rate (locked towers)
+    epochs: int | None = None  # heads-only epochs over the cached tower outputs (None: the lite recipe's, 40)
     embed_dim: int = 256  # D
     dims: list[int] = field(default_factory=lambda: [16, 32, 64, 256])  # the m's of the index folder (training
     # evaluates the compact curve at D/16, D/8, D/4, so the app shows the recall measured at each of these)
@@ -50,7 +49,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     if not (data / "val.jsonl").exists():
         prepare("openclipart", str(data), num=cfg.num)
     _step(2, f"training lite (locked, cached towers) in {run}")
-    if not _trained(run, cfg.epochs):
+    if not _trained(run, cfg.epochs or recipe_for("lite").epochs):
         _train(cfg, data, run)
     _step(3, "validation recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
@@ -76,21 +75,6 @@ def _trained(run: Path, epochs: int) -> bool:
     return (run / MODEL).exists() and path.exists() and len(path.read_text().splitlines()) >= epochs
 
 
-def _batch_size(cfg: DemoConfig, train_data: Path) -> int:
-    """The configured batch, clamped so that a small dataset (``--num``) still gives >= 2 batches an epoch.
-
-    Counts the records that pass the header check; an image that fails later, at decode,
-    is what the halving leaves room for.
-    """
-    from retrieval.data import load_pairs
-
-    usable = len(load_pairs(str(train_data)).records)
-    batch = max(2, min(cfg.batch_size, usable // 2))
-    if batch != cfg.batch_size:
-        print(f"{usable} training records: batch {batch} instead of {cfg.batch_size}", flush=True)
-    return batch
-
-
 def _train(cfg: DemoConfig, data: Path, run: Path) -> None:
     from training.train import TrainConfig, train
 
@@ -99,13 +83,9 @@ def _train(cfg: DemoConfig, data: Path, run: Path) -> None:
             train_data=str(data / "train.jsonl"),
             val_data=str(data / "val.jsonl"),
             out=str(run),
-            model="lite",
+            model="lite",  # its recipe: locked, cached towers, MLP heads, batch 256, lr 1e-3 (training.config)
             embed_dim=cfg.embed_dim,
             epochs=cfg.epochs,
-            batch_size=_batch_size(cfg, data / "train.jsonl"),
-            lr=cfg.lr,
-            lock_image=True,
-            lock_text=True,
             resume=(run / "checkpoint").exists(),
         )
     )
@@ -115,35 +95,20 @@ def _evaluate(cfg: DemoConfig, data: Path, run: Path, saved: Path) -> dict:
     """The validation metrics and compact curve; kept in ``saved`` for the run's weights and m's."""
     from retrieval.io import write_json_atomic
     from retrieval.run import run_fingerprint
-    from training.evaluate import evaluate_run
+    from training.evaluate import evaluate_run, format_table
 
     dims = [m for m in cfg.dims if m < cfg.embed_dim]
     key = {"fingerprint": run_fingerprint(run), "dims": dims}
     if saved.exists():
         previous = json.loads(saved.read_text())
         if previous.get("key") == key:
-            print(_table(previous["result"]))
+            print(format_table(previous["result"]))
             return previous["metrics"]
     result = json.loads(json.dumps(evaluate_run(str(run), str(data / "val.jsonl"), dims=dims), default=float))
-    print(_table(result))
+    print(format_table(result))
     metrics = {k: result[k] for k in ("t2i_r1", "t2i_r10", "i2t_r1", "i2t_r10", "align", "uniform", "compact")}
     write_json_atomic(saved, {"key": key, "result": result, "metrics": metrics})
     return metrics
-
-
-def _table(result: dict) -> str:
-    lines = [
-        f"full dimension: t2i R@1 {result['t2i_r1']:.3f}  R@10 {result['t2i_r10']:.3f}   "
-        f"i2t R@1 {result['i2t_r1']:.3f}  R@10 {result['i2t_r10']:.3f}   "
-        f"align {result['align']:.3f}  uniform {result['uniform']:.3f}"
-    ]
-    curve = result["compact"]
-    dims = sorted({int(m) for per in curve.values() for m in per})
-    lines.append("ordering     " + "".join(f"m={m:<7d}" for m in dims))
-    for ordering, per in curve.items():
-        values = {int(m): v for m, v in per.items()}
-        lines.append(f"{ordering:<12} " + "".join(f"{values[m]:<9.3f}" for m in dims))
-    return "\n".join(lines)
 
 
 def _index(cfg: DemoConfig, data: Path, run: Path, index: Path) -> None:

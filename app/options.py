@@ -20,6 +20,8 @@ field's trailing ``# comment``, or ``field(metadata={"help": ...})``). Use it li
     given_fields(ns)                         # {"out", "dims", "data_config.sep"}: what was typed
 
 Types: ``bool`` is a flag (default False: ``--name``; default True: ``--no-name``);
+``bool | None`` with default None is a pair, ``--name`` / ``--no-name`` (None: not given, the
+caller decides; ``off_aliases`` names the second flag otherwise, e.g. ``--unlock-image``);
 ``int`` / ``float`` / ``str`` and ``X | None`` parse as X (floats must be finite);
 ``list[int]`` / ``list[float]`` / ``list[str]`` take comma-separated values; ``Literal[...]``
 or ``choices={field: values}`` (any iterable, e.g. :class:`LazyChoices` for names known
@@ -79,6 +81,7 @@ def add_options(
     choices: dict[str, Iterable] | None = None,
     exclude: Iterable[str] = (),
     required: Iterable[str] = (),
+    off_aliases: dict[str, Sequence[str]] | None = None,
 ) -> None:
     """Add one option per field of the dataclass ``cls`` (nested dataclasses flattened).
 
@@ -88,8 +91,10 @@ def add_options(
         choices: field path -> allowed values (overrides a ``Literal``).
         exclude: field paths not to offer.
         required: field paths to make required although they have a default.
+        off_aliases: field path -> extra option strings that set a ``bool | None`` field to False.
     """
     aliases, choices, exclude, required = aliases or {}, choices or {}, set(exclude), set(required)
+    off_aliases = off_aliases or {}
     for spec in _specs(cls, prefix):
         if spec.path in exclude:
             continue
@@ -98,6 +103,10 @@ def add_options(
         if _strip_optional(spec.type) is bool and spec.default is True:
             flag = "--no-" + flag[2:]  # the flag turns the setting off
         parser.add_argument(flag, *aliases.get(spec.path, ()), dest=spec.dest, **kwargs)
+        if _strip_optional(spec.type) is bool and spec.default is None:  # tri-state: an explicit off switch
+            off = {**kwargs, "const": False, "help": f"set {flag} off"}
+            off.pop("required", None)
+            parser.add_argument("--no-" + flag[2:], *off_aliases.get(spec.path, ()), dest=spec.dest, **off)
 
 
 def to_config(cls: type, ns: argparse.Namespace, prefix: str = ""):

@@ -1,11 +1,17 @@
 """Run directories: the model, its config and what ``--resume`` needs, written atomically.
 
     RUN/config.json          model config, loss, training config (JSON)
-    RUN/model.safetensors    the latest model weights
-    RUN/best/                the best epoch by validation t2i_r10 (eval / index use it by default)
+    RUN/model.safetensors    the latest model weights: what trained, plus a reference to the frozen towers
+    RUN/best/                the best epoch by validation t2i_r10 (eval / index use it when it was kept)
+    RUN/selection.json       whether the best epoch or the last weights were kept (training.selection)
     RUN/metrics.jsonl        one JSON object per evaluation
     RUN/skipped.json         records left out, by source and reason
-    RUN/checkpoint/          model.safetensors, optim.safetensors, state.json (resume)
+    RUN/checkpoint/          model.safetensors (a hard link to the run's), optim.safetensors, state.json (resume)
+
+Small runs: a weights file leaves out the tower tensors that did not train and are what the
+model was built with (from the towers' packages, or from the seed), and carries a reference
+to them (``retrieval.run``: seed, packages, hashes). A locked ``lite`` run is its heads. A
+finished run drops its optimizer state (resuming it to train longer restarts Adam's moments).
 
 Nothing here unpickles: tensors go through safetensors, everything else is JSON.
 The checkpoint and best folders are written beside the old ones and swapped in
@@ -16,52 +22,142 @@ Every file gets the user's umask.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
+from typing import Iterable
 
 import torch
 
 from retrieval.errors import UserError
 from retrieval.io import atomic_path, load_safetensors, recover_dir, save_safetensors, swap_dir, write_json_atomic
 from retrieval.model import DualEncoder
+from retrieval.model import LITE_PRESETS
 from retrieval.run import (  # noqa: F401 (re-exported)
     BEST,
     BEST_INFO,
     CONFIG,
     METRICS,
     MODEL,
+    SELECTION,
     SKIPPED,
+    TOWER_REFERENCE,
+    TOWERS,
+    tensors_hash,
     best_info,
+    frozen_tower_keys,
     load_run,
+    load_weights,
     read_config,
     read_metrics,
     run_fingerprint,
+    tower_reference,
 )
 
 CHECKPOINT = "checkpoint"
 
 
-def save_weights(module: torch.nn.Module, path: Path) -> None:
-    tensors = {k: v.detach().contiguous().cpu() for k, v in module.state_dict().items()}
-    save_safetensors(tensors, path)  # atomic, umask, sha256 checked on loading
+# ---------------------------------------------------------------------------- the weights format
 
 
-def save_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Module], optimizer, state: dict) -> None:
-    """Write the model for users and a full checkpoint for ``--resume``.
+def mark_built(model: DualEncoder, seed: int) -> None:
+    """Remember the tower tensors as built (``build_model`` right after ``torch.manual_seed(seed)``):
+    frozen tensors still equal to these are left out of weights files and rebuilt on loading."""
+    state = model.state_dict()
+    keys = [k for k in state if k.startswith(tuple(t + "." for t in TOWERS))]
+    model.__dict__["_as_built"] = {"seed": int(seed), "hashes": {k: tensors_hash(state, [k]) for k in keys}}
+
+
+def weights_snapshot(model: DualEncoder, trained: Iterable[str] | None = None) -> "WeightsSnapshot":
+    """CPU copies of what a weights file of ``model`` holds, with the tower reference.
+
+    Args:
+        trained: state-dict keys that trained (None: from ``requires_grad``). Tower tensors
+            outside it are left out when they are as built: from the towers' packages (lite
+            presets, open_clip pretrained tags), or from the seed given to :func:`mark_built`.
+    """
+    left_out, seed = _left_out(model, trained)
+    state = model.state_dict()
+    tensors = {k: v.detach().contiguous().cpu().clone() for k, v in state.items() if k not in left_out}
+    metadata = {TOWER_REFERENCE: json.dumps(tower_reference(model, left_out, seed))} if left_out else None
+    return WeightsSnapshot(tensors, metadata)
+
+
+class WeightsSnapshot:
+    """Tensors and safetensors metadata of one weights file, held until written."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None):
+        self.tensors, self.metadata = tensors, metadata
+
+    def write(self, path: Path) -> None:
+        save_safetensors(self.tensors, path, self.metadata)  # atomic, umask, sha256 checked on loading
+
+
+def save_weights(model: torch.nn.Module, path: Path, trained: Iterable[str] | None = None) -> None:
+    """Write ``model``'s weights file: what trained, plus the reference to its frozen towers
+    (see :func:`weights_snapshot`); any other module: all of its tensors."""
+    if isinstance(model, DualEncoder):
+        weights_snapshot(model, trained).write(path)
+        return
+    WeightsSnapshot({k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}, None).write(path)
+
+
+def _left_out(model: DualEncoder, trained: Iterable[str] | None) -> tuple[frozenset, int]:
+    """(tower keys a weights file leaves out, the seed they are rebuilt with)."""
+    if trained is None:
+        frozen = frozen_tower_keys(model)
+    else:
+        trained = set(trained)
+        frozen = [k for k in model.state_dict() if k.startswith(tuple(t + "." for t in TOWERS)) and k not in trained]
+    built = model.__dict__.get("_as_built")
+    if built is None:  # not marked: only package towers are known to be rebuilt alike
+        packaged = model.config.preset in LITE_PRESETS or bool(model.config.pretrained)
+        return (frozenset(frozen) if packaged else frozenset()), 0
+    cache = model.__dict__.setdefault("_left_out", {})
+    key = tuple(frozen)
+    if key not in cache:  # frozen tensors do not change: compared once
+        state = model.state_dict()
+        cache[key] = frozenset(k for k in frozen if built["hashes"].get(k) == tensors_hash(state, [k]))
+    return cache[key], built["seed"]
+
+
+# ---------------------------------------------------------------------------- checkpoints
+
+
+def save_checkpoint(
+    run: Path,
+    model: DualEncoder,
+    extra: dict[str, torch.nn.Module],
+    optimizer,
+    state: dict,
+    keep_optimizer: bool = True,
+) -> None:
+    """Write the model for users and a checkpoint for ``--resume``.
 
     Args:
         extra: other modules with trainable state (e.g. a loss with a learnable bias).
         state: JSON-serialisable trainer state (step, epoch, ...).
+        keep_optimizer: False for the end of a finished run: no optimizer state is written.
     """
     save_weights(model, run / MODEL)
     tmp = _fresh_dir(run / f".{CHECKPOINT}.tmp")
-    shutil.copyfile(run / MODEL, tmp / MODEL)  # the same weights, not serialised twice
-    opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
-    for name, module in extra.items():
-        opt_tensors.update({f"extra.{name}.{k}": v.detach().contiguous().cpu() for k, v in module.state_dict().items()})
-    save_safetensors(opt_tensors, tmp / "optim.safetensors")
+    _link_or_copy(run / MODEL, tmp / MODEL)  # the same weights, neither serialised nor stored twice
+    opt_meta = None
+    if keep_optimizer:
+        opt_tensors, opt_meta = _flatten_optimizer(optimizer.state_dict())
+        for name, module in extra.items():
+            opt_tensors.update({f"extra.{name}.{k}": v.detach().contiguous().cpu() for k, v in module.state_dict().items()})
+        save_safetensors(opt_tensors, tmp / "optim.safetensors")
     (tmp / "state.json").write_text(json.dumps({**state, "optimizer": opt_meta}, indent=2))
     swap_dir(tmp, run / CHECKPOINT)
+
+
+def _link_or_copy(source: Path, target: Path) -> None:
+    """A hard link (no bytes written; a later atomic rewrite of ``source`` leaves it whole), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
 
 
 def has_checkpoint(run: Path) -> bool:
@@ -69,10 +165,10 @@ def has_checkpoint(run: Path) -> bool:
     return (recover_dir(run / CHECKPOINT) / "state.json").exists()
 
 
-def save_best(run: Path, model: DualEncoder, info: dict) -> None:
-    """Keep ``model``'s weights as the run's best (``RUN/best``), with ``info`` (epoch, metric, ...)."""
+def save_best(run: Path, model: "DualEncoder | WeightsSnapshot", info: dict) -> None:
+    """Keep ``model``'s weights (or a snapshot of them) as the run's best (``RUN/best``), with ``info``."""
     tmp = _fresh_dir(run / f".{BEST}.tmp")
-    save_weights(model, tmp / MODEL)
+    (model if isinstance(model, WeightsSnapshot) else weights_snapshot(model)).write(tmp / MODEL)
     write_json_atomic(tmp / BEST_INFO, info)
     swap_dir(tmp, run / BEST)
 
@@ -94,15 +190,18 @@ def load_checkpoint(run: Path, model: DualEncoder, extra: dict[str, torch.nn.Mod
                 raise ValueError(f"no integer {key!r}")
     except (OSError, UnicodeDecodeError, ValueError, AttributeError, KeyError, TypeError) as err:
         raise UserError(f"--resume: {ckpt / 'state.json'} is damaged ({err})") from None
-    for name, load in (
-        (MODEL, lambda: model.load_state_dict(load_safetensors(ckpt / MODEL))),
-        ("optim.safetensors", lambda: _load_optim(ckpt, extra, optimizer, meta)),
-    ):
-        try:
-            load()
-        except Exception as err:  # safetensors / load_state_dict raise many types for damaged or foreign files
-            first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-            raise UserError(f"--resume: cannot load {ckpt / name}: {first}") from None
+    try:
+        load_weights(model, ckpt / MODEL)
+    except UserError as err:
+        raise UserError(f"--resume: {err}") from None
+    if meta is None:  # a finished run keeps no optimizer state
+        print("--resume: the run had finished and kept no optimizer state; Adam's moments start again from zero")
+        return state
+    try:
+        _load_optim(ckpt, extra, optimizer, meta)
+    except Exception as err:  # safetensors / load_state_dict raise many types for damaged or foreign files
+        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
+        raise UserError(f"--resume: cannot load {ckpt / 'optim.safetensors'}: {first}") from None
     return state
 
 

@@ -6,7 +6,7 @@ Torch-free on purpose: the command line builds its options from these classes
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from typing import Literal
 
 from retrieval.data.records import DataConfig
@@ -14,11 +14,83 @@ from retrieval.data.records import DataConfig
 WEIGHTS = ("best", "last")  # which weights of a run eval / index use (retrieval.run)
 
 
+# ---------------------------------------------------------------------------- preset recipes
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """What a preset trains with unless an option says otherwise (``triclip train --help`` lists them)."""
+
+    epochs: int  # passes over the training data
+    batch_size: int  # pairs per step, per rank
+    lr: float  # peak learning rate
+    head: str  # projection heads
+    lock_image: bool  # image tower frozen, its outputs cached
+    lock_text: bool  # text tower frozen, its outputs cached
+    tower_lr_scale: float  # a tower that trains: lr * this
+
+
+# lite*: the measured recipe (docs/results.md set-up and section 7; the demo): pretrained towers locked and
+# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (README, partly unlocked).
+_LITE = Recipe(epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1)
+RECIPES: dict[str, Recipe] = {
+    "tiny": Recipe(epochs=1, batch_size=64, lr=1e-3, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0),
+    "lite": _LITE,
+    "lite1": _LITE,
+    "lite2": _LITE,
+}
+OPEN_CLIP_RECIPE = Recipe(epochs=1, batch_size=64, lr=5e-4, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0)
+LOCKED_CHECKPOINT_EVERY = 10  # epochs between checkpoints when both towers are locked (an epoch takes seconds)
+
+
+def recipe_for(model: str) -> Recipe:
+    """The recipe of preset ``model`` (an open_clip architecture name gets OPEN_CLIP_RECIPE)."""
+    return RECIPES.get(model, OPEN_CLIP_RECIPE)
+
+
+def _per_preset(name: str, what: str) -> str:
+    """Help text of a recipe field: ``what`` and each preset's value."""
+    groups: dict[str, list[str]] = {}
+    for preset, recipe in [*RECIPES.items(), ("open_clip names", OPEN_CLIP_RECIPE)]:
+        groups.setdefault(str(getattr(recipe, name)), []).append(preset)
+    values = "; ".join(f"{'/'.join(presets)} {value}" for value, presets in groups.items())
+    return f"{what} (default: the preset's: {values})"
+
+
+def recipe_table() -> str:
+    """The recipes as a table (``triclip train --help``)."""
+    names = [f.name for f in fields(Recipe)]
+    rows = [["preset", *names]] + [[p, *(str(getattr(r, n)) for n in names)] for p, r in RECIPES.items()]
+    rows.append(["open_clip", *(str(getattr(OPEN_CLIP_RECIPE, n)) for n in names)])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(names) + 1)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    return "preset recipes (an option given overrides its field; config.json records what was used):\n  " + "\n  ".join(lines)
+
+
+def resolve_recipe(cfg: "TrainConfig") -> "TrainConfig":
+    """``cfg`` with every recipe field left None taken from its preset, and the checkpoint interval.
+
+    Idempotent: a resumed run's config.json holds values, which stay. ``head`` stays None with
+    ``--init`` (the initialising run's heads decide).
+    """
+    recipe = recipe_for(cfg.model)
+    filled = {
+        name: getattr(recipe, name)
+        for name in (f.name for f in fields(Recipe))
+        if getattr(cfg, name) is None and not (name == "head" and getattr(cfg, "init", None))
+    }
+    cfg = replace(cfg, **filled)
+    if cfg.checkpoint_every is None:
+        cached = cfg.lock_image and cfg.lock_text and not cfg.unlock_image_groups and not cfg.unlock_text_layers
+        cfg = replace(cfg, checkpoint_every=LOCKED_CHECKPOINT_EVERY if cached else 1)
+    return cfg
+
+
 @dataclass
 class TrainConfig:
     train_data: str  # training data source (any format of retrieval.data)
     out: str  # run directory
-    val_data: str | None = None  # evaluated after every epoch; the best epoch by t2i_r10 is kept in RUN/best
+    val_data: str | None = None  # evaluated after every epoch; the best epoch by t2i_r10 is kept when it beats the last beyond noise (--select-factor)
     model: str = "tiny"  # preset: tiny, lite, lite1, lite2, or an open_clip architecture
     pretrained: str | None = None  # open_clip pretrained tag (needs the weights locally)
     embed_dim: int | None = None  # D (None: per preset)
@@ -27,29 +99,31 @@ class TrainConfig:
     importance: str = "softplus_mean1"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
     importance_spread: float | None = None  # w starts as a ramp 1 ... 1/spread (None: 100 if the objective trains w, else 1)
     importance_lr_scale: float = 1.0  # theta's learning rate = lr * this (Adam moves theta ~lr per step)
-    tower_lr_scale: float = 1.0  # unlocked towers' learning rate = lr * this (pretrained towers: < 1)
+    tower_lr_scale: float | None = field(default=None, metadata={"help": _per_preset("tower_lr_scale", "a tower that trains: lr * this")})
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
     loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1
     fixed_logit_scale: float | None = None  # hold the logit scale s at this value, 1-100 (not trained); None: learned, clamped to 100
-    epochs: int = 1  # passes over the training data
-    batch_size: int = 64  # pairs per step, per rank
-    lr: float | None = None  # peak learning rate (None: 1e-3 for tiny, 1e-4 for lite, else 5e-4)
+    epochs: int | None = field(default=None, metadata={"help": _per_preset("epochs", "passes over the training data")})
+    batch_size: int | None = field(default=None, metadata={"help": _per_preset("batch_size", "pairs per step, per rank")})
+    lr: float | None = field(default=None, metadata={"help": _per_preset("lr", "peak learning rate")})
     weight_decay: float = 0.1  # AdamW, on weight matrices only
     warmup_steps: int | None = None  # linear warmup steps (None: 5% of all steps)
     grad_clip: float = 1.0  # max global grad norm (0: off)
     resume: bool = False  # continue the run in --out with the settings of its config.json
-    overwrite: bool = False  # replace the run already in --out (any other non-empty folder is refused)
     init: str | None = None  # start from this run's weights (e.g. triclip solve's): same preset, D and head kind
-    lock_image: bool = False  # freeze the image tower, cache its outputs
-    lock_text: bool = False  # freeze the text tower, cache its outputs
+    overwrite: bool = False  # replace the run already in --out (any other non-empty folder is refused)
+    lock_image: bool | None = field(default=None, metadata={"help": _per_preset("lock_image", "freeze the image tower, cache its outputs; --unlock-image trains it")})
+    lock_text: bool | None = field(default=None, metadata={"help": _per_preset("lock_text", "freeze the text tower, cache its outputs; --unlock-text trains it")})
     unlock_image_groups: int = 0  # train only the top N groups of the image tower; the rest runs once, cached (0: off)
     unlock_text_layers: int = 0  # train only the top N layers of the text tower; the rest runs once, cached (0: off)
     cached_views: int = 1  # with --unlock-image-groups: augmented views cached per image, one drawn per epoch
     cache_budget: float = 4.0  # GB that cached activations below the cut may take; larger is refused
     seed: int = 0  # seeds the model's initialisation, the batch order and the caption choice
     workers: int = 0  # DataLoader worker processes for image decoding
-    save_every: int = 0  # also checkpoint every N steps (0: only per epoch)
+    save_every: int = 0  # also checkpoint every N steps (0: only per --checkpoint-every epochs)
+    checkpoint_every: int | None = None  # epochs between checkpoints, and always the last (None: 10 with both towers locked, else 1)
+    select_factor: float = 2.0  # keep the best epoch only when it beats the last by this many standard errors of t2i_r10 (0: always the best)
     max_steps: int | None = None  # stop early after this many steps (benchmarks, smoke runs)
     device: str | None = None  # cpu, cuda, cuda:1 (None: cuda when available)
     data: DataConfig = field(default_factory=DataConfig)  # how to read the sources
@@ -77,7 +151,7 @@ class SolveConfig:
     val_data: str | None = None  # picks the ridge by t2i_r10 (--ridge auto) and is evaluated
     model: str = "lite"  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture
     embed_dim: int | None = None  # D, canonical directions kept (None: per preset; at most the smaller tower width)
-    ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.001-1 on --val-data
+    ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.01-10 on --val-data
     weighting: float = 1.0  # the served score weighs dimension k by rho_k ** this (1: f^T S g; 0: plain cosine)
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256)
     overwrite: bool = False  # replace the run already in --out

@@ -46,6 +46,7 @@ def evaluate(
     image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
     texts = [c for i in keep.tolist() for c in pairs.records[i].captions]  # rows of text_emb
     result = dict(retrieval_recall(image_scored, text_scored, text_to_image, texts=texts))  # over distinct texts
+    result["t2i_queries"] = len(set(texts))  # what t2i recall averages over (its noise: training.selection)
     result.update(align_uniform(image_emb, text_emb[first_caption]))  # Wang & Isola: on the encoder's output
     labels = [pairs.records[i].label for i in keep.tolist()]
     if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
@@ -60,6 +61,26 @@ def evaluate(
     if decode_skipped:
         result["skipped"] = dict(sorted(decode_skipped.items()))
     return result
+
+
+def format_table(result: dict) -> str:
+    """The full-dimension recall and the compact curve (recall@10 t2i per ordering and m) as text.
+
+    What the demo and the end of ``triclip train`` print.
+    """
+    lines = [
+        f"full dimension: t2i R@1 {result['t2i_r1']:.3f}  R@10 {result['t2i_r10']:.3f}   "
+        f"i2t R@1 {result['i2t_r1']:.3f}  R@10 {result['i2t_r10']:.3f}   "
+        f"align {result['align']:.3f}  uniform {result['uniform']:.3f}"
+    ]
+    curve = result.get("compact") or {}
+    dims = sorted({int(m) for per in curve.values() for m in per})
+    if dims:
+        lines.append("ordering     " + "".join(f"m={m:<7d}" for m in dims))
+    for ordering, per in curve.items():
+        values = {int(m): v for m, v in per.items()}
+        lines.append(f"{ordering:<12} " + "".join(f"{values[m]:<9.3f}" for m in dims))
+    return "\n".join(lines)
 
 
 def model_score_embeddings(image_emb: torch.Tensor, text_emb: torch.Tensor, w: torch.Tensor):

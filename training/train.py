@@ -43,14 +43,13 @@ from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
-from training.config import TrainConfig
-from training.evaluate import evaluate
+from training.config import TrainConfig, resolve_recipe
+from training.evaluate import evaluate, format_table
+from training.selection import Selection, select
 from training.optim import AdamW
 
 __all__ = ["TrainConfig", "train"]
 
-DEFAULT_LR = {"tiny": 1e-3, "lite": 1e-4, "lite1": 1e-4, "lite2": 1e-4}  # other (open_clip) models: 5e-4
-DEFAULT_HEAD = {"lite": "mlp", "lite1": "mlp", "lite2": "mlp"}  # pretrained towers: MLP heads beat linear ones for every objective (README ablation)
 DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
 # Objective options the trainer adds unless given (so config.json records them): tricl and mrl train their
 # top-m scores too; mrl (infonce + prefix nesting) is the default objective (docs/results.md, section 7).
@@ -60,7 +59,8 @@ DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_ord
 DEFAULT_IMPORTANCE = {"tricl_spectral": ("softplus", 1.0)}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
-RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget")  # --resume: as given
+RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget",
+           "checkpoint_every", "select_factor")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -79,6 +79,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
     if saved is not None:
         cfg = _resumed_config(run, saved, cfg, _explicit(cfg) if given is None else set(given))
+    from_recipe = {name for name in ("batch_size",) if getattr(cfg, name) is None}
+    cfg = resolve_recipe(cfg)  # the preset's epochs, batch, lr, heads, locks (training.config.RECIPES)
     _validate(cfg)
     device = _pick_device(cfg.device, rank)
     torch.manual_seed(cfg.seed)
@@ -87,6 +89,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
     if saved is not None:
         _check_same_data(saved, train_pairs, val_pairs)
+    cfg = _fit_batch(cfg, len(train_pairs.records), world, "batch_size" in from_recipe)
     cfg = replace(cfg, loss_options=_loss_options(cfg.loss, cfg.loss_options))  # to config.json
     try:
         loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
@@ -97,12 +100,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         cfg = _importance_defaults(cfg, _explicit(cfg) if given is None else set(given))
         if cfg.init:
             cfg = _init_defaults(cfg, _explicit(cfg) if given is None else set(given))
-    cfg = replace(
-        cfg,
-        lr=cfg.lr or DEFAULT_LR.get(cfg.model, 5e-4),
-        head=cfg.head or DEFAULT_HEAD.get(cfg.model, "linear"),
-        importance_spread=_importance_spread(cfg.importance_spread, trains_importance),
-    )
+    cfg = replace(cfg, importance_spread=_importance_spread(cfg.importance_spread, trains_importance))
     model_cfg = ModelConfig(
         preset=cfg.model,
         pretrained=cfg.pretrained,
@@ -112,7 +110,9 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         importance_spread=cfg.importance_spread,
         text_max_length=cfg.text_max_length,
     )
+    torch.manual_seed(cfg.seed)  # the towers as the seed makes them: a run leaves frozen ones out (training.checkpoint)
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
+    ckpt.mark_built(model, cfg.seed)
     if cfg.init and saved is None:  # a resumed run restores its checkpoint instead
         _load_init(model, cfg.init)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
@@ -143,13 +143,15 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     )
     base_lrs = [g["lr"] for g in optimizer.param_groups]
 
-    state, best = {"step": 0, "epoch": 0, "batch": 0}, None
+    state, best = {"step": 0, "epoch": 0, "batch": 0}, _HeldBest(None)
     if cfg.resume and ckpt.has_checkpoint(run):
         state = ckpt.load_checkpoint(run, model, {"loss": loss_fn}, optimizer)
         _truncate_metrics(run, state["epoch"])
-        best = ckpt.best_info(run)
+        best = _HeldBest(ckpt.best_info(run, held=True))
     elif rank == 0:
         _start_over(run)  # a new run, or one killed before its first checkpoint
+    if rank == 0:
+        (run / ckpt.SELECTION).unlink(missing_ok=True)  # undecided until the end (eval / index: RUN/best meanwhile)
     if rank == 0:
         ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs))
 
@@ -191,7 +193,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
                 writer.add_scalar("train/logit_scale", model.logit_scale().item(), step)
                 writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
             if cfg.save_every and step % cfg.save_every == 0 and done < steps_per_epoch:
-                _save(run, rank, model, loss_fn, optimizer, {"step": step, "epoch": epoch, "batch": done})
+                _save(run, rank, model, loss_fn, optimizer, {"step": step, "epoch": epoch, "batch": done}, best)
         bar.close()
         if not stopped:
             done = steps_per_epoch  # also when the last batches had no decodable image
@@ -224,13 +226,13 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
                     if isinstance(value, (int, float)):
                         writer.add_scalar(f"val/{name}", value, step)
             print(_summary_line(record))
-            if best is None or last_eval[BEST_METRIC] > best["value"]:
-                best = {"epoch": epoch + 1, "step": step, "metric": BEST_METRIC, "value": last_eval[BEST_METRIC]}
-                ckpt.save_best(run, model, best)  # before the checkpoint: a resume redoes this epoch alike
+            best.offer(model, epoch + 1, step, last_eval[BEST_METRIC])  # written with the next checkpoint
         if rank == 0:
             skipped.write(run)
         next_state = {"step": step, "epoch": epoch + 1, "batch": 0} if epoch_done else {"step": step, "epoch": epoch, "batch": done}
-        _save(run, rank, model, loss_fn, optimizer, next_state)
+        finished = step >= total_steps or epoch + 1 >= cfg.epochs
+        if finished or (epoch + 1) % cfg.checkpoint_every == 0:  # a finished run keeps no optimizer state
+            _save(run, rank, model, loss_fn, optimizer, next_state, best, keep_optimizer=not finished)
         if step >= total_steps:
             break
     if writer:
@@ -238,7 +240,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     if rank == 0:
         skipped.train.update_from(source)
         skipped.write(run)
-        print(_final_summary(run, cfg, step, best, last_eval, skipped))
+        selection = _select(run, cfg, best.info, val_pairs)
+        print(_final_summary(run, cfg, step, selection, skipped))
     if world > 1:
         dist.barrier()
     return last_eval
@@ -302,19 +305,37 @@ def _previous_skipped(run: Path) -> dict:
     return {k: v for k, v in previous.items() if isinstance(v, dict)}
 
 
-def _final_summary(run: Path, cfg: TrainConfig, step: int, best: dict | None, last_eval: dict, skipped: _Skipped) -> str:
-    """One paragraph: where the run is, its best epoch and recall, what was skipped."""
+def _select(run: Path, cfg: TrainConfig, best: dict | None, val_pairs) -> tuple[Selection, dict] | None:
+    """Keep RUN/best or the last weights (``training.selection``), write RUN/selection.json; returns the
+    decision and the kept epoch's evaluation (None without validation)."""
+    records = [r for r in ckpt.read_metrics(run) if isinstance(r.get(BEST_METRIC), (int, float))]
+    if best is None or not records:
+        return None
+    last = records[-1]
+    queries = last.get("t2i_queries") or len({c for r in val_pairs.records for c in r.captions})  # older records
+    selection = select((best["epoch"], best["value"]), (last["epoch"], last[BEST_METRIC]), queries, cfg.select_factor, BEST_METRIC)
+    write_json_atomic(run / ckpt.SELECTION, selection.to_dict())
+    kept = next((r for r in records if r.get("epoch") == selection.kept_epoch), last)
+    return selection, kept
+
+
+def _final_summary(run: Path, cfg: TrainConfig, step: int, selection: tuple[Selection, dict] | None, skipped: _Skipped) -> str:
+    """A paragraph: where the run is, which weights it keeps and why, what was skipped; then the
+    kept epoch's validation table (recall at full D and against m, as the demo prints it)."""
     text = f"Trained {cfg.model} with {cfg.loss} for {step} steps; the run is in {run}."
-    if best is not None:
-        last = f" (last epoch: {last_eval[BEST_METRIC]:.4f})" if BEST_METRIC in last_eval else ""
+    if selection is not None:
+        decision, record = selection
+        where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
         text += (
-            f" Best epoch: {best['epoch']} with validation {BEST_METRIC} {best['value']:.4f}{last},"
-            f" kept in {run / ckpt.BEST}; eval and index use it unless given --weights last."
+            f" Best epoch: {decision.best_epoch}; {decision.reason()} Eval and index use the kept weights"
+            f" ({where}; the decision is in {run / ckpt.SELECTION}) unless given --weights last."
         )
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
     text += f" Skipped records: {skipped.text() if total else 'none'} (in {run / ckpt.SKIPPED})."
+    if selection is not None and "compact" in selection[1]:
+        text += f"\nValidation, epoch {selection[1].get('epoch')} (kept):\n" + format_table(selection[1])
     return text
 
 
@@ -473,6 +494,21 @@ def _validate(cfg: TrainConfig) -> None:
 
 def _flag(name: str) -> str:
     return {"weight_decay": "--wd", "warmup_steps": "--warmup"}.get(name, "--" + name.replace("_", "-"))
+
+
+def _fit_batch(cfg: TrainConfig, records: int, world: int, from_recipe: bool) -> TrainConfig:
+    """A recipe's batch shrinks so that a small training set still gives two full batches an epoch
+    (one line says so); a batch the user gave that no epoch can fill is refused."""
+    if records // (cfg.batch_size * world) >= 2 or (not from_recipe and records // (cfg.batch_size * world) >= 1):
+        return cfg
+    if not from_recipe:
+        raise UserError(
+            f"--batch-size {cfg.batch_size}{f' x {world} ranks' if world > 1 else ''} is larger than the"
+            f" {records} usable training records: no full batch; give a smaller --batch-size"
+        )
+    batch = max(2, records // (2 * world))
+    print(f"{records} training records: batch {batch} instead of the {cfg.model} recipe's {cfg.batch_size}", flush=True)
+    return replace(cfg, batch_size=batch)
 
 
 def _importance_spread(spread: float | None, trains_importance: bool) -> float:
@@ -669,9 +705,30 @@ def _truncate_metrics(run: Path, epochs_done: int) -> None:
         write_text_atomic(run / ckpt.METRICS, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
 
-def _save(run: Path, rank: int, model, loss_fn, optimizer, state: dict) -> None:
+def _save(run: Path, rank: int, model, loss_fn, optimizer, state: dict, best: "_HeldBest", keep_optimizer: bool = True) -> None:
     if rank == 0:
-        ckpt.save_checkpoint(run, model, {"loss": loss_fn}, optimizer, state)
+        best.flush(run)  # before the checkpoint: a resume redoes the epochs after it alike
+        ckpt.save_checkpoint(run, model, {"loss": loss_fn}, optimizer, state, keep_optimizer=keep_optimizer)
+
+
+class _HeldBest:
+    """The best epoch so far (``RUN/best``): its info, and its weights until the next checkpoint writes them.
+
+    Written with checkpoints, not when found, so a run with cheap epochs writes it a few times, not every epoch.
+    """
+
+    def __init__(self, info: dict | None):
+        self.info, self.pending = info, None
+
+    def offer(self, model: DualEncoder, epoch: int, step: int, value: float) -> None:
+        if self.info is None or value > self.info["value"]:
+            self.info = {"epoch": epoch, "step": step, "metric": BEST_METRIC, "value": value}
+            self.pending = ckpt.weights_snapshot(model)
+
+    def flush(self, run: Path) -> None:
+        if self.pending is not None:
+            ckpt.save_best(run, self.pending, self.info)
+            self.pending = None
 
 
 def _init_distributed() -> tuple[int, int]:

@@ -28,6 +28,7 @@ def trained(tmp_path_factory):
             "--loss-opt", "dec_weight=0.5",
             "--epochs", "2",
             "--batch-size", "32",
+            "--select-factor", "0",  # always keep the best epoch: the tests below read RUN/best
         ]
     )  # fmt: skip
     assert rc == 0
@@ -93,8 +94,10 @@ def test_every_field_of_the_configs_is_an_option():
 def test_help_shows_defaults_and_the_objectives(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
-    text = capsys.readouterr().out
-    assert "(default: 64)" in text and "--wd" in text and "--warmup" in text and "--loss-opt" in text
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert "--wd" in text and "--warmup" in text and "--loss-opt" in text and "--unlock-image" in text
+    assert "pairs per step, per rank (default: the preset's: tiny/open_clip names 64; lite/lite1/lite2 256)" in text
+    assert "lite 40 256 0.001 mlp True True 0.1" in text  # the recipe table
     for name in ("infonce", "debiased", "tricl", "triplet"):
         assert name in text
 
@@ -237,6 +240,17 @@ def _damaged(name: str, content: bytes | None = None, truncate: bool = False):
     return make
 
 
+def _unfinished_with_truncated_optimizer(trained: Path, tmp_path: Path) -> Path:
+    """A finished run keeps no optimizer state: make the copy look unfinished, with a damaged one."""
+    run = _copy_run(trained, tmp_path)
+    state = json.loads((run / "checkpoint" / "state.json").read_text())
+    assert state["optimizer"] is None and not (run / "checkpoint" / "optim.safetensors").exists()
+    state.update(epoch=1, optimizer={"param_groups": [], "scalars": {}})
+    (run / "checkpoint" / "state.json").write_text(json.dumps(state))
+    (run / "checkpoint" / "optim.safetensors").write_bytes((run / "model.safetensors").read_bytes()[:100])
+    return run
+
+
 def _foreign_weights(trained: Path, tmp_path: Path) -> Path:
     import torch
     from safetensors.torch import save_file
@@ -309,7 +323,7 @@ ERRORS = {
     "resume-damaged-state": (_resume(_damaged("checkpoint/state.json", b'{"step": 3')), "state.json is damaged"),
     "resume-state-missing-keys": (_resume(_damaged("checkpoint/state.json", b'{"optimizer": {}}')), "state.json is damaged"),
     "resume-truncated-checkpoint-weights": (_resume(_damaged("checkpoint/model.safetensors", truncate=True)), "cannot load"),
-    "resume-truncated-optimizer": (_resume(_damaged("checkpoint/optim.safetensors", truncate=True)), "cannot load"),
+    "resume-truncated-optimizer": (_resume(_unfinished_with_truncated_optimizer), "cannot load"),
     "resume-damaged-metrics": (_resume(_damaged("metrics.jsonl", b'{"epoch": 1}\n{"epoch": 2, "t2i\n')), "metrics.jsonl is damaged"),
 }
 

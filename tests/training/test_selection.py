@@ -1,0 +1,107 @@
+"""Model selection: the best epoch is kept only when it beats the last beyond sampling noise."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import training.evaluate
+import training.train as train_mod
+from retrieval.run import best_info, load_run, run_fingerprint, weights_path
+from training.selection import select, select_from_history
+from training.train import TrainConfig, train
+
+
+def test_a_gain_within_noise_keeps_the_last_weights():
+    """The issue's case: 116 validation queries, the best epoch early, a small lead."""
+    decision = select_from_history([0.50, 0.64, 0.61, 0.60], queries=116)
+    stderr = math.sqrt(0.62 * 0.38 / 116)  # p: the mean of best and last
+    assert decision.stderr == pytest.approx(stderr) and decision.threshold == pytest.approx(2 * stderr)
+    assert (decision.best_epoch, decision.last_epoch) == (2, 4)
+    assert decision.kept == "last" and decision.kept_epoch == 4
+    assert "within noise" in decision.reason() and "116 distinct queries" in decision.reason()
+
+
+def test_a_gain_well_above_noise_keeps_the_best_epoch():
+    decision = select_from_history([0.50, 0.80, 0.65, 0.60], queries=116)
+    assert decision.kept == "best" and decision.kept_epoch == 2
+    assert decision.best_value - decision.last_value > decision.threshold
+    assert "kept the best epoch" in decision.reason()
+
+
+def test_the_same_gain_counts_on_a_larger_split():
+    values = [0.50, 0.64, 0.61, 0.60]
+    assert select_from_history(values, queries=116).kept == "last"
+    assert select_from_history(values, queries=5000).kept == "best"  # se shrinks as 1/sqrt(n)
+
+
+def test_factor_zero_is_plain_selection_and_the_threshold_is_its_boundary():
+    assert select_from_history([0.5, 0.6, 0.59], queries=100, factor=0).kept == "best"
+    p = 0.55
+    threshold = 2 * math.sqrt(p * (1 - p) / 100)
+    just_below = select((1, p + threshold / 2 - 1e-6), (2, p - threshold / 2 + 1e-6), queries=100)
+    just_above = select((1, p + threshold / 2 + 1e-3), (2, p - threshold / 2 - 1e-3), queries=100)
+    assert just_below.kept == "last" and just_above.kept == "best"
+
+
+def test_when_the_last_is_the_best_it_is_kept_and_ties_pick_the_first():
+    assert select_from_history([0.2, 0.3, 0.4], queries=50).kept_epoch == 3
+    assert select_from_history([0.2, 0.4, 0.4], queries=50).best_epoch == 2
+    assert select_from_history([1.0, 1.0], queries=1).stderr > 0  # never a zero threshold
+    with pytest.raises(ValueError):
+        select_from_history([], queries=10)
+
+
+def _cfg(shapes_data, out, **kw) -> TrainConfig:
+    base = dict(
+        train_data=str(shapes_data / "train.jsonl"), val_data=str(shapes_data / "val.jsonl"), out=str(out),
+        model="tiny", embed_dim=16, loss="infonce", epochs=3, batch_size=32,
+    )  # fmt: skip
+    return TrainConfig(**{**base, **kw})
+
+
+def _forced(monkeypatch, values):
+    real, calls = training.evaluate.evaluate, {"n": 0}
+
+    def forced(*args, **kw):
+        result = real(*args, **kw)
+        result["t2i_r10"] = values[calls["n"]]
+        calls["n"] += 1
+        return result
+
+    monkeypatch.setattr(train_mod, "evaluate", forced)
+
+
+def test_training_keeps_the_last_weights_when_the_best_is_within_noise(shapes_data, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _forced(monkeypatch, [0.40, 0.42, 0.41])  # a 0.01 lead on ~50 queries: noise
+    train(_cfg(shapes_data, run))
+    decision = json.loads((run / "selection.json").read_text())
+    assert decision["kept"] == "last" and decision["best_epoch"] == 2 and decision["kept_epoch"] == 3
+    assert decision["queries"] == json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["t2i_queries"] > 10
+    assert (run / "best" / "model.safetensors").exists()  # held, not used
+    assert weights_path(run) == run / "model.safetensors" and best_info(run) is None
+    assert run_fingerprint(run) == run_fingerprint(run, which="last")
+    kept, _ = load_run(run)
+    last, _ = load_run(run, which="last")
+    assert torch.equal(kept.image_head.weight, last.image_head.weight)
+    out = capsys.readouterr().out
+    assert "within noise: kept the last weights" in out
+    assert "Validation, epoch 3 (kept):" in out and "ordering     m=" in out  # the demo's per-m table
+
+
+def test_training_keeps_the_best_epoch_when_it_is_well_above_noise(shapes_data, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _forced(monkeypatch, [0.40, 0.90, 0.41])
+    train(_cfg(shapes_data, run))
+    assert json.loads((run / "selection.json").read_text())["kept"] == "best"
+    assert best_info(run)["epoch"] == 2 and weights_path(run) == run / "best" / "model.safetensors"
+    assert "Validation, epoch 2 (kept):" in capsys.readouterr().out
+
+    _forced(monkeypatch, [0.45, 0.44])  # resumed: epochs 4-5 lower, the held best still leads
+    train(_cfg(shapes_data, run, epochs=5, resume=True))
+    decision = json.loads((run / "selection.json").read_text())
+    assert decision["kept"] == "best" and decision["best_epoch"] == 2 and decision["last_epoch"] == 5

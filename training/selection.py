@@ -1,0 +1,82 @@
+"""Which weights a run keeps: the best validation epoch only when it beats the last beyond noise.
+
+Picking the best of E epochs on n validation queries is biased upward: with equally good
+weights the maximum of E noisy recalls still beats the last one. Recall@10 over n distinct
+queries is a proportion with binomial standard error ``se = sqrt(p (1 - p) / n)``; the best
+epoch is kept only when ``best - last > factor * se`` (p: the mean of the two). With
+``factor = 2`` a single comparison is a one-sided test at about 2.3%; epochs are scored on
+the same queries by neighbouring weights, so two evaluations are strongly correlated and
+the noise of their difference is at most about one ``se`` (it is ``se * sqrt(2 (1 - rho))``,
+<= se for rho >= 0.5), which leaves room for the upward bias of taking the maximum.
+Otherwise the last weights are kept: they fit the training collection best, and that is
+the collection users index.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Sequence
+
+DEFAULT_FACTOR = 2.0  # standard errors the best epoch must gain over the last
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The decision and the numbers behind it (``RUN/selection.json``)."""
+
+    kept: str  # "best" or "last"
+    metric: str  # the validation metric compared, e.g. t2i_r10
+    best_epoch: int  # the epoch with the highest value (the first one on ties)
+    best_value: float
+    last_epoch: int
+    last_value: float
+    queries: int  # distinct validation queries the metric averages over
+    stderr: float  # binomial standard error sqrt(p (1 - p) / queries), p = mean of the two values
+    factor: float  # the gain must exceed factor * stderr
+    threshold: float  # factor * stderr
+
+    @property
+    def kept_epoch(self) -> int:
+        return self.best_epoch if self.kept == "best" else self.last_epoch
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "kept_epoch": self.kept_epoch}
+
+    def reason(self) -> str:
+        """One sentence with the numbers."""
+        gain = self.best_value - self.last_value
+        noise = f"{self.factor:g} x {self.stderr:.4f} = {self.threshold:.4f} ({self.factor:g} standard errors over {self.queries} distinct queries)"
+        if self.best_epoch == self.last_epoch:
+            return f"the last epoch, {self.last_epoch}, is the best ({self.metric} {self.last_value:.4f}): kept it."
+        head = (
+            f"the best epoch {self.best_epoch} ({self.metric} {self.best_value:.4f}) beats the last,"
+            f" epoch {self.last_epoch} ({self.last_value:.4f}), by {gain:.4f}"
+        )
+        if self.kept == "best":
+            return f"{head} > {noise}: kept the best epoch."
+        return f"{head} <= {noise}, within noise: kept the last weights."
+
+
+def select(
+    best: tuple[int, float], last: tuple[int, float], queries: int, factor: float = DEFAULT_FACTOR, metric: str = "t2i_r10"
+) -> Selection:
+    """Keep ``best`` = (epoch, value) over ``last`` only when its gain exceeds ``factor`` standard errors.
+
+    ``factor = 0`` keeps the best whenever it is higher (plain model selection).
+    """
+    (best_epoch, best_value), (last_epoch, last_value) = best, last
+    n = max(int(queries), 1)
+    p = min(max((best_value + last_value) / 2, 1.0 / n), 1.0 - 1.0 / n) if n > 1 else 0.5
+    stderr = math.sqrt(p * (1 - p) / n)
+    threshold = factor * stderr
+    kept = "best" if best_epoch == last_epoch or best_value - last_value > threshold else "last"  # same weights when equal
+    return Selection(kept, metric, best_epoch, best_value, last_epoch, last_value, n, stderr, factor, threshold)
+
+
+def select_from_history(values: Sequence[float], queries: int, factor: float = DEFAULT_FACTOR, metric: str = "t2i_r10") -> Selection:
+    """The same on per-epoch values (epoch i + 1 scored ``values[i]``); the best is the first maximum."""
+    if not values:
+        raise ValueError("no evaluations to select from")
+    best = max(range(len(values)), key=lambda i: (values[i], -i))
+    return select((best + 1, values[best]), (len(values), values[-1]), queries, factor, metric)
