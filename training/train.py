@@ -550,16 +550,16 @@ def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 def _load_init(model: DualEncoder, init: str) -> None:
     """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
-    from safetensors.torch import load_file
+    from retrieval.run import load_run
 
-    from retrieval.run import weights_path
-
-    path = weights_path(init, "best")
     try:
-        model.load_state_dict(load_file(str(path)))
-    except Exception as err:  # safetensors / load_state_dict raise many types for foreign files
+        source, _ = load_run(init, "cpu")  # its frozen towers rebuilt from their reference when left out
+        model.load_state_dict(source.state_dict())
+    except UserError as err:
+        raise UserError(f"--init: {err}") from None
+    except Exception as err:  # load_state_dict raises many types for another model's tensors
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise UserError(f"--init: cannot load {path} into this model: {first}") from None
+        raise UserError(f"--init: cannot load {init}'s weights into this model: {first}") from None
 
 
 def _loss_options(loss: str, options: dict) -> dict:
