@@ -240,6 +240,28 @@ def cmd_embed(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_launch(argv: list[str]) -> int:
+    """``triclip launch [torchrun options] [--] COMMAND ...``: torchrun running ``python -m app COMMAND ...``.
+
+    ``torchrun ... -m app embed --run RUN`` fails before triclip starts: torchrun's argparse
+    classifies every word of the command line, the script's arguments included, and ``--run``
+    is an abbreviation of two of its own options (``--run-path`` and its alias ``--run_path``),
+    which argparse refuses as ambiguous. Here torchrun parses only its own part; the triclip
+    command's arguments go to the ranks untouched, so every option keeps its usual spelling.
+    """
+    from torch.distributed.run import get_args_parser, run
+
+    commands = ("train", "embed", "index", "eval", "solve")
+    split = argv.index("--") if "--" in argv else next((i for i, a in enumerate(argv) if a in commands), None)
+    tail = argv[split + 1 :] if split is not None and argv[split] == "--" else argv[split:] if split is not None else []
+    if not tail:
+        raise UserError("give a triclip command after torchrun's options, e.g. triclip launch --nproc-per-node 2 embed --run RUN ...")
+    args = get_args_parser().parse_args([*argv[:split], "-m", "app"])
+    args.training_script_args = tail
+    run(args)
+    return 0
+
+
 def cmd_index_build(ns: argparse.Namespace) -> int:
     from app.options import to_config
     from index.build import build_index
@@ -427,8 +449,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         _solve_options(p)
     p.set_defaults(func=cmd_solve)
 
+    sub.add_parser("launch", add_help=False, help="torchrun for a triclip command: launch --nproc-per-node K embed --run RUN ...")
     p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
-    p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run; under torchrun write --run-dir")
+    p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run (under plain torchrun: --run-dir)")
     p.add_argument("--data", required=True)
     p.add_argument("--out", required=True, help="embeddings folder; a re-run resumes it")
     p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
@@ -495,6 +518,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     try:
         argv = sys.argv[1:] if argv is None else list(argv)
+        if argv[:1] == ["launch"]:  # torchrun's options, then a triclip command: torchrun parses its own part
+            return cmd_launch(argv[1:])
         ns = build_parser(argv).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = ns.func
         return func(ns)
