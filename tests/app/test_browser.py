@@ -1,8 +1,10 @@
 """The app in a real headless browser (Debian chromium driven by the PyPI playwright package).
 
-Types a query and waits for the gallery, checks that every result image loaded,
-uploads an image, clicks a result ("more like this"), switches m and the funnel,
-and checks that the page asked nothing of any host but the app's own 127.0.0.1.
+Reads the feature-selection panel (spectrum words and plot, the recall-against-m
+chart), types a query and waits for the gallery, checks that every result image
+loaded whole with its full caption, uploads an image, clicks a result ("more like
+this"), switches m (the full-D results and their overlap appear) and the funnel, and
+checks that the page asked nothing of any host but the app's own 127.0.0.1.
 
 Also a tool for the README's screenshot, on a running app:
 
@@ -87,34 +89,61 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
     with sync_playwright() as p:
         browser, page = open_page(p, app_url, browser_requests)
         try:
+            spectrum = page.locator("#spectrum").inner_text()  # the feature-selection panel
+            assert "Importance S of 32 dimensions" in spectrum and "Suggested m = " in spectrum
+            assert page.locator("#spectrum-plot img, #spectrum-plot svg, #spectrum-plot canvas").count() >= 1
+            assert "recall@10 against m" in page.locator("#recall-text").inner_text()
+            assert page.locator("#recall-chart img, #recall-chart svg, #recall-chart canvas").count() >= 1
+            assert page.locator("#clicked-id").count() == 0  # no id box: a result is clicked
+
             widths = text_search(page, "two red circles in the center")
             assert len(widths) == 12 and min(widths) > 0  # k = 12 by default; every image decoded
             assert "m = 32 = D" in _status(page)
+            assert _whole_thumbnails_and_captions(page)
 
             page.get_by_role("tab", name="Image → image / text").click()
             page.locator("#query-image input[type=file]").set_input_files(upload)
             status = _wait_status(page, "for the uploaded image")
             assert status.startswith("12 results")
             first = page.locator("#results img").first.get_attribute("src")
-            assert first.endswith("/triclip/image/7")  # the uploaded image (row 7) finds itself first
+            assert urlparse(first).path.endswith("/triclip/image/7")  # the uploaded image (row 7) finds itself first
 
             page.locator("#results button.thumbnail-item").nth(2).click()  # more like this
             status = _wait_status(page, "for image ")
-            clicked = page.locator("#clicked-id input, #clicked-id textarea").first.input_value()
-            assert clicked and clicked in status
+            clicked = status.split("for image ", 1)[1].split(" · ")[0]
+            assert clicked in row_of
             _wait_images_loaded(page)
-            assert page.locator("#results img").first.get_attribute("src").endswith(f"/triclip/image/{row_of[clicked]}")
+            first = page.locator("#results img").first.get_attribute("src")
+            assert urlparse(first).path.endswith(f"/triclip/image/{row_of[clicked]}")
 
-            page.locator('#m input[value="8"]').click()  # the last query runs again at m = 8
+            page.locator('#m input[value="8"]').click()  # the last query runs again at m = 8, full D beside it
             status = _wait_status(page, "m = 8")
             assert f"for image {clicked}" in status
+            page.wait_for_function(
+                "() => (document.querySelector('#overlap')?.innerText || '').includes('shared')", timeout=TIMEOUT_MS
+            )
+            overlap = page.locator("#overlap").inner_text()
+            assert " of 12 shared between the results at m = 8" in overlap
+            assert page.locator("#full-results img").count() == 12
             page.locator("#funnel input").click()
-            assert "funnel: shortlist at m = 8, re-rank at D = 32" in _wait_status(page, "funnel")
+            status = _wait_status(page, "funnel")  # every m the index holds has its measured recall
+            assert "funnel: shortlist at m = 8 (recall@10 0." in status and "re-rank at D = 32" in status
             _wait_images_loaded(page)
         finally:
             browser.close()
     hosts = {urlparse(u).netloc for u in browser_requests if urlparse(u).scheme in ("http", "https", "ws", "wss")}
     assert hosts == {urlparse(app_url).netloc}, f"requests left the app: {sorted(hosts)}"
+
+
+def _whole_thumbnails_and_captions(page) -> bool:
+    """Every result image is drawn whole (contained, no caption over it) and every caption is shown in full."""
+    return page.evaluate(
+        """() => [...document.querySelectorAll('#results button.thumbnail-item')].every(item => {
+            const img = item.querySelector('img'), label = item.querySelector('.caption-label');
+            const box = img.getBoundingClientRect(), cap = label.getBoundingClientRect();
+            return getComputedStyle(img).objectFit === 'contain' && cap.top >= box.bottom - 1
+                && label.scrollWidth <= label.clientWidth + 1 && label.scrollHeight <= label.clientHeight + 1; })"""
+    )
 
 
 def screenshot(url: str, out: str, query: str) -> None:

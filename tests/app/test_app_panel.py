@@ -1,0 +1,79 @@
+"""The feature-selection panel and the m-versus-full-D comparison (issue 18 item 5, issue 20 item 6)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+import torch
+
+from app.gradio_app import recall_figure, recall_text, spectrum_figure, spectrum_text
+
+CURVES = {
+    "split": "validation", "queries": 344, "images": 793, "ordering": "importance",
+    "curves": {
+        "importance": {"8": 0.2, "16": 0.3, "32": 0.4, "64": 0.5},
+        "first": {"8": 0.1, "16": 0.2, "32": 0.3, "64": 0.5},
+        "random": {"8": 0.1, "16": 0.15, "32": 0.3, "64": 0.5},
+        "pca": {"8": 0.25, "16": 0.3, "32": 0.35, "64": 0.5},
+    },
+}
+
+
+@pytest.mark.parametrize("w", [[1.0] * 64, [0.37] * 16])
+def test_a_run_without_importance_is_said_in_words_not_drawn_flat(w):
+    words, suggested = spectrum_text(w, CURVES)
+    assert words.startswith("**No learned importance**") and "mrl" in words and suggested is None
+    assert spectrum_figure(w, None) is None
+
+
+def test_a_spectrum_gives_suggest_ms_m_and_the_recall_measured_there():
+    from retrieval.compact import suggest_m
+
+    w = [2.0 ** -i for i in range(64)]  # the top few dims hold nearly everything
+    words, suggested = spectrum_text(w, CURVES)
+    assert suggested == suggest_m(torch.tensor(w), share=0.9) == 4
+    assert "**Suggested m = 4**" in words and "90%" in words and "Measured there" not in words  # no curve point at 4
+    w = [1.0 / (i + 1) for i in range(64)]
+    words, suggested = spectrum_text(w, CURVES)
+    assert suggested == suggest_m(torch.tensor(w), share=0.9)
+    if str(suggested) in CURVES["curves"]["importance"]:
+        assert "Measured there" in words
+    figure = spectrum_figure(w, suggested)
+    lines = [line for ax in figure.axes for line in ax.get_lines()]
+    assert len(lines) == 3  # S, its cumulative share, the suggested m
+    assert lines[0].get_ydata()[0] == pytest.approx(1.0) and lines[1].get_ydata()[-1] == pytest.approx(1.0)
+
+
+def test_the_recall_chart_draws_the_four_orderings():
+    figure = recall_figure(CURVES, [8, 16, 64])
+    labels = [line.get_label() for line in figure.axes[0].get_lines() if not line.get_label().startswith("_")]
+    assert labels == ["run's own order", "first-m", "random-m", "PCA-m"]
+    assert "344 distinct captions" in recall_text(CURVES, [8, 16, 64]) and "validation" in recall_text(CURVES, [8])
+    assert recall_figure(None, [8]) is None and "no recall-against-m curves" in recall_text(None, [8])
+
+
+def test_choosing_m_shows_full_d_beside_with_the_overlap(app_index):
+    from app.gradio_app import AppConfig, SearchApp
+    from index.search import Searcher
+
+    searcher = Searcher.load(app_index)
+    app = SearchApp(searcher, AppConfig(index=str(app_index), follow=0))
+    items, status, ids = app.search_text("two red circles", "8", False, 10)
+    full, note = app.compare(("text", "two red circles"), ids, "8", False, 10)
+    at_d = [h["id"] for h in searcher.search_text(["two red circles"], k=10)[0]]
+    shared = len(set(ids) & set(at_d))
+    assert note.startswith(f"**{shared} of 10 shared** between the results at m = 8") and full["visible"] is True
+    assert [url.split("/triclip/image/")[1].split("?")[0] for url, _ in full["value"]] == [
+        str(app.live.view().rows[i]) for i in at_d
+    ]
+    hidden, note = app.compare(("text", "two red circles"), ids, 32, False, 10)
+    assert hidden["visible"] is False and "full D" in note
+
+
+def test_the_page_holds_the_panel_and_no_id_box(app_url):
+    config = httpx.get(app_url + "config", timeout=30).json()
+    shown = {c["props"].get("elem_id"): c for c in config["components"] if c["props"].get("elem_id")}
+    assert "recall-chart" in shown and "Importance S" in shown["spectrum"]["props"]["value"]
+    assert "Suggested m = " in shown["spectrum"]["props"]["value"]
+    assert shown["clicked-id"]["props"]["visible"] is False  # "more like this" is a click, not a box to type in
+    assert shown["results"]["props"]["object_fit"] == "contain"
