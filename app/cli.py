@@ -522,13 +522,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             return cmd_launch(argv[1:])
         ns = build_parser(argv).parse_args(argv)
         func: Callable[[argparse.Namespace], int] = ns.func
-        return func(ns)
+        code = func(ns)
+        sys.stdout.flush()  # a reader that went away (search --json | head) shows here, not at exit
+        return code
     except UserError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # the reader of our output closed it: nothing left to say
+        _silence_stdout()
+        return 1
+    except OSError as err:  # permissions, a full disk, a vanished file: one line, never a traceback
+        print(f"{PROG}: error: {_os_error(err)}", file=sys.stderr)
+        return 2
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again (Python's SIGPIPE recipe)."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError, AttributeError):  # no real file descriptor (captured output)
+        pass
+
+
+def _os_error(err: OSError) -> str:
+    """``PATH: reason`` of an OS error (both paths of a rename)."""
+    reason = err.strerror or str(err) or type(err).__name__
+    paths = [str(p) for p in (err.filename, err.filename2) if p is not None]
+    return f"{' -> '.join(paths)}: {reason}" if paths else reason
 
 
 if __name__ == "__main__":

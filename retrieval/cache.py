@@ -24,7 +24,11 @@ from retrieval.io import atomic_path
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("TRICLIP_CACHE", Path.home() / ".cache" / "triclip")) / "features"
+    """``$TRICLIP_CACHE/features``; UserError when ``$TRICLIP_CACHE`` is something other than a folder."""
+    root = Path(os.environ.get("TRICLIP_CACHE", Path.home() / ".cache" / "triclip"))
+    if root.exists() and not root.is_dir():
+        raise UserError(f"TRICLIP_CACHE={root} is not a folder; point it at a folder (or unset it)")
+    return root / "features"
 
 
 def module_hash(module: torch.nn.Module) -> str:

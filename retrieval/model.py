@@ -19,6 +19,7 @@ is frozen and its outputs can be cached; the heads always train.
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable
@@ -284,12 +285,16 @@ def _build_open_clip(cfg: ModelConfig) -> DualEncoder:
 
     if cfg.preset not in open_clip.list_models():
         raise UserError(f"unknown model {cfg.preset!r}: use tiny, lite, lite1, lite2 or an open_clip architecture name")
+    quiet = logging.root.manager.disable
+    logging.disable(logging.ERROR)  # open_clip logs its own "ERROR:root:" line before raising; ours says it once
     try:
         clip, _, preprocess = open_clip.create_model_and_transforms(cfg.preset, pretrained=cfg.pretrained)
         tokenizer = open_clip.get_tokenizer(cfg.preset)
     except Exception as err:  # offline hub, unknown tag, missing cache
         tag = f" with pretrained={cfg.pretrained!r}" if cfg.pretrained else ""
         raise UserError(f"cannot create open_clip model {cfg.preset!r}{tag}: {str(err).splitlines()[0][:200]}") from None
+    finally:
+        logging.disable(quiet)
     tower_dim = clip.text_projection.shape[-1] if not isinstance(clip.text_projection, nn.Linear) else clip.text_projection.out_features
     image_tower = clip.visual
     text_tower = _OpenClipText(clip, tokenizer)
@@ -317,6 +322,7 @@ PRESETS: dict[str, Callable[[ModelConfig], DualEncoder]] = {
     "lite2": lambda cfg: _build_lite(cfg, 2),
 }
 LITE_PRESETS = ("lite", "lite1", "lite2")  # offline pretrained towers (retrieval.towers)
+MAX_EMBED_DIM = 65536  # D beyond this is a typo, not a model (a head of 512 x 99999999 floats is 200 GB)
 
 
 def build_model(cfg: ModelConfig) -> DualEncoder:
@@ -325,5 +331,7 @@ def build_model(cfg: ModelConfig) -> DualEncoder:
         raise UserError(f"--pretrained applies to open_clip architectures, not to the {cfg.preset!r} preset")
     if cfg.text_max_length is not None and cfg.preset not in LITE_PRESETS:
         raise UserError("--text-max-length applies to the lite presets (other text towers have a fixed context length)")
+    if cfg.embed_dim is not None and not 1 <= cfg.embed_dim <= MAX_EMBED_DIM:
+        raise UserError(f"--embed-dim must be between 1 and {MAX_EMBED_DIM}, got {cfg.embed_dim}")
     builder = PRESETS.get(cfg.preset, _build_open_clip)
     return builder(cfg)

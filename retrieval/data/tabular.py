@@ -65,6 +65,8 @@ def _is_table(path: str) -> bool:
 def _column(header: list[str], name: str, option: str, path: str) -> int:
     if name not in header:
         raise UserError(f"{path}: no column {name!r} (columns: {_shown(header)}); choose one with {option}")
+    if header.count(name) > 1:  # which one is meant? pandas would rename the second, csv would take the first
+        raise UserError(f"{path}: the header names column {name!r} {header.count(name)} times; give each column its own name")
     return header.index(name)
 
 

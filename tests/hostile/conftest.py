@@ -88,3 +88,42 @@ def first_rows(manifest: Path, out: Path, n: int) -> Path:
         row["image"] = str((manifest.parent / row["image"]).resolve())
     out.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return out
+
+
+def unprivileged_prefix() -> list[str]:
+    """The command prefix that makes a child process subject to file permissions.
+
+    We run as root in CI, and root ignores chmod (CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH), so
+    a chmod-000 test would pass or fail for the wrong reason. ``setpriv`` (util-linux) starts
+    the child as the same uid 0 with an empty capability bounding set: it then meets the
+    mode bits like any user (files owned by root with mode 000 are closed to it), while the
+    venv and the repository stay readable. Skips the test where that is not possible.
+    """
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: permissions cannot be tested honestly")
+    prefix = [setpriv, "--bounding-set=-all", "--inh-caps=-all", "--ambient-caps=-all", "--"]
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as probe:
+        os.chmod(probe, 0)
+        denied = subprocess.run([*prefix, "test", "-r", probe + "/."]).returncode != 0
+        os.chmod(probe, 0o700)
+    if not denied:
+        pytest.skip("setpriv could not drop the capabilities that let root ignore permissions")
+    return prefix
+
+
+def run_triclip(args, tmp_path: Path, unprivileged: bool = False, stdout=None, timeout: float = 300):
+    """``triclip ARGS`` in a child process (``python -m app``); returns the CompletedProcess (text)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
+               TRICLIP_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # fmt: skip
+    cmd = [*(unprivileged_prefix() if unprivileged else []), sys.executable, "-m", "app", *map(str, args)]
+    return subprocess.run(cmd, env=env, text=True, stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
+                          timeout=timeout)  # fmt: skip
