@@ -131,3 +131,31 @@ def test_an_add_while_serving_shows_up_with_no_failed_or_mixed_request(tmp_path)
     assert added_found.is_set(), "no answer held an added image"
     assert answered >= 40, answered
     print(f"{answered} requests from {len(threads)} clients, 0 failed, versions {sorted(seen['json'])}")
+
+
+def test_a_rebuild_with_another_run_is_swapped_in_and_old_urls_keep_their_images(tmp_path):
+    from index.build import IndexBuildConfig, build_index
+    from index.store import load_contents
+
+    base, full, _ = _split_manifest(tmp_path)
+    backwards = tmp_path / "data" / "backwards.jsonl"  # the same images in another order: rows change meaning
+    backwards.write_text("\n".join(reversed(full.read_text().splitlines())) + "\n")
+    runs = [make_run(tmp_path / f"run{seed}", seed=seed) for seed in (0, 1)]
+    index = tmp_path / "index"
+    build_index(IndexBuildConfig(run=str(runs[0]), data=str(full), out=str(index), dims=DIMS))
+    old_meta = load_contents(index).meta
+    with serving(index, follow=0) as (url, app):  # follow=0: swapped by reload() here, not by a timer
+        first = app.live.view()
+        assert app.live.reload() is False  # nothing new yet
+        build_index(IndexBuildConfig(run=str(runs[1]), data=str(backwards), out=str(index), dims=DIMS, overwrite=True))
+        new_meta = load_contents(index).meta
+        assert app.live.reload() is True
+        now = app.live.view()
+        assert now.version != first.version and now.searcher.model is not first.searcher.model  # the new run loaded
+        assert now.searcher.manifest["fingerprint"] != first.searcher.manifest["fingerprint"]
+        assert old_meta[0]["image"] != new_meta[0]["image"]
+        for version, meta in ((first.version, old_meta), (now.version, new_meta)):  # each URL: its own version's row 0
+            served = httpx.get(f"{url}triclip/image/0?v={version}", timeout=30).content
+            assert served == Path(meta[0]["image"]).read_bytes()
+        body = httpx.get(f"{url}triclip/api/search_text", params={"q": "a red circle", "k": 3}, timeout=30).json()
+        assert body["version"] == now.version and len(body["hits"]) == 3
