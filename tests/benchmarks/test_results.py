@@ -101,7 +101,7 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     cfg = small_experiment
     data = R.Path(cfg.data)
     (data / "test.jsonl").write_text((data / "val.jsonl").read_text())  # same records: same numbers as val
-    spectral = ["spectral", "tricl_spectral", "solve", "solve_eq6_nested"]
+    spectral = ["spectral", "tricl_spectral", "tricl_spectral_mean1", "solve", "solve_eq6_nested"]
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": spectral, "eval_split": "test", "png": None}))
     out = capsys.readouterr().out
     assert "| tricl_spectral, S order |" in out and "| spectral, PCA m |" in out
@@ -114,6 +114,8 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     assert (run / "result.test.json").exists() and not (run / "result.json").exists()
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["importance"] == "softplus" and config["model"]["importance_spread"] == 1.0
+    mean1 = json.loads((R.run_dir(cfg, "tricl_spectral_mean1", 0) / "config.json").read_text())
+    assert mean1["model"]["importance"] == "softplus_mean1"  # a variant's setting wins over the objective's default
     test = json.loads((run / "result.test.json").read_text())
     val = R.evaluate_run(run, str(data / "val.jsonl"))
     assert (run / "result.json").exists() and val["t2i_r10"] == test["t2i_r10"]
