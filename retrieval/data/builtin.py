@@ -1,8 +1,9 @@
-"""``triclip data prepare NAME --out DIR``: write a built-in dataset as two JSONL manifests.
+"""``triclip data prepare NAME --out DIR``: write a built-in dataset as JSONL manifests.
 
 Each builder (a registry entry) writes its images under ``DIR/images/`` and
-returns manifest rows per split; :func:`prepare` writes ``DIR/train.jsonl`` and
-``DIR/val.jsonl`` atomically and returns a summary. Datasets that come from
+returns manifest rows per split; :func:`prepare` writes ``DIR/train.jsonl``,
+``DIR/val.jsonl`` (and ``DIR/test.jsonl`` when the dataset has a test split)
+atomically and returns a summary. Datasets that come from
 Debian packages are installed with ``apt-get`` when missing and possible
 (:mod:`retrieval.data.debian`).
 """
@@ -60,13 +61,14 @@ def _size(n: float) -> str:
 
 
 def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int = 0, overwrite: bool = False) -> dict:
-    """Build dataset ``name`` into ``out``; return ``{"dataset", "out", "train", "val", "skipped", ...}``.
+    """Build dataset ``name`` into ``out``; return ``{"dataset", "out", "train", "val", ["test",] "skipped", ...}``.
 
     Args:
         name: one of :data:`BUILTINS`.
-        out: output folder (created); holds ``train.jsonl``, ``val.jsonl``, ``images/``.
+        out: output folder (created); holds ``train.jsonl``, ``val.jsonl``, ``images/`` (and
+            ``test.jsonl`` for datasets with a test split: ``openclipart``).
         num: ``shapes``: number of images (default 2000); others: a cap on the total.
-        seed: ``shapes``: the scenes; ``fashion-mnist``: the caption templates.
+        seed: ``shapes``: the scenes; ``fashion-mnist``: the caption templates; ``openclipart``: the split.
         overwrite: replace a data set already in ``out`` (any other non-empty folder is refused).
 
     Raises:
@@ -79,20 +81,22 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
     out = os.fspath(out)
     claim_output_dir(out, "data", overwrite=overwrite)
     check_space(name, out, num)
-    train, val = os.path.join(out, "train.jsonl"), os.path.join(out, "val.jsonl")
+    paths = {split: os.path.join(out, f"{split}.jsonl") for split in ("train", "val", "test")}
     try:
         os.makedirs(out, exist_ok=True)
         built = BUILTINS[name](out, num, seed)
-        counts = write_manifest(train, built.train), write_manifest(val, built.val)
+        splits = {"train": built.train, "val": built.val, "test": built.test}
+        counts = {split: write_manifest(paths[split], rows) for split, rows in splits.items() if rows is not None}
+        if built.test is None and os.path.isfile(paths["test"]):  # an earlier data set's test split
+            os.remove(paths["test"])
     except OSError as err:  # unwritable, read-only, full, or not a folder on the way
         where = err.filename or out
         raise UserError(f"cannot build {name} in {out}: {where}: {err.strerror or err}") from None
     return {
         "dataset": name,
         "out": os.path.abspath(out),
-        "train": counts[0],
-        "val": counts[1],
+        **counts,
         "skipped": dict(sorted(built.skipped.items())),
-        "train_manifest": os.path.abspath(train),
-        "val_manifest": os.path.abspath(val),
+        **built.info,
+        **{f"{split}_manifest": os.path.abspath(paths[split]) for split in counts},
     }

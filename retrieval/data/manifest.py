@@ -67,3 +67,5 @@ class Built:
     train: list[dict]  # rows of train.jsonl
     val: list[dict]  # rows of val.jsonl
     skipped: Counter = field(default_factory=Counter)  # reason -> count
+    test: list[dict] | None = None  # rows of test.jsonl; None: the dataset has no test split
+    info: dict = field(default_factory=dict)  # more summary fields (e.g. duplicates_merged)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import xml.etree.ElementTree as ET
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,6 @@ from PIL import Image
 
 from retrieval.data import load_pairs, openclipart
 from retrieval.data.builtin import prepare
-from retrieval.data.manifest import split_of
 from retrieval.data.svgmeta import SvgMeta, _decode, _from_text, _from_tree, parse_svg_metadata, read_svg_metadata
 
 SVG = os.path.join(openclipart.ROOT, "svg")
@@ -123,44 +124,121 @@ def test_bad_bytes_and_undefined_entities_use_the_tolerant_reader():
 # ---------------------------------------------------------------------------- thumbnails and the builder
 
 
+def _rows(folder: Path, split: str) -> list[dict]:
+    return [json.loads(line) for line in (folder / f"{split}.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 @needs_package
 def test_thumbnail_of_a_real_transparent_png_and_of_a_real_bomb(tmp_path: Path):
     source = os.path.join(PNG, "animals/2_dead_frogs_lumen_desig_01.png")
     with Image.open(source) as original:
         assert "A" in original.mode or "transparency" in original.info
-    assert openclipart.make_thumbnail((source, (str(tmp_path / "a.png"), str(tmp_path / "b.png")), 40_000_000)) is None
-    with Image.open(tmp_path / "a.png") as thumb:
-        assert max(thumb.size) == 224 and thumb.mode == "RGB"
-        assert thumb.getpixel((0, 0)) == (255, 255, 255)  # transparency composited on white
-    assert (tmp_path / "a.png").read_bytes() == (tmp_path / "b.png").read_bytes()
+    thumb = openclipart.make_thumbnail((source, str(tmp_path / "a.png"), 40_000_000))
+    assert thumb.reason is None and thumb.path == str(tmp_path / "a.png")
+    assert thumb.original == _sha(Path(source)) and thumb.digest == _sha(tmp_path / "a.png")
+    with Image.open(tmp_path / "a.png") as small:
+        assert max(small.size) == 224 and small.mode == "RGB"
+        assert small.getpixel((0, 0)) == (255, 255, 255)  # transparency composited on white
     bomb = os.path.join(PNG, "signs_and_symbols/stop_sign_miguel_s_nchez_.png")  # 623 M pixels: header only
-    assert openclipart.make_thumbnail((bomb, (str(tmp_path / "c.png"),), 40_000_000)) == "decompression_bomb"
-    assert not (tmp_path / "c.png").exists()
+    assert openclipart.make_thumbnail((bomb, str(tmp_path / "c.png"), 40_000_000)).reason == "decompression_bomb"
+    assert openclipart.make_thumbnail((str(tmp_path / "none.png"), str(tmp_path / "d.png"), 40_000_000)).reason == (
+        "missing_file"
+    )
+    assert not (tmp_path / "c.png").exists() and not (tmp_path / "d.png").exists()
+
+
+def test_copies_become_one_row_with_the_union_of_captions():
+    clip = openclipart.Clip
+    clips = [
+        clip("animals/cat", ["Cat", "a cat", "cat, pet"], "Cat", "/real/cat.png"),
+        clip("pets/cat", ["Cat", "a cat", "cat, pet"], "Cat", "/real/cat.png"),  # a symlink: same source
+        clip("pets/kitty", ["Kitty", "cat, pet"], "Kitty", "/real/kitty.png"),  # another file, same thumbnail
+        clip("pets/untitled", ["cat"], "", "/real/untitled.png"),  # same thumbnail, no title
+        clip("shapes/box", ["Box"], "Box", "/real/box.png"),
+        clip("shapes/bomb", ["Bomb"], "Bomb", "/real/bomb.png"),
+    ]
+    thumbs = {
+        "/real/cat.png": openclipart.Thumb(None, "o1", "t1", "x"),
+        "/real/kitty.png": openclipart.Thumb(None, "o2", "t1", "y"),
+        "/real/untitled.png": openclipart.Thumb(None, "o3", "t1", "z"),
+        "/real/box.png": openclipart.Thumb(None, "o4", "t2", "w"),
+        "/real/bomb.png": openclipart.Thumb("decompression_bomb"),
+    }
+    skipped = Counter()
+    groups = openclipart.group_images(clips, thumbs, skipped)
+    assert skipped == {"decompression_bomb": 1}
+    assert [[c.name for c in g] for g in groups.values()] == [
+        ["animals/cat", "pets/cat", "pets/kitty", "pets/untitled"], ["shapes/box"]
+    ]
+    cats = groups["t1"]
+    assert openclipart.image_row(cats, "train") == {
+        "image": "images/animals/cat.png", "captions": ["Cat", "a cat", "cat, pet", "Kitty", "cat"], "label": "animals"
+    }
+    for split in ("val", "test"):  # queries only: the distinct titles
+        assert openclipart.image_row(cats, split)["captions"] == ["Cat", "Kitty"]
+    assert openclipart.image_row(cats[3:], "test") is None  # no title: nothing to query with
+
+
+@needs_package
+def test_symlinks_and_identical_thumbnails_of_real_files_are_one_image(tmp_path: Path, monkeypatch):
+    # two real hub drawings (different files, byte-identical thumbnails), each symlinked into a second folder
+    names = ["computer/8port_hub_ruairi_hann_r", "computer/hardware/8port_hub_ruairi_hann_r",
+             "computer/hardware/hub_ruairi_hann_r", "computer/hub_ruairi_hann_r", "animals/2_dead_frogs_lumen_desig_01",
+             "signs_and_symbols/flags/america/united_states/usa_arizona"]  # keywords only: no query
+    monkeypatch.setattr(openclipart, "list_clipart", lambda root: sorted(names))
+    summary = prepare("openclipart", tmp_path)
+    assert summary["duplicates_merged"] == 3
+    rows = {split: _rows(tmp_path, split) for split in ("train", "val", "test")}
+    arizona = {"image": "images/signs_and_symbols/flags/america/united_states/usa_arizona.png",
+               "captions": ["america, flag, unitedstates, sign"], "label": "signs_and_symbols"}
+    if arizona in rows["train"]:
+        assert summary["train"] + summary["val"] + summary["test"] == 3 and summary["skipped"] == {}
+    else:  # in val or test, with no title to query with
+        assert summary["train"] + summary["val"] + summary["test"] == 2 and summary["skipped"] == {"empty_caption": 1}
+    hub = next(row for split in rows.values() for row in split if "hub" in row["image"])
+    assert hub["image"] == "images/computer/8port_hub_ruairi_hann_r.png" and hub["label"] == "computer"
+    in_train = any(row is hub for row in rows["train"])
+    assert hub["captions"] == (["5 port hub", "Derived from Andrew Fitzsimons scanner",
+                                "hash, hub, switch, hardware, computer", "Hub",
+                                "A small five port hub, edited from andrew fitzsimons scanner.",
+                                "hash, hub, hardware, computer"] if in_train else ["5 port hub", "Hub"])
+    files = sorted(p.relative_to(tmp_path).as_posix() for p in (tmp_path / "images").rglob("*.png"))
+    assert files == sorted(row["image"] for split in rows.values() for row in split)  # copies' thumbnails removed
 
 
 @needs_package
 def test_prepare_a_capped_openclipart(tmp_path: Path):
     summary = prepare("openclipart", tmp_path, num=40)
-    assert summary["train"] + summary["val"] + sum(summary["skipped"].values()) == 40
+    counts = [summary[split] for split in ("train", "val", "test")]
+    assert sum(counts) + summary["duplicates_merged"] + sum(summary["skipped"].values()) == 40
+    assert all(counts) and abs(summary["val"] - sum(counts) / 10) < 1 and abs(summary["test"] - sum(counts) / 10) < 1
     categories = set(os.listdir(SVG))
-    train = [json.loads(line) for line in (tmp_path / "train.jsonl").read_text(encoding="utf-8").splitlines()]
-    val = [json.loads(line) for line in (tmp_path / "val.jsonl").read_text(encoding="utf-8").splitlines()]
-    assert val and len({row["label"] for row in train}) > 5  # hash order spreads the cap over categories
-    for split, rows in (("train", train), ("val", val)):
-        for row in rows:
+    rows = {split: _rows(tmp_path, split) for split in ("train", "val", "test")}
+    assert len({row["label"] for row in rows["train"]}) > 5  # hash order spreads the cap over categories
+    hashes = {}
+    for split, split_rows in rows.items():
+        for row in split_rows:
             name = row["image"][len("images/") : -len(".png")]
             assert row["label"] == name.split("/")[0] and row["label"] in categories
-            real_png = os.path.realpath(os.path.join(PNG, name + ".png"))
-            assert split_of(os.path.basename(real_png)) == split
             meta = read_svg_metadata(os.path.join(SVG, name + ".svg"))
-            expected = meta.train_captions() if split == "train" else [meta.query_caption()]
-            assert row["captions"] == expected and all(row["captions"])
+            own = meta.train_captions() if split == "train" else [meta.query_caption()]
+            assert row["captions"][: len(own)] == own and all(row["captions"])
             with Image.open(tmp_path / row["image"]) as thumb:
                 assert max(thumb.size) <= 224
-    assert load_pairs(tmp_path / "train.jsonl").skipped == {}
+            hashes[_sha(tmp_path / row["image"])] = split
+    assert len(hashes) == sum(counts)  # every row a distinct image
+    assert load_pairs(tmp_path / "test.jsonl").skipped == {}
     again = tmp_path / "again"
     prepare("openclipart", again, num=40)
-    assert (again / "train.jsonl").read_bytes() == (tmp_path / "train.jsonl").read_bytes()
+    for split in ("train", "val", "test"):
+        assert (again / f"{split}.jsonl").read_bytes() == (tmp_path / f"{split}.jsonl").read_bytes()
+    other = tmp_path / "seed1"
+    prepare("openclipart", other, num=40, seed=1)
+    assert (other / "val.jsonl").read_bytes() != (tmp_path / "val.jsonl").read_bytes()
 
 
 @needs_package
@@ -177,14 +255,24 @@ def test_worker_processes_make_the_same_thumbnails(tmp_path: Path, monkeypatch):
 
 @pytest.mark.slow
 @needs_package
-def test_prepare_the_whole_openclipart(tmp_path: Path):
+def test_prepare_the_whole_openclipart_without_duplicates(tmp_path: Path):
     summary = prepare("openclipart", tmp_path)
-    assert 7900 <= summary["train"] + summary["val"] <= 8121
-    assert 0.08 < summary["val"] / (summary["train"] + summary["val"]) < 0.12
+    counts = {split: summary[split] for split in ("train", "val", "test")}
+    total = sum(counts.values())
+    assert total + summary["duplicates_merged"] + sum(summary["skipped"].values()) == 8121
+    assert 6700 <= total <= 6900 and summary["duplicates_merged"] >= 1221  # at least every symlink
     assert summary["skipped"]["decompression_bomb"] >= 16  # the originals above 40 M pixels
-    labels = {}
-    for manifest in ("train.jsonl", "val.jsonl"):
-        pairs = load_pairs(tmp_path / manifest)
-        assert not pairs.skipped and all(c for r in pairs.records for c in r.captions)
-        labels[manifest] = {r.label for r in pairs.records}
-    assert labels["train.jsonl"] == set(os.listdir(SVG)) and len(labels["val.jsonl"]) >= 15
+    images = total + summary["skipped"]["empty_caption"] - 6  # 6 names have no caption at all
+    for split in ("val", "test"):  # 10% each of the distinct images, less those without a title
+        assert images / 10 - 10 < counts[split] <= images / 10 + 1
+    owner: dict[str, str] = {}
+    for split in counts:
+        pairs = load_pairs(tmp_path / f"{split}.jsonl")
+        assert not pairs.skipped and len(pairs) == counts[split] and all(c for r in pairs.records for c in r.captions)
+        for record in pairs.records:
+            digest = _sha(Path(record.path))
+            assert digest not in owner, f"{record.path} repeats an image of {owner.get(digest)}"
+            owner[digest] = split
+    labels = {r.label for r in load_pairs(tmp_path / "train.jsonl").records}
+    assert len(labels) >= len(os.listdir(SVG)) - 1
+    assert sum(1 for _ in (tmp_path / "images").rglob("*.png")) == total
