@@ -6,19 +6,37 @@ picture sits in one split only and its captions travel with it. The distinct
 images are ranked by a seeded hash of their content and cut into shares by the
 largest remainder, so each split holds its share to within one image, and the
 same data and seed give the same split on any machine.
-:func:`split_source` (``triclip data split``) does this for any accepted source;
-``data prepare openclipart`` uses the same ranking.
+
+:func:`split_source` (``triclip data split``) does this for any accepted source
+and writes ``DIR/{train,val,test}.jsonl``. Image files stay where they are (the
+manifests point at them, relative to ``DIR``); images a source holds as bytes
+(Hugging Face cells, WebDataset members) are written once under ``DIR/images/``,
+named by their hash. Every image is read and decoded once, so a damaged one is
+skipped and counted here rather than in training. ``data prepare openclipart``
+uses the same ranking.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import math
 import numbers
+import os
+from collections import Counter
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable
 
+from PIL import Image
+
+from retrieval.data.images import BytesImage, FileImage, ImageRef, decode_image
+from retrieval.data.manifest import manifest_row, write_manifest
+from retrieval.data.reasons import MISSING_FILE, NOT_A_FILE, BadRecord, count_by_reason
+from retrieval.data.records import DataConfig, PairSet
+from retrieval.data.sources import load_pairs
 from retrieval.errors import UserError
+from retrieval.io import atomic_path, claim_output_dir
+from retrieval.progress import progress
 
 SPLITS = ("train", "val", "test")  # manifest names, DIR/<split>.jsonl
 
@@ -39,14 +57,15 @@ class SplitConfig:
     @property
     def shares(self) -> dict[str, float]:
         """``{"train": 1 - val - test, "val": val, "test": test}``."""
-        return {"train": 1.0 - self.val - self.test, "val": float(self.val), "test": float(self.test)}
+        train = round(1.0 - self.val - self.test, 12)  # 0.8, not 0.7999999999999999
+        return {"train": train, "val": float(self.val), "test": float(self.test)}
 
 
 def check_shares(val: object, test: object) -> None:
     """Raise ``UserError`` unless both shares are finite numbers >= 0 that leave train a share > 0."""
     for name, share in (("--val", val), ("--test", test)):
         if not isinstance(share, numbers.Real) or isinstance(share, bool) or not math.isfinite(share):
-            raise UserError(f"{name} must be a number, got {share!r}")
+            raise UserError(f"{name} must be a finite number, got {share!r}")
         if share < 0:
             raise UserError(f"{name} must be >= 0, got {share}")
     if val + test >= 1:  # type: ignore[operator]
@@ -105,3 +124,153 @@ def merge_captions(caption_lists: Iterable[Iterable[str]]) -> list[str]:
 def content_hash(data: bytes) -> str:
     """sha256 of an image's bytes, as hex: what "byte-identical" means here."""
     return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------------------- any source
+
+
+def split_source(
+    path: str | os.PathLike,
+    out: str | os.PathLike,
+    data: DataConfig | None = None,
+    config: SplitConfig | None = None,
+    overwrite: bool = False,
+) -> dict:
+    """Split a data source by image content into ``out/{train,val,test}.jsonl``.
+
+    Args:
+        path: any accepted source (``.jsonl``, ``.csv``/``.tsv``, a ``save_to_disk``
+            folder or ``hf:NAME``, WebDataset shards).
+        out: output folder; a new or empty one, or a data set with ``overwrite``.
+        data: how to read the source (keys, separator, HF split).
+        config: shares and seed (checked when it was made).
+        overwrite: replace a data set already in ``out``.
+
+    Returns:
+        ``{"source", "out", "seed", "shares", "records", "images", "duplicates_merged",
+        "label_conflicts", "images_written", "train", "val", "test", "skipped",
+        "<split>_manifest"}``: ``records`` usable records (``images`` distinct ones plus
+        ``duplicates_merged`` copies), ``train``/``val``/``test`` images per split.
+
+    Raises:
+        UserError: bad ``out``, bad source, no usable record, or too few images for train.
+    """
+    config = config or SplitConfig()
+    out = os.path.abspath(os.fspath(out))
+    claim_output_dir(out, "data", overwrite=overwrite)
+    pairs = load_pairs(path, data)
+    try:
+        os.makedirs(out, exist_ok=True)
+        images, unreadable, written = collect_images(pairs, out)
+        skipped = count_by_reason(pairs.skipped, unreadable)
+        if not images:
+            raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
+        splits = assign_splits([image.digest for image in images], config)
+        if "train" not in splits:
+            raise UserError(
+                f"only {len(images)} distinct image(s) in {os.fspath(path)}: too few to split "
+                f"with --val {config.val} --test {config.test} (train would be empty)"
+            )
+        manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
+        counts = {
+            split: write_manifest(manifests[split], [im.row() for im, s in zip(images, splits) if s == split])
+            for split in SPLITS
+        }
+    except OSError as err:  # unwritable, full, or not a folder on the way
+        raise UserError(f"cannot write the split in {out}: {err.filename or out}: {err.strerror or err}") from None
+    return {
+        "source": pairs.source,
+        "out": out,
+        "seed": int(config.seed),
+        "shares": config.shares,
+        "records": sum(image.copies for image in images),
+        "images": len(images),
+        "duplicates_merged": sum(image.copies - 1 for image in images),
+        "label_conflicts": sum(image.labels_differ for image in images),
+        "images_written": written,
+        **counts,
+        "skipped": skipped,
+        **{f"{split}_manifest": manifests[split] for split in SPLITS},
+    }
+
+
+@dataclass
+class DistinctImage:
+    """One distinct image of a source and everything its copies said about it."""
+
+    digest: str  # sha256 of the image bytes
+    image: str  # path written in the manifest, relative to the output folder
+    captions: list[str]  # union of the copies' captions, first seen first
+    label: Any  # the first copy's label
+    copies: int = 1  # records that had these bytes
+    labels_differ: bool = False  # a later copy had another label
+
+    def add(self, captions: list[str], label: Any) -> None:
+        """Fold in one more record with the same bytes."""
+        self.copies += 1
+        self.labels_differ |= label != self.label
+        self.captions = merge_captions([self.captions, captions])
+
+    def row(self) -> dict:
+        return manifest_row(self.image, self.captions, self.label)
+
+
+def collect_images(pairs: PairSet, out: str) -> tuple[list[DistinctImage], Counter, int]:
+    """Read, hash and check every record's image; merge byte-identical ones.
+
+    Returns:
+        The distinct images in order of first appearance, the records skipped by
+        reason (unreadable or undecodable images), and how many images were written
+        under ``out/images/``.
+    """
+    found: dict[str, DistinctImage] = {}
+    skipped: Counter = Counter()
+    written = 0
+    for record in progress(pairs.records, desc="hashing images", unit=" img"):
+        try:
+            data = read_image_bytes(record.image)
+            digest = content_hash(data)
+            if digest not in found:
+                extension = check_image(data, record.image.location, pairs.max_pixels)
+        except BadRecord as bad:
+            skipped[bad.reason] += 1
+            continue
+        if digest in found:
+            found[digest].add(record.captions, record.label)
+            continue
+        if isinstance(record.image, FileImage):
+            where = os.path.relpath(record.image.path, out).replace(os.sep, "/")
+        else:
+            where = f"images/{digest[:24]}{extension}"
+            with atomic_path(os.path.join(out, where)) as tmp:
+                tmp.write_bytes(data)
+            written += 1
+        found[digest] = DistinctImage(digest, where, list(record.captions), record.label)
+    return list(found.values()), skipped, written
+
+
+def read_image_bytes(ref: ImageRef) -> bytes:
+    """The encoded bytes of an image.
+
+    Raises:
+        BadRecord: ``missing_file`` (absent or unreadable) or ``not_a_file``.
+    """
+    try:
+        with ref.open() as handle:
+            return handle.read()
+    except IsADirectoryError as err:
+        raise BadRecord(NOT_A_FILE, f"{ref.location}: {err.strerror or err}") from None
+    except (OSError, ValueError) as err:  # ValueError: e.g. a NUL byte in a path
+        raise BadRecord(MISSING_FILE, f"{ref.location}: {err}") from None
+
+
+def check_image(data: bytes, location: str, max_pixels: int) -> str:
+    """Decode an image fully (as training will); return the file extension of its format.
+
+    Raises:
+        BadRecord: ``corrupt_image`` or ``decompression_bomb``.
+    """
+    decode_image(BytesImage(data, location), max_pixels).close()
+    with Image.open(io.BytesIO(data)) as image:
+        fmt = image.format or ""
+    return {"JPEG": ".jpg", "TIFF": ".tif"}.get(fmt, f".{fmt.lower()}" if fmt else ".img")
