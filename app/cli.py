@@ -73,6 +73,14 @@ def cmd_data_prepare(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data_split(ns: argparse.Namespace) -> int:
+    from retrieval.data.split import SplitConfig, split_source
+
+    config = SplitConfig(val=ns.val, test=ns.test, seed=ns.seed)  # checked before any work
+    _print_json(split_source(ns.src, ns.out, _data_config(ns), config, overwrite=ns.overwrite))
+    return 0
+
+
 def cmd_data_inspect(ns: argparse.Namespace) -> int:
     from retrieval.data import inspect
 
@@ -415,7 +423,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    data = sub.add_parser("data", help="prepare built-in datasets, inspect any data source")
+    data = sub.add_parser("data", help="prepare built-in datasets, split or inspect any data source")
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     p = dsub.add_parser("prepare", help="write a built-in dataset as JSONL manifests")
     p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"])
@@ -424,6 +432,20 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
     p.set_defaults(func=cmd_data_prepare)
+    p = dsub.add_parser(
+        "split",
+        help="split any data source into train/val/test manifests by image content",
+        description="Split a data source into DIR/{train,val,test}.jsonl. Byte-identical images are merged into "
+        "one record (the union of their captions) and never sit in two splits; shares are of distinct images.",
+    )
+    p.add_argument("src", help="a .jsonl manifest, .csv/.tsv, datasets.save_to_disk folder, or WebDataset shards")
+    p.add_argument("--out", required=True, help="output folder DIR")
+    p.add_argument("--val", type=float, default=0.1, help="share of distinct images in val.jsonl (default: 0.1)")
+    p.add_argument("--test", type=float, default=0.1, help="share of distinct images in test.jsonl (default: 0.1)")
+    p.add_argument("--seed", type=int, default=0, help="which images go where (default: 0)")
+    p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
+    _data_args(p)
+    p.set_defaults(func=cmd_data_split)
     p = dsub.add_parser("inspect", help="count usable and skipped records of a data source")
     p.add_argument("path")
     p.add_argument("--json", action="store_true")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -85,3 +86,62 @@ def test_console_script_missing_manifest_and_offline_hub(tmp_path: Path):
         assert done.stdout == "" and "Traceback" not in done.stderr
         lines = [line for line in done.stderr.split("\n") if line.strip()]
         assert len(lines) == 1 and message in lines[0], done.stderr
+
+
+# ---------------------------------------------------------------------------- data split
+
+
+def _split_source(tmp_path: Path) -> Path:
+    """20 distinct images in a TSV, plus a byte-identical copy of image 5 under another name."""
+    lines = ["filepath\ttitle"]
+    for i in range(20):
+        write_image(tmp_path / "img" / f"{i}.png", colour=(10 * i, 255 - 10 * i, 7 * i))
+        lines.append(f"img/{i}.png\tpicture {i}")
+    (tmp_path / "img" / "copy.png").write_bytes((tmp_path / "img" / "5.png").read_bytes())
+    lines.append("img/copy.png\tthe fifth picture")
+    (tmp_path / "all.tsv").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return tmp_path / "all.tsv"
+
+
+def test_split_prints_a_summary_and_writes_three_manifests(tmp_path: Path, capsys):
+    source = _split_source(tmp_path)
+    args = ["data", "split", str(source), "--out", str(tmp_path / "d"), "--val", "0.2", "--test", "0.1", "--seed", "3"]
+    assert main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert [summary[s] for s in ("train", "val", "test")] == [14, 4, 2]
+    assert summary["duplicates_merged"] == 1 and summary["images"] == 20 and summary["skipped"] == {}
+    rows = {s: [json.loads(line) for line in (tmp_path / "d" / f"{s}.jsonl").open()] for s in ("train", "val", "test")}
+    digests = {}
+    for split, split_rows in rows.items():
+        for row in split_rows:
+            digest = hashlib.sha256((tmp_path / "d" / row["image"]).read_bytes()).hexdigest()
+            assert digests.setdefault(digest, split) == split and row["captions"]
+    assert len(digests) == 20
+    fifth = next(row for split_rows in rows.values() for row in split_rows if row["image"] == "../img/5.png")
+    assert fifth["captions"] == ["picture 5", "the fifth picture"]
+    assert main(["data", "inspect", str(tmp_path / "d" / "val.jsonl"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["records"] == 4
+    line = _one_line_error(capsys, main(args))  # the folder holds a data set now
+    assert "--overwrite" in line
+    assert main(args[:-2] + ["--seed", "4", "--overwrite"]) == 0
+    assert json.loads(capsys.readouterr().out)["seed"] == 4
+
+
+def test_split_bad_shares_exit_2_before_any_work(tmp_path: Path, capsys):
+    source = _split_source(tmp_path)
+    out = tmp_path / "never"
+    for shares, message in (
+        (["--val", "-0.1"], "--val must be >= 0"),
+        (["--test", "-1"], "--test must be >= 0"),
+        (["--val", "0.6", "--test", "0.4"], "below 1"),
+        (["--val", "abc"], "invalid float value: 'abc'"),
+        (["--test", "nan"], "--test must be a finite number"),
+        (["--val", "inf"], "--val must be a finite number"),
+    ):
+        line = _one_line_error(capsys, main(["data", "split", str(source), "--out", str(out), *shares]))
+        assert message in line, line
+        assert not out.exists()
+    line = _one_line_error(capsys, main(["data", "split", str(tmp_path / "none.jsonl"), "--out", str(out)]))
+    assert "data source not found" in line and not out.exists()
+    line = _one_line_error(capsys, main(["data", "split", str(source), "--out", str(source)]))
+    assert "is a file" in line
