@@ -74,7 +74,12 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
         feats[idx] = out
         valid[idx] = True
     if feats is None:
-        raise UserError(f"no image of {pairs.source or 'the data'} could be decoded; skipped: {dict(dataset.skipped)}")
+        from retrieval.data.reasons import count_by_reason  # every reason: read-time skips too
+
+        raise UserError(
+            f"no image of {pairs.source or 'the data'} could be decoded;"
+            f" skipped: {count_by_reason(pairs.skipped, dataset.skipped)}"
+        )
     result = {"features": feats, "valid": valid, "bad": dataset._bad.clone()}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))

@@ -93,7 +93,12 @@ def embed_records(
             keep.append(batch["index"])
             embs.append(model.project_image(image_features(model, batch["image"].to(device))).float().cpu())  # (B, D)
     if not embs:
-        raise UserError(f"no image of {pairs.source or 'the data'} could be decoded; skipped: {dict(dataset.skipped)}")
+        from retrieval.data.reasons import count_by_reason  # every reason: read-time skips too
+
+        raise UserError(
+            f"no image of {pairs.source or 'the data'} could be decoded;"
+            f" skipped: {count_by_reason(pairs.skipped, dataset.skipped)}"
+        )
     return torch.cat(embs), torch.cat(keep), dataset.skipped
 
 

@@ -383,7 +383,8 @@ def _prepare_folder(cfg, out: Path, model, run_config, fingerprint, pairs: PairS
                     " --overwrite to start over"
                 )
         return
-    anchors = PairSet(pairs.records[: cfg.anchor_rows], Counter(), pairs.source, pairs.max_pixels)
+    # the source's skips ride along: the message when no anchor decodes names every reason
+    anchors = PairSet(pairs.records[: cfg.anchor_rows], Counter(pairs.skipped), pairs.source, pairs.max_pixels)
     anchor_emb = embed_pairs(model, anchors, device, 64, cache_rows(cache, 0, len(anchors.records))).image  # (a, D)
     dim = int(anchor_emb.shape[1])
     importance = model.importance().detach().float().cpu()  # (D,)

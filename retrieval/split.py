@@ -391,7 +391,12 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
             out[k][rows] = v.to(out[k].dtype)
         valid[batch["index"]] = True
     if out is None:
-        raise UserError(f"no image of {pairs.source or 'the data'} could be decoded; skipped: {dict(dataset.skipped)}")
+        from retrieval.data.reasons import count_by_reason  # every reason: read-time skips too
+
+        raise UserError(
+            f"no image of {pairs.source or 'the data'} could be decoded;"
+            f" skipped: {count_by_reason(pairs.skipped, dataset.skipped)}"
+        )
     result = {**out, "valid": valid, "bad": dataset._bad.clone()}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))

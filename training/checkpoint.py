@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Iterable
@@ -158,6 +159,33 @@ def _link_or_copy(source: Path, target: Path) -> None:
         os.link(source, target)
     except OSError:
         shutil.copyfile(source, target)
+
+
+_ORPHAN = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")  # retrieval.io.atomic_path's temp files: .NAME.XXXXXXXX.tmp
+
+
+def remove_orphans(run: Path) -> list[Path]:
+    """Remove what writes killed mid-way left in ``run``; returns what was removed.
+
+    That is the temporary files of atomic writes (``.model.safetensors.k2x8a1qz.tmp``), the
+    staging folders of the checkpoint and of the best epoch, and a ``.NAME.old`` whose
+    ``NAME`` is back in place (a kill between the last two steps of ``swap_dir``; while
+    ``NAME`` is missing it is the copy :func:`recover_dir` reads, and stays). Call it before
+    this process writes to ``run``: a second live writer of one run is not supported.
+    """
+    removed: list[Path] = []
+    if not run.is_dir():
+        return removed
+    for path in run.iterdir():
+        stale = (
+            _ORPHAN.match(path.name) and path.is_file()
+            or path.name in (f".{CHECKPOINT}.tmp", f".{BEST}.tmp")
+            or path.name in (f".{CHECKPOINT}.old", f".{BEST}.old") and (run / path.name[1:-4]).exists()
+        )  # fmt: skip
+        if stale:
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
 
 
 def has_checkpoint(run: Path) -> bool:

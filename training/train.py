@@ -76,6 +76,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     rank, world = _init_distributed()
     run = Path(cfg.out)
     _check_out(run, cfg.resume, cfg.overwrite)
+    if rank == 0:
+        ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
     if saved is not None:
         cfg = _resumed_config(run, saved, cfg, _explicit(cfg) if given is None else set(given))
@@ -205,8 +207,12 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         if step == epoch_start_step and first_batch < steps_per_epoch and step < total_steps:
             if rank == 0:
                 skipped.write(run)
+            decoded = len(train_pairs.records) - sum(skipped.train.decoded.values())  # images that did decode
+            why = "no image decoded" if decoded <= 0 else (
+                f"only {decoded} of {len(train_pairs.records)} images decoded, and a batch needs 2 to have a negative"
+            )
             raise UserError(
-                f"no training batch of {cfg.train_data} could be used (no image decoded);"
+                f"no training batch of {cfg.train_data} could be used ({why});"
                 f" skipped: {skipped.train.text() or 'none'}; no weights were saved"
             )
         if rank == 0 and val_pairs is not None:

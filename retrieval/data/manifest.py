@@ -13,6 +13,8 @@ from typing import Any, Iterable
 
 from PIL import Image
 
+from retrieval.io import fix_mode
+
 
 def manifest_row(image: str, captions: list[str], label: Any = None) -> dict:
     """One manifest line: ``{"image": path relative to the manifest, "captions": [...], "label": ...}``."""
@@ -33,6 +35,7 @@ def _atomic_write(path: str, write, mode: str, sync: bool) -> None:
             if sync:
                 handle.flush()
                 os.fsync(handle.fileno())
+        fix_mode(handle.name)  # NamedTemporaryFile makes 0600: give the umask's mode, as open() would
         os.replace(handle.name, path)
     except BaseException:
         os.unlink(handle.name)
