@@ -18,7 +18,9 @@ a load change on a shared machine hits both alike:
 Phases: ``startup`` (interpreter start until the driver runs), ``imports``, ``load``
 (index + model or text encoder), ``embed`` (one query), ``search`` (FAISS), ``exit``
 (interpreter shutdown: wall minus the rest), ``wall`` (the whole process, measured by
-this script). Each is the median over rounds; the ratio is torch / onnx.
+this script), ``cpu`` (user + system CPU seconds of the process: on a shared machine
+the wall clock grows with the load, this much less). Each is the median over rounds;
+the ratio is torch / onnx.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -33,7 +36,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PHASES = ("startup", "imports", "load", "embed", "search", "exit", "wall")
+PHASES = ("startup", "imports", "load", "embed", "search", "exit", "wall", "cpu")
 
 DRIVER = r"""
 import json, os, sys, time
@@ -61,20 +64,20 @@ print(json.dumps({"startup": startup, "imports": t1 - t0, "load": t2 - t1, "embe
 
 def run_driver(index: str, text: str, path: str) -> dict:
     """One fresh process through ``path`` ("torch" or "onnx"); its phases and wall seconds."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     done = subprocess.run([sys.executable, "-c", DRIVER, index, text, path], cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:
         raise SystemExit(f"{path} driver failed:\n{done.stderr[-2000:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    out["wall"] = wall
+    out["wall"], out["cpu"] = wall, _children_cpu() - cpu
     out["exit"] = wall - sum(out[p] for p in ("startup", "imports", "load", "embed", "search"))
     return out
 
 
 def run_cli(index: str, text: str) -> dict:
     """``triclip search --index I --text T --timing`` in a fresh process: its own timing line and the wall."""
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     cmd = [sys.executable, "-m", "app", "search", "--index", index, "--text", text, "--timing"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
@@ -88,10 +91,17 @@ def run_cli(index: str, text: str) -> dict:
         "embed": timing["embed_s"],
         "search": timing["search_s"],
         "wall": wall,
+        "cpu": _children_cpu() - cpu,
         "encoder": timing.get("text_encoder", "torch"),
     }
     phases["exit"] = wall - sum(phases[p] for p in ("startup", "imports", "load", "embed", "search"))
     return phases
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def main(argv=None) -> int:

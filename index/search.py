@@ -67,7 +67,7 @@ class Searcher:
 
     contents: IndexContents  # the index version, in memory
     model: Any  # the run's dual encoder (torch, eval mode); None until an image query needs it (text_encoder set)
-    transform: CompactTransform | None  # (N, D) -> (N, D) full compact embedding, as the index was built; None with model
+    transform: CompactTransform | None  # (N, D) -> (N, D) compact embedding, as the index was built; None with model
     device: Any  # the torch.device the model runs on; None with model
     batch_size: int = 64  # queries embedded per batch
     shortlist_factor: int = SHORTLIST_FACTOR  # funnel: candidates = k * shortlist_factor
@@ -477,7 +477,8 @@ def _export_text_side(model, run: str, weights: str, fingerprint: str) -> float:
     try:
         text_onnx.export_text_encoder(model, run, weights, fingerprint, files)
     except Exception as err:  # noqa: BLE001 (a cache: the search itself goes on)
-        print(f"note: could not cache the text encoder for fast searches ({str(err).splitlines()[0][:200]})", file=sys.stderr)
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        print(f"note: could not cache the text encoder for fast searches ({reason})", file=sys.stderr)
     return time.perf_counter() - t0
 
 

@@ -51,7 +51,8 @@ def progress(
     if _is_terminal(stream):
         from tqdm.auto import tqdm
 
-        return tqdm(iterable, desc=desc, total=total, unit=unit, leave=leave, initial=initial, file=stream, **tqdm_options)
+        options = dict(desc=desc, total=total, unit=unit, leave=leave, initial=initial, file=stream)
+        return tqdm(iterable, **options, **tqdm_options)
     return PlainProgress(iterable, desc, total, unit, initial, leave, stream)
 
 

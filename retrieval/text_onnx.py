@@ -11,10 +11,10 @@ else; loading the whole run for it (torch, transformers, both towers) costs seco
 
 :func:`cached_text_encoder` opens it with ``onnxruntime`` and ``tokenizers`` only
 (neither torch nor transformers is imported) when it is still valid: same format
-version, the fingerprint the caller expects, and the run's ``config.json`` and weights
-file unchanged since the export (size and modification time, recorded by the export,
-which learnt the weights file from :mod:`retrieval.run`). Anything else is a miss:
-the caller loads the run as usual and may export again.
+version, the fingerprint the caller expects, and the files the exporter named (the
+run's config and every weights file that could be loaded) unchanged since the export,
+by size and modification time. Anything else is a miss: the caller loads the run as
+usual, checking its fingerprint, and may export again.
 
 Presets whose text tower is not the Hugging Face MiniLM (``tiny``, open_clip models)
 are not exported; they keep the torch path. ``TRICLIP_ACCEL=eager`` or ``jit`` turns
@@ -161,13 +161,15 @@ def _default_threads() -> int:
 
 
 def exportable(model) -> bool:
-    """True when the model's text tower is the Hugging Face MiniLM (``lite`` presets) and its head is on the CPU path."""
+    """True when the model's text tower is the Hugging Face MiniLM (the ``lite`` presets)."""
     from retrieval.towers import TextTower
 
     return isinstance(getattr(model, "text_tower", None), TextTower)
 
 
-def export_text_encoder(model, run: str | os.PathLike, which: str, fingerprint: str, files: Sequence[str | os.PathLike]) -> Path:
+def export_text_encoder(
+    model, run: str | os.PathLike, which: str, fingerprint: str, files: Sequence[str | os.PathLike]
+) -> Path:
     """Write the text side of ``model`` (tower, head, normalisation) and its tokenizer as a cache entry.
 
     Args:
@@ -236,7 +238,8 @@ def _graph(tower, head):
             self.tower, self.head = tower, head
 
         def forward(self, input_ids, attention_mask, token_type_ids):
-            feats = self.tower({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids})
+            tokens = {"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids}
+            feats = self.tower(tokens)  # (B, 384)
             return F.normalize(self.head(feats), dim=-1)  # (B, D)
 
     return TextEncoderGraph().eval()

@@ -115,3 +115,23 @@ def test_tiny_runs_keep_the_torch_path(run_dir, shapes_dir, tmp_path, monkeypatc
     assert searcher.text_encoder is None and searcher.model is not None
     assert searcher.timings.get("text_export", 0.0) == 0.0
     assert not (tmp_path / "cache" / "text_encoder").exists()
+
+
+def test_numpy_transform_matches_compact_transform():
+    """The fast path applies the manifest's transform in numpy: the same maths as CompactTransform."""
+    from index.search import _numpy_transform
+    from retrieval.compact import CompactTransform, PCABasis
+
+    g = torch.Generator().manual_seed(0)
+    z = torch.nn.functional.normalize(torch.randn(5, 12, generator=g), dim=-1)  # (Q, D)
+    keep = torch.randperm(12, generator=g)
+    selection = CompactTransform("importance", 12, 12, keep=keep, weights=torch.rand(12, generator=g) + 0.1,
+                                 signs=torch.where(torch.rand(12, generator=g) < 0.5, -1.0, 1.0))  # fmt: skip
+    q, _ = torch.linalg.qr(torch.randn(12, 12, generator=g))
+    pca = CompactTransform("pca", 12, 12, basis=PCABasis(torch.randn(12, generator=g) * 0.1, q.T, torch.ones(12)))
+    for transform in (selection, pca):
+        manifest = {"transform": transform.to_dict(), "dim": 12}
+        got = _numpy_transform(manifest, "I", 12)(z.numpy())
+        np.testing.assert_allclose(got, transform(z).numpy(), atol=1e-6)
+    with pytest.raises(Exception, match="dimension 12"):
+        _numpy_transform({"transform": selection.to_dict(), "dim": 12}, "I", 16)
