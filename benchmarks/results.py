@@ -71,6 +71,10 @@ VARIANTS: dict[str, dict] = {
     "tricl_spectral_lr10": dict(
         loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0, importance_lr_scale=10.0
     ),
+    "tricl_spectral_nested": dict(
+        loss="tricl_spectral", loss_options={"nested": 4, "nested_order": "importance"}, importance="softplus",
+        importance_spread=1.0,
+    ),
     # the closed form (triclip solve: regularised CCA, ridge picked on val; deterministic, one run for every seed),
     # and Eq. 6 trained from it (train --init: its affine heads, S = the canonical correlations), plain or nested on S
     "solve": dict(solve=True),
@@ -105,6 +109,7 @@ CURVE_ROWS = [
     ("tricl_spectral", "pca", "tricl_spectral, PCA m (S ignored)"),
     ("tricl_spectral_mean1", "importance", "tricl_spectral, mean-1 S, S order"),
     ("tricl_spectral_lr10", "importance", "tricl_spectral, theta lr x10, S order"),
+    ("tricl_spectral_nested", "importance", "tricl_spectral + nesting on S order, S order"),
     ("solve", "importance", "closed form (CCA), S order"),
     ("solve_eq6", "importance", "closed form + Eq. 6 trained (warm start), S order"),
     ("solve_eq6_nested", "importance", "closed form + Eq. 6 + nesting on S order, S order"),
