@@ -37,7 +37,7 @@ os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")  # read when gradio i
 os.environ.setdefault("GRADIO_ANALYTICS_MAX_EVENTS", "200")
 os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", "100")
 # Gradio asks matplotlib for its backend around every event (and switches to agg); with the backend left to
-# auto-detection that lookup cost 1-2% of the server's CPU under load. The app draws nothing with matplotlib.
+# auto-detection that lookup cost 1-2% of the server's CPU under load. The app draws its two figures once, at start.
 os.environ.setdefault("MPLBACKEND", "agg")
 
 import asyncio  # noqa: E402
@@ -736,11 +736,12 @@ def loose(component):
 # ---------------------------------------------------------------------------- the feature-selection panel
 
 
-def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[str, int | None]:
-    """The words beside the spectrum plot, and the suggested m (None when there is nothing to suggest)."""
+def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[str, int | None, float]:
+    """The words beside the spectrum plot, the suggested m (None when there is nothing to suggest),
+    and the power p of S whose cumulative share ``retrieval.compact.suggest_m`` reads (the plot draws it)."""
     w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]  # S, sorted (D,)
     if len(w) == 0:
-        return "This index records no importance spectrum.", None
+        return "This index records no importance spectrum.", None, 1.0
     if w[0] - w[-1] <= 1e-6 * max(abs(w[0]), 1e-12):
         return (
             f"**No learned importance**: this run's importance is the same for all {len(w)} dimensions"
@@ -748,41 +749,52 @@ def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[
             " read and no m to suggest from it. Its order is the embedding's own; the recall chart shows what"
             " each ordering keeps at each m.",
             None,
+            1.0,
         )
     half = int(np.searchsorted(np.cumsum(w) / w.sum(), 0.5) + 1)
     words = (
         f"**Importance S** of {len(w)} dimensions, sorted: {w[0]:.3g} down to {w[-1]:.3g}; the top {half} hold"
-        " half of the total."
+        " half of its total."
     )
-    suggested, how = _suggest(w)
+    suggested, power, why = _suggest(w)
     if suggested is None:
-        return words + f" No suggested m: {how}.", None
-    words += f" **Suggested m = {suggested}**: {how}."
+        return words + f" No suggested m: {why}.", None, power
+    held = "S" if power == 1 else f"S^{power:g}"
+    words += (
+        f" **Suggested m = {suggested}**: predicted to keep {SUGGEST_SHARE:.0%} of full-D recall (the top"
+        f" {suggested} dimensions hold {SUGGEST_SHARE:.0%} of the total {held}; `retrieval.compact.suggest_m`)."
+    )
     own = (curves or {}).get("curves", {}).get((curves or {}).get("ordering"), {})
     full = own.get(str(len(w)))
-    at = own.get(str(suggested))
-    if at is not None and full:
-        words += f" Measured there: recall@10 {at:.3f}, {at / full:.0%} of full D's {full:.3f}."
-    return words, suggested
+    measured = sorted(int(m) for m, v in own.items() if v is not None and int(m) >= suggested)
+    if measured and full:
+        at = own[str(measured[0])]
+        where = "there" if measured[0] == suggested else f"at m = {measured[0]}, the nearest measured m above it"
+        words += f" Measured {where}: recall@10 {at:.3f}, {at / full:.0%} of full D's {full:.3f}."
+    return words, suggested, power
 
 
-def _suggest(w: np.ndarray) -> tuple[int | None, str]:
-    """``retrieval.compact.suggest_m`` on the spectrum: (m, how it was chosen) or (None, why not)."""
+def _suggest(w: np.ndarray) -> tuple[int | None, float, str]:
+    """``retrieval.compact.suggest_m`` on the spectrum: (m, the power of S it reads, "") or (None, 1, why not)."""
+    import inspect
+
     try:
         import torch
 
         from retrieval.compact import suggest_m
     except ImportError:
-        return None, "retrieval.compact.suggest_m is not available in this version"
+        return None, 1.0, "retrieval.compact.suggest_m is not available in this version"
+    parameter = inspect.signature(suggest_m).parameters.get("power")
+    power = float(parameter.default) if parameter is not None else 1.0
     try:
         m = suggest_m(torch.as_tensor(w.copy(), dtype=torch.float32), share=SUGGEST_SHARE)
     except Exception as err:  # noqa: BLE001 (the panel shows the rest)
-        return None, f"suggest_m failed ({type(err).__name__}: {err})"
-    return int(m), f"the smallest m whose top-m dimensions hold {SUGGEST_SHARE:.0%} of S (`retrieval.compact.suggest_m`)"
+        return None, power, f"suggest_m failed ({type(err).__name__}: {err})"
+    return int(m), power, ""
 
 
-def spectrum_figure(importance: list[float], suggested: int | None):
-    """S sorted (left axis) and its cumulative share (right axis) against rank, log-2 ranks; None when flat."""
+def spectrum_figure(importance: list[float], suggested: int | None, power: float = 1.0):
+    """S sorted (left axis) and the cumulative share of S^power (right axis) against rank, log-2 ranks; None when flat."""
     from matplotlib.figure import Figure
 
     w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]
@@ -796,9 +808,10 @@ def spectrum_figure(importance: list[float], suggested: int | None):
     ax.set_xlabel("rank (dimensions kept, m)")
     ax.set_ylabel("importance S", color="tab:blue")
     share = ax.twinx()
-    share.plot(ranks, np.cumsum(w) / w.sum(), color="tab:orange", label="cumulative share")
+    held = "S" if power == 1 else f"S$^{{{power:g}}}$"
+    share.plot(ranks, np.cumsum(w**power) / (w**power).sum(), color="tab:orange", label=f"cumulative share of {held}")
     share.set_ylim(0, 1.02)
-    share.set_ylabel("cumulative share", color="tab:orange")
+    share.set_ylabel(f"cumulative share of {held}", color="tab:orange")
     if suggested is not None:
         ax.axvline(suggested, color="tab:green", linestyle="--", label=f"suggested m = {suggested}")
         ax.legend(loc="lower left", fontsize=7)
@@ -875,7 +888,7 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
     first = app.live.view()
     run_name = Path(searcher.manifest.get("run", "")).name or "?"
     importance = list(searcher.manifest.get("importance") or [])
-    words, suggested = spectrum_text(importance, first.curves)
+    words, suggested, power = spectrum_text(importance, first.curves)
     with gr.Blocks(title="triclip search", analytics_enabled=False) as blocks:
         gr.Markdown(
             f"## triclip search · {len(searcher):,} images · D = {app.dim} · run `{run_name}`\n"
@@ -922,7 +935,7 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         with gr.Row(elem_id="feature-selection"):
             with gr.Column():
                 gr.Markdown(words, elem_id="spectrum")
-                spectrum = spectrum_figure(importance, suggested)
+                spectrum = spectrum_figure(importance, suggested, power)
                 if spectrum is not None:
                     gr.Plot(spectrum, show_label=False, elem_id="spectrum-plot")
             with gr.Column():

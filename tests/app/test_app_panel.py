@@ -21,27 +21,36 @@ CURVES = {
 
 @pytest.mark.parametrize("w", [[1.0] * 64, [0.37] * 16])
 def test_a_run_without_importance_is_said_in_words_not_drawn_flat(w):
-    words, suggested = spectrum_text(w, CURVES)
+    words, suggested, _ = spectrum_text(w, CURVES)
     assert words.startswith("**No learned importance**") and "mrl" in words and suggested is None
     assert spectrum_figure(w, None) is None
 
 
-def test_a_spectrum_gives_suggest_ms_m_and_the_recall_measured_there():
+@pytest.mark.parametrize("w", [[2.0 ** -i for i in range(64)], [1.0 / (i + 1) for i in range(64)]])
+def test_a_spectrum_gives_suggest_ms_m_and_the_recall_measured_at_or_above_it(w):
     from retrieval.compact import suggest_m
 
-    w = [2.0 ** -i for i in range(64)]  # the top few dims hold nearly everything
-    words, suggested = spectrum_text(w, CURVES)
-    assert suggested == suggest_m(torch.tensor(w), share=0.9) == 4
-    assert "**Suggested m = 4**" in words and "90%" in words and "Measured there" not in words  # no curve point at 4
-    w = [1.0 / (i + 1) for i in range(64)]
-    words, suggested = spectrum_text(w, CURVES)
+    words, suggested, power = spectrum_text(w, CURVES)
     assert suggested == suggest_m(torch.tensor(w), share=0.9)
-    if str(suggested) in CURVES["curves"]["importance"]:
-        assert "Measured there" in words
-    figure = spectrum_figure(w, suggested)
+    assert f"**Suggested m = {suggested}**: predicted to keep 90% of full-D recall" in words
+    above = min(m for m in (8, 16, 32, 64) if m >= suggested)
+    at = CURVES["curves"]["importance"][str(above)]
+    where = "there" if above == suggested else f"at m = {above}, the nearest measured m above it"
+    assert f"Measured {where}: recall@10 {at:.3f}, {at / 0.5:.0%} of full D's 0.500" in words
+    figure = spectrum_figure(w, suggested, power)
     lines = [line for ax in figure.axes for line in ax.get_lines()]
-    assert len(lines) == 3  # S, its cumulative share, the suggested m
-    assert lines[0].get_ydata()[0] == pytest.approx(1.0) and lines[1].get_ydata()[-1] == pytest.approx(1.0)
+    assert len(lines) == 3  # S, the cumulative share suggest_m reads, the suggested m
+    share = next(line for line in lines if line.get_label().startswith("cumulative share")).get_ydata()
+    assert share[-1] == pytest.approx(1.0) and share[suggested - 1] >= 0.9 - 1e-9
+    assert suggested == 1 or share[suggested - 2] < 0.9  # the plotted share crosses 90% at the suggested m
+
+
+def test_the_measured_recall_is_quoted_at_the_suggested_m(monkeypatch):
+    import retrieval.compact
+
+    monkeypatch.setattr(retrieval.compact, "suggest_m", lambda w, share: 32)
+    words, suggested, _ = spectrum_text([1.0 / (i + 1) for i in range(64)], CURVES)
+    assert suggested == 32 and "Measured there: recall@10 0.400, 80% of full D's 0.500" in words
 
 
 def test_the_recall_chart_draws_the_four_orderings():

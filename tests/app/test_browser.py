@@ -8,7 +8,7 @@ checks that the page asked nothing of any host but the app's own 127.0.0.1.
 
 Also a tool for the README's screenshot, on a running app:
 
-    python -m tests.app.test_browser http://127.0.0.1:7860/ docs/app.png "a red apple"
+    python -m tests.app.test_browser http://127.0.0.1:7860/ docs/app.png "a red apple" [M]
 """
 
 from __future__ import annotations
@@ -146,8 +146,8 @@ def _whole_thumbnails_and_captions(page) -> bool:
     )
 
 
-def screenshot(url: str, out: str, query: str) -> None:
-    """Search ``query`` on a running app and save a screenshot of the page to ``out``."""
+def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
+    """Search ``query`` on a running app (then pick ``m``: full D shown beside) and save a screenshot to ``out``."""
     from playwright.sync_api import sync_playwright
 
     requests: list[str] = []
@@ -155,6 +155,17 @@ def screenshot(url: str, out: str, query: str) -> None:
         browser, page = open_page(p, url, requests)
         page.set_viewport_size({"width": 1400, "height": 1000})
         text_search(page, query)
+        if m is not None:
+            page.locator(f'#m input[value="{m}"]').click()
+            _wait_status(page, f"m = {m}")
+            page.wait_for_function(
+                "() => (document.querySelector('#overlap')?.innerText || '').includes('shared')", timeout=TIMEOUT_MS
+            )
+            _wait_images_loaded(page)
+            page.wait_for_function(
+                """() => [...document.querySelectorAll('#full-results img')].every(i => i.complete && i.naturalWidth > 0)""",
+                timeout=TIMEOUT_MS,
+            )
         page.screenshot(path=out, full_page=True)
         browser.close()
     outside = sorted({urlparse(u).netloc for u in requests} - {urlparse(url).netloc})
@@ -162,4 +173,4 @@ def screenshot(url: str, out: str, query: str) -> None:
 
 
 if __name__ == "__main__":
-    screenshot(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "a red apple")
+    screenshot(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "a red apple", sys.argv[4] if len(sys.argv) > 4 else None)
