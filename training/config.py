@@ -136,7 +136,7 @@ class EvalConfig:
     run: str  # run directory (triclip train --out)
     data: str  # data source to evaluate on
     dims: list[int] = field(default_factory=list)  # compact curve at these m (empty: D/16, D/8, D/4)
-    weights: Literal["best", "last"] = "best"  # the run's best epoch by validation t2i_r10 (last when none is kept), or its last
+    weights: Literal["best", "last"] = "best"  # best: the weights training kept (its best epoch if that beat the last beyond noise, else the last); last: the last
     batch_size: int = 256  # pairs per batch
     workers: int = 0  # DataLoader worker processes for image decoding
     seed: int = 0  # seed of the random ordering of the compact curve

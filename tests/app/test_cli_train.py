@@ -361,3 +361,37 @@ def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+# ---------------------------------------------------------------------------- the issue's check
+
+
+@pytest.mark.slow
+def test_train_lite_with_no_other_flag_is_a_small_locked_cached_run(tmp_path, capsys, monkeypatch):
+    """``train --model lite --train-data T --val-data V --out R``: the lite recipe (locked, cached towers,
+    MLP heads, lr 1e-3, 40 epochs; the batch shrinks to the small set), R under 20 MB, no tower weights."""
+    import torch
+    from safetensors.torch import load_file
+
+    from retrieval.run import load_run
+    from retrieval.model import ModelConfig, build_model
+
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
+    prepare("shapes", str(tmp_path / "data"), num=500, seed=2)
+    run = tmp_path / "run"
+    argv = ["train", "--model", "lite", "--train-data", str(tmp_path / "data" / "train.jsonl"),
+            "--val-data", str(tmp_path / "data" / "val.jsonl"), "--out", str(run)]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    used = json.loads((run / "config.json").read_text())["train"]
+    assert (used["epochs"], used["lr"], used["head"], used["lock_image"], used["lock_text"]) == (40, 1e-3, "mlp", True, True)
+    assert used["batch_size"] < 256 and "instead of the lite recipe's 256" in out
+    size = sum(st.st_size for st in {p.stat().st_ino: p.stat() for p in run.rglob("*") if p.is_file()}.values())  # as du counts
+    assert size < 20_000_000, size
+    for path in run.rglob("*.safetensors"):
+        assert not any(k.startswith(("image_tower.", "text_tower.")) for k in load_file(str(path))), path
+    assert "Validation, epoch" in out and "ordering     m=16" in out
+    model, config = load_run(run)
+    full = build_model(ModelConfig(**config["model"]))
+    full.load_state_dict(model.state_dict())  # every tensor, towers rebuilt from their packages
+    assert all(torch.equal(a, b) for a, b in zip(full.state_dict().values(), model.state_dict().values()))
