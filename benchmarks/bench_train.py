@@ -61,7 +61,8 @@ from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training.batches import BatchSource
 from retrieval.cache import cache_dir
-from training.train import DEFAULT_LR, _lr_scale, _make_optimizer, _StepModule, _train_step
+from training.config import recipe_for
+from training.train import _lr_scale, _make_optimizer, _StepModule, _train_step
 
 
 
@@ -132,7 +133,7 @@ class TriclipTrainer:
         self.loss_fn = build_loss("infonce")
         model.theta.requires_grad_(False)  # as train(): infonce does not see the importance
         self.source = BatchSource(model, pairs, seed, torch.device("cpu"), batch, workers)
-        lr = DEFAULT_LR.get(model.config.preset, 5e-4)
+        lr = recipe_for(model.config.preset).lr
         self.optimizer = _make_optimizer(model, self.loss_fn, lr, weight_decay=0.1)
         self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
         self.step_module = _StepModule(model, self.loss_fn)
@@ -265,7 +266,7 @@ class OpenClipTrainer:
         model.theta.requires_grad_(False)  # unused by the objective, as in (A)
         _, keys = pack_tokens(model.tokenize(["a"]))
         self.wrapped = OpenClipModel(model, keys)
-        lr = DEFAULT_LR.get(model.config.preset, 5e-4)
+        lr = recipe_for(model.config.preset).lr
         self.optimizer = open_clip_optimizer(self.wrapped, lr, weight_decay=0.1)
         self.scheduler = cosine_lr(self.optimizer, lr, max(1, int(0.05 * total_steps)), total_steps)
         # the BatchSource of (A) gives the valid records and the batch order; it loads nothing itself

@@ -21,10 +21,10 @@ def test_preset_builds_with_its_resolution_and_lite_options(preset, size):
 
 
 def test_trainer_gives_larger_lite_presets_the_lite_defaults():
-    from training.train import DEFAULT_HEAD, DEFAULT_LR
+    from training.config import recipe_for
 
     for preset in LITE_PRESETS:
-        assert DEFAULT_LR[preset] == DEFAULT_LR["lite"] and DEFAULT_HEAD[preset] == "mlp"
+        assert recipe_for(preset) == recipe_for("lite") and recipe_for(preset).head == "mlp"
 
 
 @torch.no_grad()
