@@ -380,7 +380,8 @@ def load_contents(path: str | os.PathLike, indexes: bool = True) -> IndexContent
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"{root} is not a triclip index (no such folder)")
-    _try_recover(root)
+    if is_index_dir(root):  # a reader writes nothing (not even the lock file) into a folder that is no index
+        _try_recover(root)
     for attempt in range(READ_TRIES):
         name = current_version(root)
         try:

@@ -153,6 +153,8 @@ def shard_problem(emb: str | os.PathLike, index: int, manifest: dict, verify: bo
         info = json.loads((folder / SHARD_INFO).read_text(encoding="utf-8"))
         count, text_count = int(info["count"]), info.get("text_count")
         for name, record in (info.get("files") or {}).items():
+            if Path(name).name != name or name in (".", ".."):
+                return f"{SHARD_INFO} names a file outside the shard ({name!r})"
             size = (folder / name).stat().st_size
             if size != record["size"]:
                 return f"{name} has {size} bytes, {record['size']} were written"

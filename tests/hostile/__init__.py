@@ -1,0 +1,34 @@
+"""The hostile trial of issue 19, repeatable: what a hostile user did, as tests.
+
+Each module here reproduces defects the trial found (they fail on the code before the
+fix) or stands for a group of cases that held; groups already tested elsewhere are
+listed with their tests instead of being copied.
+
+- Output folders (item 1): test_output_dirs.py (rebuild / prepare / train / embed into an
+  existing or foreign folder; --overwrite; index rollback).
+- Damage (item 3): test_damage.py (truncated, object-dtype, bit-flipped shards; weights with
+  flipped bytes; old files without records). Damaged run files: tests/app/test_cli_train.py
+  (its DAMAGE table); damaged index files: tests/index/test_versions.py
+  (test_damaged_index_is_one_line_exit_2).
+- OS errors (item 4): test_os_errors.py (permissions in a child process without
+  capabilities, a closed pipe, devices and FIFOs as --out, TRICLIP_CACHE, absurd sizes,
+  duplicate CSV columns, offline --pretrained). The app's --port and bind failures:
+  tests/app/test_app_robust.py.
+- Housekeeping and counts (item 7): test_housekeeping.py (SIGKILLed writes, umask, every
+  skip reason, one good record among bad ones).
+- Bad option values: test_bad_values.py (a sweep over every command); more per command in
+  tests/training/test_train.py, tests/index/test_versions.py, tests/app/test_options.py,
+  tests/app/test_cli_data.py.
+- Kills: test_kills.py (SIGKILL mid-training, resume bit-identical; slow);
+  tests/training/test_train.py (resume after a crash); tests/index/test_stale_parts.py
+  (SIGKILLed index builds).
+- Concurrent writers and readers: tests/index/test_versions.py
+  (test_two_concurrent_add_processes_keep_every_record, test_concurrent_add_threads_keep_every_record,
+  test_readers_during_writes_see_whole_versions); the app during --add and rebuilds:
+  tests/app/test_app_live.py.
+- Path traversal: test_traversal.py (index pointer, on-disk lists, shard records); the app's
+  routes: tests/app/test_app_files.py, tests/app/test_app.py.
+- App bad inputs (item 5): tests/app/test_app_robust.py.
+
+Everything runs on tiny synthetic data (conftest.py); the slow ones are marked.
+"""
