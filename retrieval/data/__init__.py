@@ -4,7 +4,8 @@
 Hugging Face ``datasets`` dataset (saved to disk, or ``hf:NAME``) or WebDataset
 ``.tar`` shards into a :class:`PairSet`; ``PairDataset`` decodes images lazily
 for training and evaluation; ``inspect`` reports usable and skipped records;
-``retrieval.data.builtin.prepare`` writes the built-in datasets.
+``retrieval.data.builtin.prepare`` writes the built-in datasets;
+``retrieval.data.split.split_source`` splits any source by image content.
 """
 
 # Each module registers its source format; detection tries them in this order.

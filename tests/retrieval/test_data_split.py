@@ -238,7 +238,8 @@ def test_hf_dataset_with_image_bytes_is_written_under_images(tmp_path: Path):
     assert len(written) == 30 and all(name.endswith(".png") for name in written)
     rows = [row for split in _rows(tmp_path / "out").values() for row in split]
     for row in rows:  # named by the hash of the bytes they hold
-        assert Path(row["image"]).stem == hashlib.sha256((tmp_path / "out" / row["image"]).read_bytes()).hexdigest()[:24]
+        digest = hashlib.sha256((tmp_path / "out" / row["image"]).read_bytes()).hexdigest()
+        assert Path(row["image"]).stem == digest[:24]
     assert ["square 4", "the fourth square again"] in [row["captions"] for row in rows]
 
 
