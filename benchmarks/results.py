@@ -445,6 +445,9 @@ def compact(cfg: ResultsConfig) -> None:
     if "mrl" in results and "tricl" in results:
         print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
+    for variant in (v for v in results if v.startswith(("tricl_spectral", "solve")) and "mrl" in results):
+        print(f"\nPaired by seed, {variant} (S order) − MRL (first m), {CURVE_METRICS[metric]}:\n")
+        print(paired_table(results, (variant, "importance"), ("mrl", "first"), dims, metric))
     if "mrl" in results:  # the index ordering of an MRL model: its prefix or a PCA after training
         print(f"\nPaired by seed, MRL (PCA m) − MRL (first m), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "pca"), ("mrl", "first"), dims, metric))
