@@ -180,7 +180,7 @@ def _solve_options(p: argparse.ArgumentParser) -> None:
 def _train_options(p: argparse.ArgumentParser) -> None:
     """``train``'s options: every field of TrainConfig (and its DataConfig), old short names kept."""
     from app.options import LazyChoices, add_options
-    from training.config import TrainConfig
+    from training.config import TrainConfig, recipe_table
 
     aliases = {
         "weight_decay": ["--wd"],
@@ -189,7 +189,11 @@ def _train_options(p: argparse.ArgumentParser) -> None:
         "unlock_image_groups": ["--lock-image-unlocked-groups"],  # open_clip's names
         "unlock_text_layers": ["--lock-text-unlocked-layers"],
     }
-    add_options(p, TrainConfig, aliases=aliases, choices={"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)})
+    off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
+    choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
+    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off)
+    p.epilog = recipe_table()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 
 
 def _eval_options(p: argparse.ArgumentParser) -> None:
