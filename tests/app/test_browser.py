@@ -91,9 +91,9 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
         try:
             spectrum = page.locator("#spectrum").inner_text()  # the feature-selection panel
             assert "Importance S of 32 dimensions" in spectrum and "Suggested m = " in spectrum
-            assert page.locator("#spectrum-plot img, #spectrum-plot svg, #spectrum-plot canvas").count() >= 1
+            page.wait_for_selector("#spectrum-plot img, #spectrum-plot svg, #spectrum-plot canvas", timeout=TIMEOUT_MS)
             assert "recall@10 against m" in page.locator("#recall-text").inner_text()
-            assert page.locator("#recall-chart img, #recall-chart svg, #recall-chart canvas").count() >= 1
+            page.wait_for_selector("#recall-chart img, #recall-chart svg, #recall-chart canvas", timeout=TIMEOUT_MS)
             assert page.locator("#clicked-id").count() == 0  # no id box: a result is clicked
 
             widths = text_search(page, "two red circles in the center")
@@ -124,7 +124,9 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
             )
             overlap = page.locator("#overlap").inner_text()
             assert " of 12 shared between the results at m = 8" in overlap
-            assert page.locator("#full-results img").count() == 12
+            page.wait_for_function(
+                "() => document.querySelectorAll('#full-results img').length === 12", timeout=TIMEOUT_MS
+            )
             page.locator("#funnel input").click()
             status = _wait_status(page, "funnel")  # every m the index holds has its measured recall
             assert "funnel: shortlist at m = 8 (recall@10 0." in status and "re-rank at D = 32" in status
@@ -136,14 +138,25 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
 
 
 def _whole_thumbnails_and_captions(page) -> bool:
-    """Every result image is drawn whole (contained, no caption over it) and every caption is shown in full."""
-    return page.evaluate(
-        """() => [...document.querySelectorAll('#results button.thumbnail-item')].every(item => {
-            const img = item.querySelector('img'), label = item.querySelector('.caption-label');
-            const box = img.getBoundingClientRect(), cap = label.getBoundingClientRect();
-            return getComputedStyle(img).objectFit === 'contain' && cap.top >= box.bottom - 1
-                && label.scrollWidth <= label.clientWidth + 1 && label.scrollHeight <= label.clientHeight + 1; })"""
-    )
+    """Every result image is drawn whole (contained, no caption over it) and every caption is shown in full.
+
+    Waited for (layout settles after the images decode); False when it never holds.
+    """
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(
+            """() => { const items = [...document.querySelectorAll('#results button.thumbnail-item')];
+                return items.length > 0 && items.every(item => {
+                const img = item.querySelector('img'), label = item.querySelector('.caption-label');
+                const box = img.getBoundingClientRect(), cap = label.getBoundingClientRect();
+                return getComputedStyle(img).objectFit === 'contain' && cap.top >= box.bottom - 1
+                    && label.scrollWidth <= label.clientWidth + 1 && label.scrollHeight <= label.clientHeight + 1; }); }""",
+            timeout=TIMEOUT_MS,
+        )
+    except PlaywrightTimeout:
+        return False
+    return True
 
 
 def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
