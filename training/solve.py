@@ -38,7 +38,7 @@ from training import checkpoint as ckpt
 from training.config import SolveConfig, TrainConfig
 from training.evaluate import evaluate
 
-RIDGE_GRID = (1e-3, 1e-2, 0.03, 0.1, 0.3, 1.0)  # r of ``--ridge auto``: ridge = r * mean variance
+RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # r of ``--ridge auto``: ridge = r * mean variance
 LOGIT_SCALES = torch.logspace(0.0, 2.0, 41)  # candidates for the saved logit scale (1 ... 100)
 MIN_RHO = 1e-6  # softplus^-1 needs rho > 0
 

@@ -100,18 +100,18 @@ def test_sign_flips_follow_first_nonzero_anchor():
             [5.0, 1.0, 0.0, 1.0],
         ]
     )
-    assert sign_flips(feats).tolist() == [-1.0, -1.0, 1.0, 1.0]
+    assert sign_flips(feats, "anchor").tolist() == [-1.0, -1.0, 1.0, 1.0]
 
 
 def test_sign_fix_leaves_every_score_unchanged_and_makes_anchors_positive():
     img, txt = _unit(20, seed=4), _unit(15, seed=5)
-    signs = sign_flips(img)
+    signs = sign_flips(img, "anchor")
     fi, ft = img * signs, txt * signs
     torch.testing.assert_close(fi @ ft.T, img @ txt.T)
     assert (fi[0] > 0).all()  # random data: row 0 is every dimension's anchor
     # comparable across runs: a run whose dims came out negated gets the same features back
     flipped = torch.where(torch.arange(D) % 3 == 0, -1.0, 1.0).double()
-    torch.testing.assert_close((img * flipped) * sign_flips(img * flipped), fi)
+    torch.testing.assert_close((img * flipped) * sign_flips(img * flipped, "anchor"), fi)
 
 
 def test_transform_sign_fix_keeps_scores():
@@ -120,7 +120,7 @@ def test_transform_sign_fix_keeps_scores():
         t = make_transform(name, D, 5, w, pca_feats=torch.cat([img, txt]))
         s = t.with_signs_from(img)
         torch.testing.assert_close(s(img) @ s(txt).T, t(img) @ t(txt).T)
-        assert (s(img)[0] > 0).all()
+        assert (s(img)[0] > 0).all()  # indexes keep the one-anchor rule (the default)
 
 
 # ---------------------------------------------------------------------------- PCA
@@ -246,24 +246,26 @@ def test_compact_curve_matches_reference_recall(metrics_module):
 def test_suggest_m_on_synthetic_spectra():
     from retrieval.compact import suggest_m
 
-    # one dominant dimension: 0.9 of the total in the first one
+    # share of w itself (power 1): 0.9 of the total in the first dimension
     w = torch.tensor([9.0, 0.25, 0.25, 0.25, 0.25])
-    assert suggest_m(w, share=0.9) == 1
-    assert suggest_m(w, share=0.95) == 3  # 9.5 / 10 after three
-    # the order of the input does not matter, only the sorted spectrum
-    assert suggest_m(w.flip(0), share=0.9) == 1
-    # a flat spectrum predicts a share of D
+    assert suggest_m(w, share=0.9, power=1.0) == 1
+    assert suggest_m(w, share=0.95, power=1.0) == 3  # 9.5 / 10 after three
+    assert suggest_m(w.flip(0), share=0.9, power=1.0) == 1  # only the sorted spectrum counts
+    # the default is the share of w^2 (of the Eq. 6 objective): 81 / 81.25 in the first dimension
+    assert suggest_m(w, share=0.99) == 1
+    assert suggest_m(torch.tensor([1.0, 1.0, 0.5, 0.5]), share=0.8) == 2  # (1 + 1) / 2.5 = 0.8
+    # a flat spectrum predicts a share of D, whatever the power
     assert suggest_m(torch.ones(64), share=0.5) == 32
     assert suggest_m(None, share=0.5, dim=64) == 32
-    # geometric spectrum: smallest m with cumulative share >= 0.9, from a slow loop
-    g = 0.8 ** torch.arange(32, dtype=torch.float64)
-    total, acc, want = float(g.sum()), 0.0, None
+    # geometric spectrum: smallest m with cumulative share of w^2 >= 0.9, from a slow loop
+    g = 0.9 ** torch.arange(32, dtype=torch.float64)
+    total, acc, want = float((g**2).sum()), 0.0, None
     for k, v in enumerate(g.tolist(), 1):
-        acc += v
+        acc += v * v
         if acc / total >= 0.9:
             want = k
             break
-    assert suggest_m(g, share=0.9) == want
+    assert suggest_m(g, share=0.9) == want < suggest_m(g, share=0.9, power=1.0)
     assert suggest_m(g, share=1.0) == 32
     with pytest.raises(ValueError):
         suggest_m(g, share=0.0)
