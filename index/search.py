@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import numbers
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -48,7 +47,7 @@ from index import faiss_index as fi
 from index.from_embeddings import prefix, remove_stale_parts
 from index.store import IndexContents, load_contents
 from retrieval.errors import UserError
-from retrieval.text_onnx import TextEncoder, cached_text_encoder
+from retrieval.text_onnx import TextEncoder, cached_text_encoder, export_for_run
 
 if TYPE_CHECKING:
     from retrieval.compact import CompactTransform
@@ -119,8 +118,8 @@ class Searcher:
             model, transform, dev = _load_model(*source, manifest)
             searcher = cls(contents, model, transform, dev, _source=source)
         searcher.timings = {"index_load": t1 - t0, "model_load": time.perf_counter() - t1}
-        if text_only and encoder is None:
-            searcher.timings["text_export"] = _export_text_side(searcher.model, run, weights, manifest["fingerprint"])
+        if text_only and encoder is None:  # for the next load (best effort: a failure is one line on stderr)
+            searcher.timings["text_export"] = export_for_run(searcher.model, run, weights, manifest["fingerprint"])
         searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
         searcher._to_device(gpu)
         return searcher
@@ -457,29 +456,6 @@ def _load_model(run: str, weights: str, device: str | None, index_dir, manifest:
     dev = pick_device(device)
     model, _ = load_run(run, dev, which=weights)
     return model, _transform(manifest, index_dir, int(model.embed_dim)), dev
-
-
-def _export_text_side(model, run: str, weights: str, fingerprint: str) -> float:
-    """Export a lite run's text side for the next ``text_only`` load (:mod:`retrieval.text_onnx`); seconds spent.
-
-    Best effort: a model without an exportable text tower, a missing ``onnx`` package or a
-    failed export leaves the cache as it was (one line on stderr for a failure).
-    """
-    from retrieval import text_onnx
-    from retrieval.run import CONFIG, MODEL, weights_path
-
-    if not (text_onnx.enabled() and text_onnx.exportable(model)):
-        return 0.0
-    t0 = time.perf_counter()
-    # every file that decides which weights load: a change to any of them is a cache miss
-    files = [CONFIG, "selection.json", os.path.join("best", MODEL), MODEL]
-    files = [os.path.join(run, f) for f in files] + [weights_path(run, weights)]
-    try:
-        text_onnx.export_text_encoder(model, run, weights, fingerprint, files)
-    except Exception as err:  # noqa: BLE001 (a cache: the search itself goes on)
-        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        print(f"note: could not cache the text encoder for fast searches ({reason})", file=sys.stderr)
-    return time.perf_counter() - t0
 
 
 def _numpy_transform(manifest: dict, index_dir, dim: int):

@@ -27,6 +27,8 @@ import hashlib
 import json
 import os
 import shutil
+import sys
+import time
 import warnings
 from pathlib import Path
 from typing import Sequence
@@ -165,6 +167,28 @@ def exportable(model) -> bool:
     from retrieval.towers import TextTower
 
     return isinstance(getattr(model, "text_tower", None), TextTower)
+
+
+def export_for_run(model, run: str | os.PathLike, which: str, fingerprint: str) -> float:
+    """Export a lite run's text side for later text searches; seconds spent (0 where nothing is exported).
+
+    For ``index build`` and the first ``Searcher.load(text_only=True)``. Best effort: a model
+    without the MiniLM tower or a missing ``onnx`` / ``onnxruntime`` exports nothing, and a
+    failed export is one line on stderr, never an error.
+    """
+    from retrieval.run import CONFIG, MODEL, weights_path
+
+    if not (enabled() and exportable(model)):
+        return 0.0
+    t0 = time.perf_counter()
+    # every file that decides which weights load: a change to any of them is a cache miss
+    files = [os.path.join(run, f) for f in (CONFIG, "selection.json", os.path.join("best", MODEL), MODEL)]
+    try:
+        export_text_encoder(model, run, which, fingerprint, [*files, weights_path(run, which)])
+    except Exception as err:  # noqa: BLE001 (a cache: the caller's work goes on)
+        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
+        print(f"note: could not cache the text encoder for fast searches ({reason})", file=sys.stderr)
+    return time.perf_counter() - t0
 
 
 def export_text_encoder(

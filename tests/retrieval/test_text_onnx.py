@@ -88,3 +88,17 @@ def test_only_the_minilm_tower_is_exported():
     assert not text_onnx.exportable(tiny)
     with pytest.raises(ValueError, match="lite"):
         text_onnx.export_text_encoder(tiny, "nowhere", "best", "f00d", [])
+
+
+def test_export_for_run_is_best_effort(model, run, monkeypatch, capsys):
+    tiny = build_model(ModelConfig(preset="tiny", embed_dim=8))
+    assert text_onnx.export_for_run(tiny, run, "best", "f00d") == 0.0  # nothing to export
+    assert not text_onnx.cache_root().exists()
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("exporter says no")
+
+    monkeypatch.setattr(text_onnx, "export_text_encoder", broken)
+    assert text_onnx.export_for_run(model, run, "best", "f00d") >= 0.0  # the caller's work goes on
+    assert "could not cache the text encoder for fast searches (exporter says no)" in capsys.readouterr().err
+    assert text_onnx.cached_text_encoder(run, "best", "f00d") is None
