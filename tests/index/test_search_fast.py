@@ -85,6 +85,21 @@ def test_fast_text_search_matches_the_torch_path(lite_index, cache_env):
     assert fast.model is not None
 
 
+def test_fast_searcher_is_thread_safe(lite_index, cache_env):
+    from concurrent.futures import ThreadPoolExecutor
+
+    index, _ = lite_index
+    Searcher.load(index, text_only=True)  # the export, whatever ran before
+    fast = Searcher.load(index, text_only=True)
+    assert fast.text_encoder is not None
+    serial = [fast.search_text([q], k=4)[0] for q in QUERIES] * 4
+    image = json.loads((index / "v000001" / "meta.jsonl").read_text().splitlines()[1])["image"]
+    with ThreadPoolExecutor(8) as pool:  # text queries, and image queries that load the model on demand, at once
+        texts = list(pool.map(lambda q: fast.search_text([q], k=4)[0], QUERIES * 4))
+        images = list(pool.map(lambda _: fast.search_image([image], k=2)[0], range(4)))
+    assert texts == serial and all(hits == images[0] for hits in images)
+
+
 def test_search_text_cli_does_not_import_torch(lite_index, cache_env):
     index, cache = lite_index
     Searcher.load(index, text_only=True)  # makes sure the export exists (whatever ran before)
