@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from tqdm.auto import tqdm
+from retrieval.progress import progress
 
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import sign_flips
@@ -101,7 +101,7 @@ def solve(cfg: SolveConfig) -> dict:
     val_cache = locked_tower_outputs(model, val_pairs, device, cfg.workers) if val_pairs is not None else None
     grid: dict[str, float] = {}
     best = None
-    for r in tqdm(ridges, desc="solving CCA per ridge", disable=len(ridges) < 2):
+    for r in progress(ridges, desc="solving CCA per ridge", disable=len(ridges) < 2):
         solution = fit_cca(stats, dim, r, x)
         set_heads(model, solution, cfg.weighting)
         if val_pairs is None:
