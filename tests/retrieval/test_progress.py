@@ -67,3 +67,14 @@ def test_a_command_piped_to_a_file_writes_no_carriage_returns(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr and "\r" not in done.stdout
     assert "shapes: 120/120 img (100%)" in done.stderr
+
+
+def test_the_packages_show_progress_only_through_this_helper():
+    """tqdm is imported by retrieval.progress alone: every bar follows the terminal / log rule."""
+    offenders = [
+        str(path.relative_to(ROOT))
+        for package in ("retrieval", "training", "index", "app")
+        for path in (ROOT / package).rglob("*.py")
+        if path != ROOT / "retrieval" / "progress.py" and ("from tqdm" in path.read_text() or "import tqdm" in path.read_text())
+    ]
+    assert offenders == []
