@@ -266,6 +266,10 @@ def cmd_launch(argv: list[str]) -> int:
     commands = ("train", "embed", "index", "eval", "solve")
     split = argv.index("--") if "--" in argv else next((i for i, a in enumerate(argv) if a in commands), None)
     tail = argv[split + 1 :] if split is not None and argv[split] == "--" else argv[split:] if split is not None else []
+    if not tail and any(a in ("-h", "--help") for a in argv):
+        print(f"usage: {PROG} launch [torchrun options] [--] COMMAND [command options]\n\ntorchrun's options:")
+        get_args_parser().print_help()
+        return 0
     if not tail:
         raise UserError("give a triclip command after torchrun's options, e.g. triclip launch --nproc-per-node 2 embed --run RUN ...")
     args = get_args_parser().parse_args([*argv[:split], "-m", "app"])

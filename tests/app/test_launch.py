@@ -37,6 +37,8 @@ def test_launch_hands_the_command_over_untouched(monkeypatch, capsys):
     assert seen[1].training_script_args == ["index", "build", "--embeddings", "E", "--out", "I"]
     assert main(["launch", "--nproc-per-node", "2"]) == 2
     assert "give a triclip command after torchrun's options" in capsys.readouterr().err
+    assert main(["launch", "--help"]) == 0
+    assert "usage: triclip launch [torchrun options] [--] COMMAND" in capsys.readouterr().out and len(seen) == 2
 
 
 def _free_port() -> int:
