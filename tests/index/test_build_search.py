@@ -70,7 +70,8 @@ def test_build_writes_index_meta_and_manifest(flat_index, run_dir, shapes_dir):
     assert manifest["run"] == os.path.abspath(run_dir) and manifest["ordering"] == "importance"
     assert (manifest["dims"], manifest["dim"], manifest["metric"]) == ([M, 16, EMBED_DIM], EMBED_DIM, "inner_product")
     assert manifest["factories"] == {str(m): "Flat" for m in (M, 16, EMBED_DIM)}
-    assert manifest["recall"] == {str(m): None for m in (M, 16, EMBED_DIM)}  # the run has no metrics.jsonl
+    curves = json.loads((out / "v000001" / "curves.json").read_text())  # measured by the build: every m has one
+    assert manifest["recall"] == {str(m): curves["curves"]["importance"][str(m)] for m in (M, 16, EMBED_DIM)}
     w = load_run(run_dir)[0].importance().detach()
     np.testing.assert_allclose(manifest["importance"], w.sort(descending=True).values.numpy(), atol=1e-5)
     contents = load_contents(out)
