@@ -67,6 +67,8 @@ def test_a_replaced_image_is_not_served(index, caplog):
         assert len(refused) == 9 and all("refused row" in line and "\n" not in line for line in refused)
         assert "without following links" in refused[0] and "not the file that was indexed" in refused[3]
         assert _get(f"{url}triclip/image/0").content[:8] == PNG  # the others still are
+        for path in ("/etc/passwd", meta[0]["image"], link):  # Gradio's file route serves no path of ours
+            assert _get(f"{url}gradio_api/file={path}").status_code in (403, 404), path
 
 
 def test_a_folder_swapped_for_a_link_is_not_served(index):
