@@ -9,6 +9,8 @@ else; loading the whole run for it (torch, transformers, both towers) costs seco
     KEY/tokenizer.json   the fast tokenizer the run was trained with (``tokenizers`` format)
     KEY/meta.json        version, the run's fingerprint, max_length, dim, file stamps
 
+A new export of a run's weights replaces that run's older ones (other fingerprints).
+
 :func:`cached_text_encoder` opens it with ``onnxruntime`` and ``tokenizers`` only
 (neither torch nor transformers is imported) when it is still valid: same format
 version, the fingerprint the caller expects, and the files the exporter named (the
@@ -248,7 +250,22 @@ def export_text_encoder(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+    _remove_superseded(final)
     return final
+
+
+def _remove_superseded(entry: Path) -> None:
+    """Remove the entries of the same run and weights with another fingerprint (a retrained run's old export)."""
+    meta = read_json(entry / META_FILE)
+    for other in entry.parent.iterdir():
+        if other == entry or not (other / META_FILE).is_file():
+            continue
+        try:
+            old = json.loads((other / META_FILE).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(old, dict) and (old.get("run"), old.get("which")) == (meta["run"], meta["which"]):
+            shutil.rmtree(other, ignore_errors=True)
 
 
 def _graph(tower, head):

@@ -102,3 +102,13 @@ def test_export_for_run_is_best_effort(model, run, monkeypatch, capsys):
     assert text_onnx.export_for_run(model, run, "best", "f00d") >= 0.0  # the caller's work goes on
     assert "could not cache the text encoder for fast searches (exporter says no)" in capsys.readouterr().err
     assert text_onnx.cached_text_encoder(run, "best", "f00d") is None
+
+
+def test_a_new_export_of_a_run_replaces_its_older_ones(model, run, tmp_path):
+    old = _export(model, run, fingerprint="0001")
+    other_run = tmp_path / "other"
+    other_run.mkdir()
+    kept = _export(model, other_run, fingerprint="0001")  # another run: untouched
+    new = _export(model, run, fingerprint="0002")  # the run retrained
+    assert new.is_dir() and kept.is_dir() and not old.exists()
+    assert text_onnx.cached_text_encoder(run, "best", "0002") is not None
