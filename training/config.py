@@ -148,7 +148,7 @@ class EvalConfig:
 class SolveConfig:
     train_data: str  # training data source: the CCA is fitted on its (image, caption) pairs
     out: str  # run directory (an ordinary run: eval, index build, app and train --init read it)
-    val_data: str | None = None  # picks the ridge by t2i_r10 (--ridge auto) and is evaluated
+    val_data: str | None = None  # picks the ridge by t2i_r10, ties by t2i_r1 (--ridge auto), and is evaluated
     model: str = "lite"  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture
     embed_dim: int | None = None  # D, canonical directions kept (None: per preset; at most the smaller tower width)
     ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.01-10 on --val-data
