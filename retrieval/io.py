@@ -125,7 +125,7 @@ def _rmtree(path: Path) -> None:
 # ---------------------------------------------------------------------------- output folders
 
 KINDS = ("run", "index", "data", "embeddings")  # what triclip commands write (train, index build, data prepare, embed)
-_WHAT = {"run": "a training run", "index": "an index", "data": "a data set", "embeddings": "embedding shards"}
+_WHAT = {"run": "a run", "index": "an index", "data": "a data set", "embeddings": "embedding shards"}
 _VERSION = re.compile(r"^v\d{6,}$")  # index/store.py's version folders
 _LEFTOVER = re.compile(r"^\.(lock$|tmp-|.*\.tmp(-|$)|.*\.old$|.*\.tmp\.)")  # what a killed writer leaves
 
@@ -135,7 +135,8 @@ def folder_kind(path: str | os.PathLike) -> str | None:
 
     Recognised by what each writes: ``embed`` a manifest of format ``triclip-embeddings/*``;
     ``index build`` a ``CURRENT`` pointer or ``vNNNNNN/manifest.json`` (format 1: ``index.faiss``
-    beside a manifest); ``train`` a ``config.json`` whose ``model`` section names a preset;
+    beside a manifest); ``train`` a ``config.json`` whose ``model`` section names a preset (or, damaged, beside
+    ``checkpoint/state.json``);
     ``data prepare`` ``train.jsonl`` / ``val.jsonl``.
     """
     root = Path(path)
@@ -150,6 +151,8 @@ def folder_kind(path: str | os.PathLike) -> str | None:
     config = _json_or_none(root / "config.json")
     if isinstance(config, dict) and isinstance(config.get("model"), dict) and "preset" in config["model"]:
         return "run"
+    if (root / "config.json").is_file() and (root / "checkpoint" / "state.json").is_file():
+        return "run"  # one whose config.json is damaged: --resume says so
     if (root / "train.jsonl").is_file() or (root / "val.jsonl").is_file():
         return "data"
     return None
@@ -199,12 +202,17 @@ def claim_output_dir(
         st = os.stat(root)
     except FileNotFoundError:
         st = None
+    except NotADirectoryError as err:  # a file on the way
+        raise UserError(f"{option} {root}: {_existing_parent(root)} is a file, not a folder ({err.strerror})") from None
     except OSError as err:
         raise UserError(f"{option} {root}: {err.strerror or err}") from None
     if st is not None and not stat.S_ISDIR(st.st_mode):
         what = "a file" if stat.S_ISREG(st.st_mode) else "not a folder (a device, FIFO or socket)"
         raise UserError(f"{option} {root} is {what}; give a folder")
-    check_writable(root if st is not None else _existing_parent(root, option), option, root)
+    parent = _existing_parent(root)
+    if st is None and not parent.is_dir():
+        raise UserError(f"{option} {root}: {parent} is a file, not a folder")
+    check_writable(root if st is not None else parent, option, root)
     if st is None:
         return None
     try:
@@ -234,12 +242,11 @@ _HINT = {
 }
 
 
-def _existing_parent(root: Path, option: str) -> Path:
+def _existing_parent(root: Path) -> Path:
+    """The nearest ancestor of ``root`` that exists (a folder, or the file in the way)."""
     parent = root.absolute().parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
-    if not parent.is_dir():
-        raise UserError(f"{option} {root}: {parent} is not a folder")
     return parent
 
 

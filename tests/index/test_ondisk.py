@@ -231,8 +231,10 @@ def test_a_reader_keeps_its_on_disk_version_while_a_writer_replaces_it(emb, ondi
     old = store.load_contents(index)
     queries = np.asarray(old.text_vectors[:20])  # (20, D)
     before = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))
-    cfg = EmbeddingsIndexConfig(str(emb), str(index), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
-    build_from_embeddings(cfg)
+    cfg = EmbeddingsIndexConfig(str(emb), str(index), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50,
+                                overwrite=True)  # fmt: skip
+    build_from_embeddings(cfg)  # keeps the old version for a rollback
+    build_from_embeddings(cfg)  # and this one removes it
     assert not (index / old.version).exists() and store.current_version(index) != old.version
     after = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))  # lists unlinked, still mapped
     np.testing.assert_array_equal(before[1], after[1])

@@ -336,7 +336,7 @@ def test_prepare_into_an_impossible_folder_is_one_line(tmp_path: Path, capsys):
     out = tmp_path / "file" / "sub"  # a folder under a file: mkdir fails with ENOTDIR
     assert cli_main(["data", "prepare", "shapes", "--out", str(out), "--num", "2"]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "cannot build shapes" in err and "Not a directory" in err
+    assert err.count("\n") == 1 and "is a file, not a folder" in err and "Not a directory" in err
 
 
 def test_a_binary_file_named_csv_is_one_short_line(tmp_path: Path):
