@@ -159,3 +159,30 @@ def test_a_rebuild_with_another_run_is_swapped_in_and_old_urls_keep_their_images
             assert served == Path(meta[0]["image"]).read_bytes()
         body = httpx.get(f"{url}triclip/api/search_text", params={"q": "a red circle", "k": 3}, timeout=30).json()
         assert body["version"] == now.version and len(body["hits"]) == 3
+
+
+def test_a_damaged_new_version_is_logged_and_the_loaded_one_kept(tmp_path, caplog):
+    import logging
+
+    from index.build import IndexBuildConfig, build_index
+
+    base, _, _ = _split_manifest(tmp_path)
+    index = tmp_path / "index"
+    build_index(IndexBuildConfig(run=str(make_run(tmp_path / "run", seed=0)), data=str(base), out=str(index), dims=DIMS))
+    caplog.set_level(logging.WARNING, logger="triclip.app")
+    with serving(index, follow=0.1) as (url, app):
+        first = app.live.view()
+        (index / "v000002").mkdir()
+        (index / "v000002" / "manifest.json").write_text('{"format": 2}')  # complete-looking, garbled
+        (index / "CURRENT").write_text("v000002\n")
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any("did not load" in r.getMessage() for r in caplog.records):
+            app.live.view()  # a request's check starts the background load
+            time.sleep(0.1)
+        kept = [r.getMessage() for r in caplog.records if "did not load" in r.getMessage()]
+        assert len(kept) == 1 and "keeping version v000001" in kept[0] and "damaged" in kept[0]
+        assert app.live.view() is first and app.live.swaps == 0
+        body = httpx.get(f"{url}triclip/api/search_text", params={"q": "a red circle", "k": 3}, timeout=30).json()
+        assert body["version"] == first.version and len(body["hits"]) == 3
+        time.sleep(0.5)
+        assert len([r for r in caplog.records if "did not load" in r.getMessage()]) == 1  # not retried until CURRENT changes
