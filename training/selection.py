@@ -44,18 +44,21 @@ class Selection:
         return {**asdict(self), "kept_epoch": self.kept_epoch}
 
     def reason(self) -> str:
-        """One sentence with the numbers."""
-        gain = self.best_value - self.last_value
-        noise = f"{self.factor:g} x {self.stderr:.4f} = {self.threshold:.4f} ({self.factor:g} standard errors over {self.queries} distinct queries)"
+        """One or two sentences with the numbers."""
         if self.best_epoch == self.last_epoch:
-            return f"the last epoch, {self.last_epoch}, is the best ({self.metric} {self.last_value:.4f}): kept it."
+            return f"Best epoch: the last, {self.last_epoch} ({self.metric} {self.last_value:.4f}): kept it."
+        gain = self.best_value - self.last_value
         head = (
-            f"the best epoch {self.best_epoch} ({self.metric} {self.best_value:.4f}) beats the last,"
-            f" epoch {self.last_epoch} ({self.last_value:.4f}), by {gain:.4f}"
+            f"Best epoch: {self.best_epoch} ({self.metric} {self.best_value:.4f}), ahead of the last, epoch"
+            f" {self.last_epoch} ({self.last_value:.4f}), by {gain:.4f}"
+        )
+        noise = (
+            f"{self.factor:g} x {self.stderr:.4f} = {self.threshold:.4f}"
+            f" ({self.factor:g} binomial standard errors over {self.queries} distinct validation queries)"
         )
         if self.kept == "best":
             return f"{head} > {noise}: kept the best epoch."
-        return f"{head} <= {noise}, within noise: kept the last weights."
+        return f"{head} <= {noise}: within noise, kept the last weights."
 
 
 def select(

@@ -332,10 +332,7 @@ def _final_summary(run: Path, cfg: TrainConfig, step: int, selection: tuple[Sele
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        text += (
-            f" Best epoch: {decision.best_epoch}; {decision.reason()} Eval and index use the kept weights"
-            f" ({where}; the decision is in {run / ckpt.SELECTION}) unless given --weights last."
-        )
+        text += f" {decision.reason()} Eval and index use {where} unless given --weights last ({run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())

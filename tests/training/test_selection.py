@@ -22,7 +22,7 @@ def test_a_gain_within_noise_keeps_the_last_weights():
     assert decision.stderr == pytest.approx(stderr) and decision.threshold == pytest.approx(2 * stderr)
     assert (decision.best_epoch, decision.last_epoch) == (2, 4)
     assert decision.kept == "last" and decision.kept_epoch == 4
-    assert "within noise" in decision.reason() and "116 distinct queries" in decision.reason()
+    assert "within noise, kept the last" in decision.reason() and "116 distinct validation queries" in decision.reason()
 
 
 def test_a_gain_well_above_noise_keeps_the_best_epoch():
@@ -89,7 +89,7 @@ def test_training_keeps_the_last_weights_when_the_best_is_within_noise(shapes_da
     last, _ = load_run(run, which="last")
     assert torch.equal(kept.image_head.weight, last.image_head.weight)
     out = capsys.readouterr().out
-    assert "within noise: kept the last weights" in out
+    assert "within noise, kept the last weights" in out
     assert "Validation, epoch 3 (kept):" in out and "ordering     m=" in out  # the demo's per-m table
 
 
