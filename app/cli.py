@@ -386,7 +386,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
 
 def cmd_app(ns: argparse.Namespace) -> int:
     """Serve until stopped, then leave without the interpreter's teardown (``os._exit``): the app has
-    nothing left to write, and at teardown onnx's nanobind module prints ~30 "leaked" lines."""
+    nothing left to write, and at teardown triton's nanobind module (imported with torch) prints ~27 "leaked" lines."""
     from app.gradio_app import serve
 
     code = 0
