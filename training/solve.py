@@ -32,7 +32,7 @@ from retrieval.compact import sign_flips
 from retrieval.data import load_pairs
 from retrieval.embed import pick_device
 from retrieval.errors import UserError
-from retrieval.io import write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.config import SolveConfig, TrainConfig
@@ -80,7 +80,7 @@ def solve(cfg: SolveConfig) -> dict:
         UserError: bad settings or data (one line), before anything is written.
     """
     _validate(cfg)
-    _claim(cfg.out, cfg.overwrite)
+    claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite)
     device = pick_device(cfg.device)
     start = time.perf_counter()
     model_cfg = ModelConfig(
@@ -303,18 +303,6 @@ def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, 
         skipped["val"] = dict(val_pairs.skipped)
     write_json_atomic(run / ckpt.SKIPPED, skipped)
     ckpt.write_config(run, config)  # last: a folder with config.json is a whole run
-
-
-def _claim(out: str, overwrite: bool) -> None:
-    """``--out`` may be written: new, empty, or a run to replace with ``--overwrite``."""
-    try:
-        from retrieval.io import claim_output_dir
-    except ImportError:  # before retrieval.io has it: the same rule, in short
-        root = Path(out)
-        if root.exists() and (not root.is_dir() or (any(root.iterdir()) and not overwrite)):
-            raise UserError(f"--out {out} is not empty; give --overwrite to replace the run there, or another --out") from None
-        return
-    claim_output_dir(out, "run", overwrite=overwrite)
 
 
 def _abs(path: str | None) -> str | None:
