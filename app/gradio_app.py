@@ -51,7 +51,7 @@ import sys  # noqa: E402
 import threading  # noqa: E402
 import time  # noqa: E402
 from collections import OrderedDict  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 from urllib.parse import urlparse  # noqa: E402
@@ -278,7 +278,9 @@ class LiveIndex:
             self.files_of.popitem(last=False)
         self._view = view  # one reference swap: a request has the old view or the new one, never a mix
         self.swaps += 1
-        log.warning("now serving %s version %s: %d images (was %s)", self.root, view.version, len(searcher), old.version)
+        log.warning(
+            "now serving %s version %s: %d images (was %s)", self.root, view.version, len(searcher), old.version
+        )
         return True
 
     def _reload(self, stamp) -> None:
@@ -333,7 +335,8 @@ class SearchApp:
         Returns one list per output: galleries, statuses, ids.
         """
         view = self.live.view()
-        if not all(isinstance(x, (list, tuple)) for x in (query, m, funnel, k)) or len({len(query), len(m), len(funnel), len(k)}) != 1:
+        columns = (query, m, funnel, k)
+        if not all(isinstance(x, (list, tuple)) for x in columns) or len({len(x) for x in columns}) != 1:
             n = len(query) if isinstance(query, (list, tuple)) else 1
             out = [self._fail("malformed request: give a query, m, funnel and k")] * n
             return [o[0] for o in out], [o[1] for o in out], [o[2] for o in out]
@@ -421,7 +424,7 @@ class SearchApp:
         except UserError:
             return gr.update(value=[], visible=False), ""
         if m == view.dim or _as_bool(funnel):
-            note = "the results above are at full D" if m == view.dim else "funnel: the results above are re-ranked at full D"
+            note = "the results above are at full D" if m == view.dim else "funnel: the results above are re-ranked at D"
             return gr.update(value=[], visible=False), note
         kind, value = previous
         fn = {"text": self.search_text, "image": self.search_image, "id": self.more_like_this}.get(kind)
@@ -429,7 +432,8 @@ class SearchApp:
             return gr.update(value=[], visible=False), ""
         items, _, full_ids = fn(value, view.dim, False, k, request)
         shared = len(set(ids_at_m) & set(full_ids))
-        note = f"**{shared} of {len(ids_at_m)} shared** between the results at m = {m} (above) and at full D = {view.dim} (below)"
+        note = f"**{shared} of {len(ids_at_m)} shared** between the results at m = {m} (above)"
+        note += f" and at full D = {view.dim} (below)"
         return gr.update(value=items, visible=True), note
 
     # -- the shared path
@@ -794,7 +798,7 @@ def _suggest(w: np.ndarray) -> tuple[int | None, float, str]:
 
 
 def spectrum_figure(importance: list[float], suggested: int | None, power: float = 1.0):
-    """S sorted (left axis) and the cumulative share of S^power (right axis) against rank, log-2 ranks; None when flat."""
+    """S sorted (left axis) and the cumulative share of S^power (right axis) against rank (log 2); None when flat."""
     from matplotlib.figure import Figure
 
     w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]
@@ -927,7 +931,7 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
                     label="the same query at full D", columns=6, height="auto", allow_preview=False,
                     object_fit="contain", elem_id="full-results", visible=False,
                 )
-                clicked = gr.Textbox(visible=False, label="image id", elem_id="clicked-id")  # the clicked result's id (the API's input)
+                clicked = gr.Textbox(visible=False, label="image id", elem_id="clicked-id")  # the clicked result's id
             with gr.Column(scale=1, min_width=260):
                 m = loose(gr.Radio(app.m_choices(), value=app.dim, label="m: dimensions searched", elem_id="m"))
                 funnel = gr.Checkbox(False, label="funnel: shortlist at m, re-rank at full D", elem_id="funnel")
@@ -966,9 +970,9 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         ).then(app.compare, *compared, **private)
         text_btn.click(app.image_to_text, [image] + knobs, [captions, status], api_name="image_to_text")
         clicked.submit(app.more_like_this, [clicked] + knobs, shown, api_name="more_like_this")
-        gallery.select(_clicked_id, ids, clicked, **private).then(app.more_like_this, [clicked] + knobs, shown, **private).then(
-            lambda i: ("id", i), clicked, last, **private
-        ).then(app.compare, *compared, **private)
+        gallery.select(_clicked_id, ids, clicked, **private).then(
+            app.more_like_this, [clicked] + knobs, shown, **private
+        ).then(lambda i: ("id", i), clicked, last, **private).then(app.compare, *compared, **private)
 
         def rerun(previous, m_value, funnel_value, k_value, request: gr.Request):
             """Re-run the last query when m, the funnel or k change."""
