@@ -67,7 +67,9 @@ VARIANTS: dict[str, dict] = {
     # Eq. 6 (docs/results.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
     "spectral": dict(loss="spectral", loss_options={}),
     "tricl_spectral": dict(loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0),
-    "tricl_spectral_mean1": dict(loss="tricl_spectral", loss_options={}, importance="softplus_mean1", importance_spread=1.0),
+    "tricl_spectral_mean1": dict(
+        loss="tricl_spectral", loss_options={}, importance="softplus_mean1", importance_spread=1.0
+    ),
     "tricl_spectral_lr10": dict(
         loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0, importance_lr_scale=10.0
     ),
@@ -79,7 +81,11 @@ VARIANTS: dict[str, dict] = {
     # and Eq. 6 trained from it (train --init: its affine heads, S = the canonical correlations), plain or nested on S
     "solve": dict(solve=True),
     "solve_eq6": dict(init="solve", loss="tricl_spectral", loss_options={}),
-    "solve_eq6_nested": dict(init="solve", loss="tricl_spectral", loss_options={"nested": 4, "nested_order": "importance"}),
+    "solve_eq6_nested": dict(
+        init="solve", loss="tricl_spectral", loss_options={"nested": 4, "nested_order": "importance"}
+    ),
+    # MRL's loss (InfoNCE + nesting) from the closed form, nested on S's order
+    "solve_mrl": dict(init="solve", loss="infonce", loss_options={"nested": 4, "nested_order": "importance"}),
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -113,6 +119,7 @@ CURVE_ROWS = [
     ("solve", "importance", "closed form (CCA), S order"),
     ("solve_eq6", "importance", "closed form + Eq. 6 trained (warm start), S order"),
     ("solve_eq6_nested", "importance", "closed form + Eq. 6 + nesting on S order, S order"),
+    ("solve_mrl", "importance", "closed form + InfoNCE + nesting on S order, S order"),
 ]
 
 
@@ -315,7 +322,8 @@ def collect(cfg: ResultsConfig, variants: list[str]) -> dict[str, list[dict]]:
         for seed in cfg.seeds:
             if cfg.per_epoch:
                 picked_on = str(Path(cfg.data) / "val.jsonl")  # RUN/best is picked on val, whatever is evaluated
-                run = train_run(cfg, variant, seed, Path(cfg.out) / "epochs" / variant / f"seed{seed}", val_data=picked_on)
+                run = Path(cfg.out) / "epochs" / variant / f"seed{seed}"
+                run = train_run(cfg, variant, seed, run, val_data=picked_on)
             else:
                 run = train_run(cfg, variant, seed)
             r = _with_best_epoch(evaluate_run(run, val, zero_shot, cfg.curve_metric), run)
