@@ -47,7 +47,7 @@ def test_given_values_override_the_recipe_field_by_field():
 
 
 def test_checkpoint_interval_follows_the_locks():
-    assert resolve_recipe(_blank(model="lite")).checkpoint_every == 10  # cheap epochs over cached outputs
+    assert resolve_recipe(_blank(model="lite")).checkpoint_every == 20  # cheap epochs over cached outputs
     assert resolve_recipe(_blank(model="lite", lock_text=False)).checkpoint_every == 1
     assert resolve_recipe(_blank(model="lite", unlock_image_groups=1)).checkpoint_every == 1
     assert resolve_recipe(_blank(model="tiny")).checkpoint_every == 1
