@@ -22,8 +22,9 @@ Tower outputs come from the locked-tower cache, so every fit below is seconds. T
    and the test recall reached there.
 5. (``--sklearn K``) scikit-learn's ``CCA(n_components=K)`` against the torch.linalg solver:
    seconds and the top-K correlations on train and val.
-6. (``--runs``) trained runs of one objective and several seeds: per-dimension signed corr of
-   val image features between seeds (own order, skew sign fix), with their own S gaps.
+6. (``--runs``, alone) trained runs of one objective and several seeds: per-dimension signed
+   corr of ``DIR/val.jsonl`` image features between seeds (own order, skew sign fix), with
+   their own S gaps.
 7. (``--map-runs``, alone) class mAP (text -> image, first caption per image) of runs on a
    labelled ``DIR/val.jsonl`` at full D and per ordering at m = 16 / 32: for data whose
    distinct-text recall is saturated (``fashion-mnist``: 70 class sentences).
@@ -61,6 +62,9 @@ def main(argv=None) -> int:
     if ns.map_runs:
         class_map_table(str(Path(ns.data) / "val.jsonl"), [r for r in ns.map_runs.split(",") if r.strip()])
         return 0
+    if ns.runs:
+        runs_table([r for r in ns.runs.split(",") if r.strip()], str(Path(ns.data) / "val.jsonl"))
+        return 0
     torch.manual_seed(0)
     data = Feats.load(ns.data, ns.model, ns.embed_dim)
     seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
@@ -74,8 +78,6 @@ def main(argv=None) -> int:
         suggest_table(data, full)
     if ns.sklearn:
         sklearn_table(data, ridge, ns.sklearn)
-    if ns.runs:
-        runs_table([r for r in ns.runs.split(",") if r.strip()], data)
     return 0
 
 
@@ -320,17 +322,17 @@ def sklearn_table(data: Feats, ridge: float, k: int) -> None:
               f"{float(va[0]):.3f} / {float(va[-1]):.3f} | {float(va.mean()):.3f} | {r:.3f} |")  # fmt: skip
 
 
-def runs_table(runs: list[str], data: Feats) -> None:
+def runs_table(runs: list[str], val: str) -> None:
     """Seeds of a trained objective: per-dimension signed corr (own order, skew rule) of val image features."""
     from retrieval.cache import locked_tower_outputs
     from retrieval.data import load_pairs
     from retrieval.embed import embed_pairs
-    from retrieval.run import load_run, read_config
+    from retrieval.run import load_run
 
     feats, ws = [], []
+    pairs = load_pairs(val)
     for run in runs:
         model, _ = load_run(run)
-        pairs = load_pairs(read_config(run)["sources"]["val"]["path"])
         with torch.no_grad():
             z = embed_pairs(model, pairs, "cpu", 256, locked_tower_outputs(model, pairs, "cpu")).image
             w = model.importance().detach().float()
@@ -339,7 +341,8 @@ def runs_table(runs: list[str], data: Feats) -> None:
         feats.append(z * sign_flips(z, "skew"))
         ws.append(w[order] / w.mean())
     pairs_corr = [_column_corr(feats[i], feats[j]) for i in range(len(runs)) for j in range(i + 1, len(runs))]
-    corr = torch.stack(pairs_corr).mean(0)
+    corr = torch.stack(pairs_corr).mean(0)  # (D,) signed, mean over seed pairs
+    abs_corr = torch.stack(pairs_corr).abs().mean(0)  # (D,) sign-free
     gaps = _gaps(torch.stack(ws).mean(0).double())
     print(f"\nTrained runs ({len(runs)} seeds, {len(pairs_corr)} pairs): signed corr of val image features per dim, own order\n")
     print("| dims k | mean w_k (mean 1) | gap | signed corr | abs corr |")
@@ -349,7 +352,7 @@ def runs_table(runs: list[str], data: Feats) -> None:
         if lo >= len(w):
             break
         print(f"| {lo + 1}-{hi} | {float(w[lo:hi].mean()):.3f} | {float(gaps[lo:hi].clamp_max(1).mean()):.3f} | "
-              f"{float(corr[lo:hi].mean()):.3f} | {float(corr[lo:hi].abs().mean()):.3f} |")  # fmt: skip
+              f"{float(corr[lo:hi].mean()):.3f} | {float(abs_corr[lo:hi].mean()):.3f} |")  # fmt: skip
 
 
 def class_map_table(val: str, runs: list[str]) -> None:
