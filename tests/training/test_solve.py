@@ -190,3 +190,30 @@ def test_cli_solve_refuses_an_existing_run_without_overwrite(shapes_data, solved
     assert config["model"]["embed_dim"] == 8 and config["solver"]["ridge"] == 0.1
     assert not (run / "metrics.jsonl").exists()  # no --val-data: nothing evaluated, the old metrics gone
     assert main(args[:-4] + ["--ridge", "lots", "--device", "cpu", "--overwrite"]) == 2
+
+
+@pytest.mark.parametrize("weighting", [0.0, 0.5, 1.0, 2.0])
+def test_set_heads_serves_rho_to_the_power_weighting_and_keeps_w_rho(weighting):
+    from retrieval.model import ModelConfig, build_model
+    from training.solve import CCA, set_heads
+
+    model = build_model(ModelConfig(preset="tiny", embed_dim=4, head="affine", importance="softplus"))
+    gen = torch.Generator().manual_seed(5)
+    a, b = torch.randn(128, 4, generator=gen, dtype=torch.float64), torch.randn(128, 4, generator=gen, dtype=torch.float64)
+    mx, my = torch.randn(128, generator=gen, dtype=torch.float64), torch.randn(128, generator=gen, dtype=torch.float64)
+    rho = torch.tensor([0.9, 0.6, 0.3, 0.1], dtype=torch.float64)
+    set_heads(model, CCA(mx, my, a, b, rho, 0.1), weighting)
+    torch.testing.assert_close(model.importance().detach().double(), rho, atol=1e-6, rtol=0)
+    x, y = torch.randn(5, 128, generator=gen), torch.randn(3, 128, generator=gen)
+    with torch.no_grad():
+        zx, zy = model.project_image(x, normalize=False), model.project_text(y, normalize=False)
+        served = (zx * model.importance()) @ zy.T  # sum_k w_k zx_k zy_k
+    cx, cy = (x.double() - mx) @ a, (y.double() - my) @ b  # canonical variates
+    torch.testing.assert_close(served.double(), (cx * rho**weighting) @ cy.T, atol=1e-3, rtol=1e-4)
+
+
+def test_solve_refuses_more_dimensions_than_the_towers_have_and_writes_nothing(shapes_data, tmp_path):
+    out = tmp_path / "too_wide"
+    with pytest.raises(UserError, match="exceeds the smaller tower's width"):
+        solve(_solve_cfg(shapes_data, out, embed_dim=129, ridge="0.1"))  # tiny towers are 128 wide
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
