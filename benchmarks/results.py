@@ -54,6 +54,8 @@ import torch
 VARIANTS: dict[str, dict] = {
     "infonce": dict(loss="infonce", loss_options={"nested": 0}),  # plain CLIP, whatever the trainer defaults
     "mrl": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}),
+    # MRL with the closed form's head kind (affine, not MLP): separates the heads from the order in solve vs mrl
+    "mrl_affine": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="affine"),
     "tricl": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}),
     "tricl_nonest": dict(loss="tricl", loss_options={"nested": 0}),
     "tricl_flat": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, importance_spread=1.0),
@@ -99,6 +101,8 @@ CURVE_ROWS = [
     ("infonce", "pca", "infonce, PCA m"),
     ("mrl", "first", "MRL (infonce + prefix nesting)"),
     ("mrl", "pca", "MRL, PCA m"),
+    ("mrl_affine", "first", "MRL, affine heads (prefix)"),
+    ("mrl_affine", "pca", "MRL, affine heads, PCA m"),
     ("tricl", "importance", "tricl (nested=4, importance order)"),
     ("tricl", "pca", "tricl, PCA m (w ignored)"),
     ("tricl_nonest", "importance", "tricl without nesting"),
@@ -453,9 +457,10 @@ def compact(cfg: ResultsConfig) -> None:
     if "mrl" in results and "tricl" in results:
         print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
-    for variant in (v for v in results if v.startswith(("tricl_spectral", "solve")) and "mrl" in results):
-        print(f"\nPaired by seed, {variant} (S order) − MRL (first m), {CURVE_METRICS[metric]}:\n")
-        print(paired_table(results, (variant, "importance"), ("mrl", "first"), dims, metric))
+    for base, label in (("mrl", "MRL"), ("mrl_affine", "MRL with affine heads")):  # the prefix to beat
+        for variant in (v for v in results if v.startswith(("tricl_spectral", "solve")) and base in results):
+            print(f"\nPaired by seed, {variant} (S order) − {label} (first m), {CURVE_METRICS[metric]}:\n")
+            print(paired_table(results, (variant, "importance"), (base, "first"), dims, metric))
     if "mrl" in results:  # the index ordering of an MRL model: its prefix or a PCA after training
         print(f"\nPaired by seed, MRL (PCA m) − MRL (first m), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "pca"), ("mrl", "first"), dims, metric))

@@ -101,9 +101,14 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     cfg = small_experiment
     data = R.Path(cfg.data)
     (data / "test.jsonl").write_text((data / "val.jsonl").read_text())  # same records: same numbers as val
-    spectral = ["spectral", "tricl_spectral", "tricl_spectral_mean1", "solve", "solve_eq6_nested"]
+    spectral = ["spectral", "tricl_spectral", "tricl_spectral_mean1", "solve", "solve_eq6_nested", "mrl", "mrl_affine"]
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": spectral, "eval_split": "test", "png": None}))
     out = capsys.readouterr().out
+    assert "| MRL, affine heads (prefix) |" in out and "| MRL, affine heads, PCA m |" in out
+    assert "solve (S order) − MRL (first m)" in out and "solve (S order) − MRL with affine heads (first m)" in out
+    affine = json.loads((R.run_dir(cfg, "mrl_affine", 0) / "config.json").read_text())
+    assert affine["model"]["head"] == "affine" and affine["loss_options"] == {"nested": 4, "nested_order": "prefix"}
+    assert json.loads((R.run_dir(cfg, "mrl", 0) / "config.json").read_text())["model"]["head"] != "affine"
     assert "| tricl_spectral, S order |" in out and "| spectral, PCA m |" in out
     assert "| closed form (CCA), S order |" in out and "| closed form + Eq. 6 + nesting on S order, S order |" in out
     assert R.train_run(cfg, "solve", 1) == R.train_run(cfg, "solve", 0) == R.run_dir(cfg, "solve", 0)  # one solve
