@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -30,8 +31,11 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
 
     searcher = Searcher.load(first["index"])
     assert searcher.dims == [16, 64, 256]
-    records = sum(1 for split in ("train", "val") for _ in open(tmp_path / "demo" / "data" / f"{split}.jsonl"))
-    assert len(searcher) == records  # every image of both splits, nothing dropped or doubled
+    splits = ("train", "val", "test")
+    records = sum(1 for split in splits for _ in open(tmp_path / "demo" / "data" / f"{split}.jsonl"))
+    assert len(searcher) == records  # every image of the three splits, nothing dropped or doubled
+    version = Path(first["index"]) / (Path(first["index"]) / "CURRENT").read_text().strip()
+    assert json.loads((version / "curves.json").read_text())  # recall against m, measured on val
     hit = searcher.search_text(["a red apple"], k=3, m=16)[0]
     assert len(hit) == 3 and hit[0]["score"] >= hit[-1]["score"]
 
@@ -44,6 +48,12 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     assert {p: (run / p).stat().st_mtime_ns for p in stamps} == stamps
     assert sorted(os.listdir(tmp_path / "cache" / "features")) == cache_files
     assert "caching locked" not in capsys.readouterr().err
+
+    (tmp_path / "demo" / "data" / "test.jsonl").unlink()  # a work folder from before the test split
+    third = run_demo(cfg)
+    assert "predates the deduplicated split" in capsys.readouterr().out
+    assert (tmp_path / "demo" / "data" / "test.jsonl").exists()
+    assert len(Searcher.load(third["index"])) == records  # rebuilt over the same three splits
 
 
 def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, own_cache):
