@@ -4,7 +4,7 @@ Embedding openclipart with the EfficientNet-Lite0 image tower is the demo's
 bottleneck. PyTorch's eager CPU path is slow for it (depthwise convolutions,
 TensorFlow "SAME" padding computed per call, unfolded BatchNorm). This module
 gives every embedding pass the fastest path available, measured by
-``python -m benchmarks.bench_towers`` (README "Fast tower passes"):
+``python -m benchmarks.bench_towers`` (docs/benchmarks.md, "Tower inference"):
 
 1. ``onnxruntime``: the tower is exported to ONNX in memory (``torch.onnx``,
    which needs the ``onnx`` package) and run by ONNX Runtime's CPU provider,

@@ -50,7 +50,7 @@ from training.optim import AdamW
 
 __all__ = ["TrainConfig", "train"]
 
-DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (README: the importance ablation)
+DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results.md appendix: the importance ablation)
 # Objective options the trainer adds unless given (so config.json records them): tricl and mrl train their
 # top-m scores too; mrl (infonce + prefix nesting) is the default objective (docs/results.md, section 7).
 DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_order": "prefix"}}
