@@ -52,8 +52,8 @@ def run_demo(cfg: DemoConfig) -> dict:
     stale = not (data / "test.jsonl").exists() and (data / "val.jsonl").exists()  # an older demo's data
     if stale:
         print("the demo's data predates the deduplicated split: rebuilding data, run and index", flush=True)
-    if stale or not (data / "test.jsonl").exists():
-        prepare("openclipart", str(data), num=cfg.num, overwrite=stale)
+    if not (data / "test.jsonl").exists():  # written last: anything else in data/ is an unfinished or older prepare
+        prepare("openclipart", str(data), num=cfg.num, overwrite=data.is_dir() and any(data.iterdir()))
     _step(2, f"training lite (locked, cached towers) in {run}")
     if stale or not _trained(run, cfg.epochs or recipe_for("lite").epochs):
         _train(cfg, data, run, overwrite=stale)
