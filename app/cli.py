@@ -411,6 +411,10 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     if ns.dims:
         cfg.dims = _parse_dims(ns.dims)
     run_demo(cfg)
+    if cfg.serve:  # served until stopped: leave as cmd_app does, without the interpreter's teardown noise
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     return 0
 
 

@@ -95,3 +95,4 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, o
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 0, err
     assert "Traceback" not in err and f"http://127.0.0.1:{port}/" in out
+    assert "leaked" not in err  # no teardown noise from extension modules (nanobind)
