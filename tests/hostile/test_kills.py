@@ -39,7 +39,9 @@ def test_sigkill_then_resume_is_bit_identical(cli, tmp_path, shapes):
 
     killed = tmp_path / "killed"
     root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1", "TRICLIP_CACHE": str(tmp_path / "cache")}
+    # the same number of threads as the runs in this process: float sums of another thread count differ in the last bit
+    threads = str(torch.get_num_threads())
+    env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": threads, "TRICLIP_CACHE": str(tmp_path / "cache")}
     proc = subprocess.Popen([sys.executable, "-m", "app", "train", *data, "--out", str(killed), *ARGS], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
