@@ -230,7 +230,7 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metri
     from retrieval.embed import embed_pairs, embed_texts
     from retrieval.io import write_text_atomic
     from retrieval.metrics import align_uniform, class_map, retrieval_recall, zero_shot_accuracy
-    from retrieval.run import load_run
+    from retrieval.run import load_run, weights_path
 
     split = Path(val).stem
     saved = run / ("result.json" if split == "val" else f"result.{split}.json")  # one evaluation per split
@@ -272,7 +272,7 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metri
     out["curves"] = metric_curves(image, text, owner, w, dims_for(dim), texts, ids)
     seconds = run / "train_seconds.txt"
     out["train_seconds"] = float(seconds.read_text()) if seconds.exists() else None
-    out["weights"] = "best" if (run / "best").is_dir() else "last"  # what load_run loaded
+    out["weights"] = "best" if weights_path(run).parent.name == "best" else "last"  # what load_run loaded (selection.json)
     write_text_atomic(saved, json.dumps(out))
     return json.loads(saved.read_text())  # string keys, as a re-read gives
 
@@ -443,7 +443,8 @@ def compact(cfg: ResultsConfig) -> None:
     results = collect(cfg, cfg.variants or EXPERIMENTS["compact"])
     dims = dims_for(cfg.embed_dim)
     metric = cfg.curve_metric
-    weights = "best epoch (RUN/best, picked on the validation data)" if cfg.per_epoch else "last weights"
+    kept = "kept weights (the best epoch on val when beyond noise, else the last: RUN/selection.json)"
+    weights = kept if cfg.per_epoch else "last weights"
     print(f"\n{CURVE_METRICS[metric]} against m, {weights}, mean ± sd over seeds {cfg.seeds}:\n")
     print(compact_table(results, dims, metric))
     keys = [("t2i_r1", "t2i R@1"), ("t2i_r10", "t2i R@10"), ("i2t_r1", "i2t R@1"), ("i2t_r10", "i2t R@10"),

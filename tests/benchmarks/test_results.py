@@ -87,9 +87,10 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     assert "class mAP, image -> image against m, last weights" in capsys.readouterr().out
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": ["infonce"], "per_epoch": True, "png": None}))
     out = capsys.readouterr().out
-    assert "against m, best epoch" in out and "best epoch: infonce 1.000±.000" in out
-    best = json.loads((R.Path(cfg.out) / "epochs" / "infonce" / "seed0" / "result.json").read_text())
-    assert best["weights"] == "best"
+    assert "against m, kept weights" in out and "best epoch: infonce 1.000±.000" in out
+    run = R.Path(cfg.out) / "epochs" / "infonce" / "seed0"
+    kept = json.loads((run / "selection.json").read_text())["kept"]
+    assert json.loads((run / "result.json").read_text())["weights"] == kept  # what load_run loaded, as training decided
     R.identifiability(R.ResultsConfig(**{**cfg.__dict__, "variants": ["infonce", "tricl"]}))
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| infonce") or line.startswith("| tricl")]
     assert len(lines) == 2 and all(0.0 <= float(cell) <= 1.0 for cell in lines[0].strip("| ").split(" | ")[-1:])
