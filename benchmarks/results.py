@@ -175,7 +175,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
     n_train = sum(1 for line in open(data / "train.jsonl") if line.strip())
     epochs = math.ceil(cfg.steps / max(1, n_train // cfg.batch_size))
     start = time.perf_counter()
-    config = TrainConfig(
+    common = dict(
         train_data=str(data / "train.jsonl"),
         out=str(run),
         model=cfg.model,
@@ -187,12 +187,9 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         lock_image=cfg.lock,
         lock_text=cfg.lock,
         seed=seed,
-        **spec,
-        **overrides,
     )
-    given = {"train_data", "out", "model", "embed_dim", "epochs", "max_steps", "batch_size", "lr", "lock_image",
-             "lock_text", "seed", *spec, *overrides}  # what a variant sets wins over per-objective defaults
-    train(config, given=given)
+    config = TrainConfig(**common, **spec, **overrides)
+    train(config, given={*common, *spec, *overrides})  # what a variant sets wins over per-objective defaults
     (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
     return run
 
