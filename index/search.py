@@ -77,6 +77,7 @@ class Searcher:
     _faiss_lock: threading.Lock | None = field(default=None, repr=False)  # set when an index is on a GPU
     _rows: dict = field(default_factory=dict, repr=False)  # id -> image row
     _source: tuple = field(default=(), repr=False)  # (run, weights, device, index_dir): to load the model later
+    _text_transform: Any = field(default=None, repr=False)  # numpy compact transform for text_encoder's output
 
     @classmethod
     def load(
@@ -112,8 +113,8 @@ class Searcher:
         if text_only and device in (None, "cpu"):
             encoder = cached_text_encoder(run, weights, manifest["fingerprint"])
         if encoder is not None:
-            _numpy_transform(manifest, index_dir, encoder.dim)  # UserError: a damaged or foreign transform
-            searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source)
+            text_transform = _numpy_transform(manifest, index_dir, encoder.dim)  # UserError: a damaged or foreign transform
+            searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source, _text_transform=text_transform)
         else:
             model, transform, dev = _load_model(*source, manifest)
             searcher = cls(contents, model, transform, dev, _source=source)
@@ -139,7 +140,10 @@ class Searcher:
         if contents.manifest.get("fingerprint") != self.manifest.get("fingerprint"):
             raise UserError(f"index {index_dir} version {contents.version} was built with another run")
         transform = _transform(contents.manifest, index_dir, self.dim)
-        other = replace(self, contents=contents, transform=transform, timings={}, _faiss_lock=None)
+        text_transform = None if self.text_encoder is None else _numpy_transform(contents.manifest, index_dir, self.text_encoder.dim)
+        other = replace(
+            self, contents=contents, transform=transform, timings={}, _faiss_lock=None, _text_transform=text_transform
+        )
         other._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
         other._to_device(self._faiss_lock is not None)
         return other
@@ -191,7 +195,7 @@ class Searcher:
         with self._model_lock:
             if self.text_encoder is not None:
                 emb = self.text_encoder.encode(list(texts))  # (Q, D) numpy, unit rows
-                return _numpy_transform(self.manifest, "", self.text_encoder.dim)(emb)
+                return self._text_transform(emb)
             from retrieval.embed import embed_texts
 
             emb = embed_texts(self.model, list(texts), self.device, self.batch_size)  # (Q, D)
