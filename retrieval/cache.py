@@ -31,6 +31,15 @@ def cache_dir() -> Path:
     return root / "features"
 
 
+def nothing_decoded(pairs, skipped: Counter) -> UserError:
+    """The error when no image of ``pairs`` decoded: every skip reason, read-time ones too."""
+    from retrieval.data.reasons import count_by_reason
+
+    return UserError(
+        f"no image of {pairs.source or 'the data'} could be decoded; skipped: {count_by_reason(pairs.skipped, skipped)}"
+    )
+
+
 def module_hash(module: torch.nn.Module) -> str:
     """sha256 over a module's parameter and buffer names, shapes and bytes."""
     digest = hashlib.sha256()
@@ -74,12 +83,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
         feats[idx] = out
         valid[idx] = True
     if feats is None:
-        from retrieval.data.reasons import count_by_reason  # every reason: read-time skips too
-
-        raise UserError(
-            f"no image of {pairs.source or 'the data'} could be decoded;"
-            f" skipped: {count_by_reason(pairs.skipped, dataset.skipped)}"
-        )
+        raise nothing_decoded(pairs, dataset.skipped)
     result = {"features": feats, "valid": valid, "bad": dataset._bad.clone()}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))

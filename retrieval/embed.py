@@ -17,7 +17,7 @@ import torch
 from retrieval.progress import progress
 
 from retrieval.accel import image_features, text_features
-from retrieval.cache import skipped_images
+from retrieval.cache import nothing_decoded, skipped_images
 from retrieval.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, collate_pairs, decode_image
 from retrieval.errors import UserError
 
@@ -93,12 +93,7 @@ def embed_records(
             keep.append(batch["index"])
             embs.append(model.project_image(image_features(model, batch["image"].to(device))).float().cpu())  # (B, D)
     if not embs:
-        from retrieval.data.reasons import count_by_reason  # every reason: read-time skips too
-
-        raise UserError(
-            f"no image of {pairs.source or 'the data'} could be decoded;"
-            f" skipped: {count_by_reason(pairs.skipped, dataset.skipped)}"
-        )
+        raise nothing_decoded(pairs, dataset.skipped)
     return torch.cat(embs), torch.cat(keep), dataset.skipped
 
 

@@ -35,7 +35,7 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from retrieval.progress import progress
 
-from retrieval.cache import DECODER_VERSION, _key, cache_dir, locked_tower_outputs, module_hash
+from retrieval.cache import DECODER_VERSION, _key, cache_dir, locked_tower_outputs, module_hash, nothing_decoded
 from retrieval.errors import UserError
 from retrieval.io import atomic_path
 
@@ -391,12 +391,7 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
             out[k][rows] = v.to(out[k].dtype)
         valid[batch["index"]] = True
     if out is None:
-        from retrieval.data.reasons import count_by_reason  # every reason: read-time skips too
-
-        raise UserError(
-            f"no image of {pairs.source or 'the data'} could be decoded;"
-            f" skipped: {count_by_reason(pairs.skipped, dataset.skipped)}"
-        )
+        raise nothing_decoded(pairs, dataset.skipped)
     result = {**out, "valid": valid, "bad": dataset._bad.clone()}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
