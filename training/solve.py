@@ -28,7 +28,7 @@ import torch
 from retrieval.progress import progress
 
 from retrieval.cache import locked_tower_outputs
-from retrieval.compact import sign_flips
+from retrieval.compact import sign_flips, topm_embed
 from retrieval.data import load_pairs
 from retrieval.embed import pick_device
 from retrieval.errors import UserError
@@ -37,6 +37,7 @@ from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.config import SolveConfig, TrainConfig
 from training.evaluate import evaluate
+from training.train import _abs, _start_over
 
 RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # r of ``--ridge auto``: ridge = r * mean variance
 LOGIT_SCALES = torch.logspace(0.0, 2.0, 41)  # candidates for the saved logit scale (1 ... 100)
@@ -216,8 +217,6 @@ def set_heads(model: DualEncoder, solution: CCA, weighting: float = 1.0) -> None
 def fit_logit_scale(model: DualEncoder, x: torch.Tensor, y: torch.Tensor, owner: torch.Tensor, batch: int = 256) -> float:
     """The logit scale (1-100) with the lowest symmetric InfoNCE of the served score on training
     batches of ``batch`` pairs (one caption per image): what ``train --init`` starts from."""
-    from retrieval.compact import topm_embed
-
     gen = torch.Generator().manual_seed(0)
     first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(owner, minlength=x.shape[0]).cumsum(0)[:-1]])
     perm = torch.randperm(x.shape[0], generator=gen)[: 16 * batch]
@@ -256,13 +255,7 @@ def eq6_value(zx: torch.Tensor, zy: torch.Tensor, s: torch.Tensor) -> torch.Tens
 
 def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
     run = Path(cfg.out)
-    run.mkdir(parents=True, exist_ok=True)
-    for name in (ckpt.METRICS, ckpt.SKIPPED):  # an --overwrite: nothing of the old run stays
-        (run / name).unlink(missing_ok=True)
-    for name in (ckpt.BEST, ckpt.CHECKPOINT, "tensorboard"):
-        import shutil
-
-        shutil.rmtree(run / name, ignore_errors=True)
+    _start_over(run)  # an --overwrite: nothing of the old run stays
     train_cfg = TrainConfig(
         train_data=_abs(cfg.train_data),
         out=str(run),
@@ -303,12 +296,6 @@ def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, 
         skipped["val"] = dict(val_pairs.skipped)
     write_json_atomic(run / ckpt.SKIPPED, skipped)
     ckpt.write_config(run, config)  # last: a folder with config.json is a whole run
-
-
-def _abs(path: str | None) -> str | None:
-    import os
-
-    return path if path is None or path.startswith("hf:") else os.path.abspath(path)
 
 
 def _validate(cfg: SolveConfig) -> None:
