@@ -38,7 +38,7 @@ import torch
 from safetensors import safe_open
 
 from retrieval.errors import UserError
-from retrieval.io import load_safetensors, read_json, recover_dir
+from retrieval.io import load_safetensors, read_json, recover_dir, tensors_sha256
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
 CONFIG = "config.json"
@@ -83,7 +83,8 @@ def _kept(run: str | os.PathLike) -> str | None:
     path = Path(run) / SELECTION
     if not path.is_file():
         return None
-    kept = read_json(path).get("kept") if isinstance(read_json(path), dict) else None
+    saved = read_json(path)
+    kept = saved.get("kept") if isinstance(saved, dict) else None
     if kept not in WHICH:
         raise UserError(f"{path} is damaged (no kept: best or last)")
     return kept
@@ -252,12 +253,12 @@ def load_weights(model: DualEncoder, path: str | os.PathLike, reference: dict | 
     """
     reference = weights_reference(path) if reference is None else reference
     state = load_safetensors(path)  # checked against the sha256 recorded when it was saved
-    try:
-        if reference is None:
+    if reference is None:
+        try:
             model.load_state_dict(state)
-            return
-    except Exception as err:  # safetensors / load_state_dict raise many types for damaged or foreign files
-        raise UserError(f"cannot load {path}: {_first_line(err)}") from None
+        except Exception as err:  # load_state_dict raises many types for foreign files
+            raise UserError(f"cannot load {path}: {_first_line(err)}") from None
+        return
     own = model.state_dict()
     left_out = sorted(set(own) - set(state))
     unexpected = sorted(set(state) - set(own))
@@ -284,13 +285,8 @@ def load_weights(model: DualEncoder, path: str | os.PathLike, reference: dict | 
 
 
 def tensors_hash(state: dict, keys: Iterable[str]) -> str:
-    """sha256 over the named tensors of ``state``, in the order given: names, dtypes, shapes and bytes."""
-    digest = hashlib.sha256()
-    for key in keys:
-        tensor = state[key].detach().cpu().contiguous()
-        digest.update(f"{key}|{tensor.dtype}|{tuple(tensor.shape)}\n".encode())
-        digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-    return digest.hexdigest()
+    """sha256 over the named tensors of ``state`` (:func:`retrieval.io.tensors_sha256`: in name order)."""
+    return tensors_sha256({key: state[key] for key in keys})
 
 
 def _version(name: str) -> str | None:
