@@ -171,8 +171,13 @@ def shard_problem(emb: str | os.PathLike, index: int, manifest: dict, verify: bo
     except FileNotFoundError as err:
         return f"{Path(err.filename or '?').name} is missing"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # unreadable or garbled shard.json
-        return f"{SHARD_INFO} is unreadable ({str(err).splitlines()[0] if str(err) else type(err).__name__})"
+        return f"{SHARD_INFO} is unreadable ({_first_line(err)})"
     return None
+
+
+def _first_line(err: Exception) -> str:
+    """The first line of ``err``'s message, or its type's name when the message is empty."""
+    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def _npy_problem(path: Path, shape: tuple, dtype: np.dtype) -> str | None:
@@ -260,7 +265,7 @@ def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool
         }
     except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:  # json.JSONDecodeError is a ValueError
         raise UserError(
-            f"{folder} is damaged ({str(err).splitlines()[0] if str(err) else type(err).__name__}); run `triclip embed`"
+            f"{folder} is damaged ({_first_line(err)}); run `triclip embed`"
             " again with the same options to recompute it"
         ) from None
 
