@@ -32,7 +32,7 @@ BUILTINS: dict[str, Builder] = {
 # record at 200 records), and the most records a dataset has (--num caps it).
 BYTES_PER_RECORD = {"shapes": 2048, "fashion-mnist": 2048, "openclipart": 1024}
 MOST_RECORDS = {"shapes": None, "fashion-mnist": 70_000, "openclipart": 8_121}
-DEFAULT_NUM = {"shapes": 2000}
+DEFAULT_NUM = {"shapes": shapes.DEFAULT_NUM}
 
 
 def check_space(name: str, out: str, num: int | None) -> None:
