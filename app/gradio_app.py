@@ -259,7 +259,7 @@ class LiveIndex:
             return None
         return st.st_ino, st.st_mtime_ns, st.st_size  # CURRENT is replaced (a new inode) by every writer
 
-    def reload(self, stamp=None) -> bool:
+    def reload(self) -> bool:
         """Load the live version now if it is not the one served; True when a new one was swapped in."""
         from index.search import Searcher
         from index.store import load_contents
@@ -458,7 +458,7 @@ class SearchApp:
         """Call ``search(k=, m=, funnel=)``; returns (hits of the one query, milliseconds, a description)."""
         m, k = self._check_m(view, m), self._check_k(k)
         use_funnel = _as_bool(funnel) and m < view.dim
-        kwargs = {"k": k, "m": None if (use_funnel or m == view.dim) else m, "funnel": m if use_funnel else None}
+        kwargs = _search_kwargs(view, m, k, use_funnel)
         started = time.perf_counter()
         try:
             hits = search(**kwargs)[0]
@@ -559,6 +559,11 @@ class SearchApp:
         return out
 
 
+def _search_kwargs(view, m: int, k: int, funnel: bool) -> dict:
+    """``Searcher.search_*`` arguments for a checked m and k: the full-D index at D, a funnel shortlisting at m."""
+    return {"k": k, "m": None if (funnel or m == view.dim) else m, "funnel": m if funnel else None}
+
+
 def _as_bool(value) -> bool:
     """A checkbox value from the API: a bool, 0/1, or a word such as "true" / "false"."""
     if isinstance(value, str):
@@ -597,8 +602,7 @@ class JsonSearch:
             funnel = _as_bool(params.get("funnel", "0")) and m < view.dim
             started = time.perf_counter()
             vector = await self._embed(view, text)  # (1, D)
-            kwargs = {"k": k, "m": None if (funnel or m == view.dim) else m, "funnel": m if funnel else None}
-            hits = view.searcher.search_vectors(vector, **kwargs)[0]
+            hits = view.searcher.search_vectors(vector, **_search_kwargs(view, m, k, funnel))[0]
         except UserError as err:
             return JSONResponse({"error": str(err)}, status_code=400)
         base = str(request.base_url).rstrip("/")
