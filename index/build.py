@@ -149,7 +149,7 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
         raise UserError("--factory must be a FAISS factory string or auto")
     if cfg.lock_timeout < 0:
         raise UserError(f"--lock-timeout must be >= 0, got {cfg.lock_timeout}")
-    claim_index_dir(cfg.out, cfg.add, getattr(cfg, "overwrite", False))
+    claim_index_dir(cfg.out, cfg.add, cfg.overwrite)
     return dims
 
 
