@@ -118,4 +118,3 @@ class TriCLSpectralLoss(PairLoss):
         else:
             out["decorrelation_loss"] = out["spectral_loss"].new_zeros(())
         return out
-
