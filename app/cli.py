@@ -385,8 +385,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
-    """Serve until stopped, then leave without the interpreter's teardown (``os._exit``): the app has
-    nothing left to write, and at teardown triton's nanobind module (imported with torch) prints ~27 "leaked" lines."""
+    """Serve until stopped, then leave without the interpreter's teardown (:func:`_leave_after_serving`)."""
     from app.gradio_app import serve
 
     code = 0
@@ -397,6 +396,12 @@ def cmd_app(ns: argparse.Namespace) -> int:
         code = 2
     except KeyboardInterrupt:
         code = 130
+    _leave_after_serving(code)
+
+
+def _leave_after_serving(code: int) -> None:
+    """Exit with ``code`` once the output is flushed, skipping the interpreter's teardown: a served app has
+    nothing left to write, and at teardown triton's nanobind module (imported with torch) prints ~27 "leaked" lines."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
@@ -411,10 +416,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
     if ns.dims:
         cfg.dims = _parse_dims(ns.dims)
     run_demo(cfg)
-    if cfg.serve:  # served until stopped: leave as cmd_app does, without the interpreter's teardown noise
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    if cfg.serve:  # served until stopped
+        _leave_after_serving(0)
     return 0
 
 
