@@ -79,8 +79,9 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     if rank == 0:
         ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
+    explicit = _explicit(cfg) if given is None else set(given)  # before any default fills a field
     if saved is not None:
-        cfg = _resumed_config(run, saved, cfg, _explicit(cfg) if given is None else set(given))
+        cfg = _resumed_config(run, saved, cfg, explicit)
     from_recipe = {name for name in ("batch_size",) if getattr(cfg, name) is None}
     cfg = resolve_recipe(cfg)  # the preset's epochs, batch, lr, heads, locks (training.config.RECIPES)
     _validate(cfg)
@@ -99,9 +100,9 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
     trains_importance = getattr(loss_fn, "needs_importance", False)
     if saved is None:  # a resumed run keeps what its config.json recorded
-        cfg = _importance_defaults(cfg, _explicit(cfg) if given is None else set(given))
+        cfg = _importance_defaults(cfg, explicit)
         if cfg.init:
-            cfg = _init_defaults(cfg, _explicit(cfg) if given is None else set(given))
+            cfg = _init_defaults(cfg, explicit)
     cfg = replace(cfg, importance_spread=_importance_spread(cfg.importance_spread, trains_importance))
     model_cfg = ModelConfig(
         preset=cfg.model,
@@ -670,7 +671,7 @@ def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:
 def _start_over(run: Path) -> None:
     """Make the folder of a new run; clear what a run killed before its first checkpoint left."""
     run.mkdir(parents=True, exist_ok=True)
-    for name in (ckpt.MODEL, ckpt.METRICS, ckpt.SKIPPED):
+    for name in (ckpt.MODEL, ckpt.METRICS, ckpt.SKIPPED, ckpt.SELECTION):
         (run / name).unlink(missing_ok=True)
     for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", ckpt.CHECKPOINT, f".{ckpt.CHECKPOINT}.old",
                  f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
