@@ -95,6 +95,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     started = time.perf_counter()
     _validate(cfg)
     rank, world, owned = init_distributed()
+    together = False  # every rank stands at the same point, so leaving the group can wait for the others
     try:
         pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
         device = _device(cfg.device)
@@ -119,12 +120,14 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         summary = summarize(out)
         summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
         summary["seconds"] = round(time.perf_counter() - started, 2)
+        together = True
         return summary
+    except UserError as err:
+        together = getattr(err, "on_every_rank", False)
+        raise
     finally:
         if owned:
-            import torch.distributed as dist
-
-            dist.destroy_process_group()
+            leave_group(together)
 
 
 # ---------------------------------------------------------------------------- reading
@@ -339,7 +342,24 @@ def on_rank0(world: int, rank: int, fn, *args) -> None:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error is not None:
-        raise UserError(error)
+        err = UserError(error)
+        err.on_every_rank = True  # every rank raises it at this point (see leave_group)
+        raise err
+
+
+def leave_group(together: bool) -> None:
+    """Destroy the process group; first wait for every rank when they all got here together.
+
+    Without the wait, a rank that leaves right after a broadcast can tear down gloo's
+    connections while a peer still reads from them, and the process aborts
+    ("terminate called without an active exception"). A rank that fails alone must not
+    wait: the others would never arrive.
+    """
+    import torch.distributed as dist
+
+    if together:
+        dist.barrier()
+    dist.destroy_process_group()
 
 
 def barrier(world: int) -> None:
