@@ -38,7 +38,7 @@ class ModelConfig:
     preset: str = "tiny"  # tiny, lite, lite1, lite2, or an open_clip architecture name
     pretrained: str | None = None  # open_clip pretrained tag (weights must be reachable)
     embed_dim: int | None = None  # D, the embedding size after the heads (None: per preset)
-    head: str = "linear"  # projection head: linear, affine (linear with a bias) or mlp
+    head: str = "linear"  # projection head: linear, affine (linear with a bias), mlp or residual (affine + mlp)
     importance: str = "softplus_mean1"  # how w is made from theta: see IMPORTANCE_FORMS
     importance_spread: float = 1.0  # w starts as a geometric ramp from 1 down to 1/spread (1: all ones)
     init_temperature: float = 0.07  # initial 1 / logit scale (CLIP)
@@ -203,9 +203,38 @@ def _make_head(kind: str, in_dim: int, out_dim: int) -> nn.Module:
     if kind == "affine":  # linear with a bias: centred heads (the CCA solution of training.solve)
         return nn.Linear(in_dim, out_dim, bias=True)
     if kind == "mlp":
-        hidden = max(in_dim, out_dim)
-        return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim, bias=False))
-    raise UserError(f"unknown head {kind!r}; choose linear, affine or mlp")
+        return _mlp(in_dim, out_dim)
+    if kind == "residual":
+        return ResidualHead(in_dim, out_dim)
+    raise UserError(f"unknown head {kind!r}; choose linear, affine, mlp or residual")
+
+
+def _mlp(in_dim: int, out_dim: int) -> nn.Sequential:
+    hidden = max(in_dim, out_dim)
+    return nn.Sequential(nn.Linear(in_dim, hidden), nn.GELU(), nn.Linear(hidden, out_dim, bias=False))
+
+
+class ResidualHead(nn.Module):
+    """An affine map plus an MLP branch: ``skip(x) + branch(x)``. Shape: (B, F) -> (B, D).
+
+    With the branch's last layer at zero it is exactly an affine head, so a run can start
+    from a solved (affine) run and still train a non-linear head (``train --init``).
+    """
+
+    def __init__(self, in_dim: int, out_dim: int):
+        super().__init__()
+        self.skip = nn.Linear(in_dim, out_dim, bias=True)
+        self.branch = _mlp(in_dim, out_dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.skip(x) + self.branch(x)
+
+    def load_affine(self, weight: torch.Tensor, bias: torch.Tensor) -> None:
+        """Become the affine map ``x W^T + b``: the branch's output layer is zeroed."""
+        with torch.no_grad():
+            self.skip.weight.copy_(weight)
+            self.skip.bias.copy_(bias)
+            self.branch[-1].weight.zero_()
 
 
 def _to_device(tokens, device):

@@ -94,7 +94,7 @@ class TrainConfig:
     model: str = "tiny"  # preset: tiny, lite, lite1, lite2, or an open_clip architecture
     pretrained: str | None = None  # open_clip pretrained tag (needs the weights locally)
     embed_dim: int | None = None  # D (None: per preset)
-    head: Literal["linear", "affine", "mlp"] | None = None  # projection heads (None: --init's, else mlp for lite, else linear)
+    head: Literal["linear", "affine", "mlp", "residual"] | None = None  # projection heads (None: --init's, else mlp for lite, else linear); residual = affine + mlp, can start from an affine --init
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256; 64 bounds memory when the text tower trains)
     importance: str = "softplus_mean1"  # how the model makes w from theta (retrieval.model.IMPORTANCE_FORMS)
     importance_spread: float | None = None  # w starts as a ramp 1 ... 1/spread (None: 100 if the objective trains w, else 1)
@@ -111,7 +111,7 @@ class TrainConfig:
     warmup_steps: int | None = None  # linear warmup steps (None: 5% of all steps)
     grad_clip: float = 1.0  # max global grad norm (0: off)
     resume: bool = False  # continue the run in --out with the settings of its config.json
-    init: str | None = None  # start from this run's weights (e.g. triclip solve's): same preset, D and head kind
+    init: str | None = None  # start from this run's weights (e.g. triclip solve's): same preset, D and head kind (residual heads also start from affine ones)
     overwrite: bool = False  # replace the run already in --out (any other non-empty folder is refused)
     lock_image: bool | None = field(default=None, metadata={"help": _per_preset("lock_image", "freeze the image tower, cache its outputs; --unlock-image trains it")})
     lock_text: bool | None = field(default=None, metadata={"help": _per_preset("lock_text", "freeze the text tower, cache its outputs; --unlock-text trains it")})

@@ -482,8 +482,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise UserError(f"--fixed-logit-scale must be in [1, 100] (the trainer's clamp), got {cfg.fixed_logit_scale}")
     if cfg.lr is not None and cfg.lr <= 0:
         raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.head not in (None, "linear", "affine", "mlp"):
-        raise UserError(f"--head must be linear, affine or mlp, got {cfg.head!r}")
+    if cfg.head not in (None, "linear", "affine", "mlp", "residual"):
+        raise UserError(f"--head must be linear, affine, mlp or residual, got {cfg.head!r}")
     if cfg.device is not None:
         try:
             kind = torch.device(cfg.device).type
@@ -536,20 +536,20 @@ def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     """``--init RUN``: its preset must be ``--model``; D, head kind, importance form and caption length
-    come from it (D and head must agree when given: an MLP cannot start equal to an affine head)."""
+    come from it (D and head must agree when given: an MLP cannot start equal to an affine head, a residual one can)."""
     model = ckpt.read_config(cfg.init)["model"]
     head, dim = model.get("head", "linear"), model.get("embed_dim")
     if model.get("preset") != cfg.model:
         raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
-    if cfg.head is not None and cfg.head != head:
+    if cfg.head is not None and cfg.head != head and (head, cfg.head) != ("affine", "residual"):
         raise UserError(
-            f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (only the same head kind:"
-            " an MLP's last layer has no bias, so it cannot start equal to an affine head); leave --head out"
+            f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (the same head kind, or"
+            " residual from affine: an MLP's last layer has no bias, so it cannot start equal to an affine head)"
         )
     if cfg.embed_dim is not None and cfg.embed_dim != dim:
         raise UserError(f"--init {cfg.init} has D={dim}, not --embed-dim {cfg.embed_dim}; leave --embed-dim out")
     taken = {k: getattr(cfg, k) if k in given else model.get(k, getattr(cfg, k)) for k in ("importance", "text_max_length")}
-    return replace(cfg, head=head, embed_dim=dim, **taken)
+    return replace(cfg, head=cfg.head or head, embed_dim=dim, **taken)
 
 
 def _load_init(model: DualEncoder, init: str) -> None:
@@ -558,12 +558,26 @@ def _load_init(model: DualEncoder, init: str) -> None:
 
     try:
         source, _ = load_run(init, "cpu")  # its frozen towers rebuilt from their reference when left out
-        model.load_state_dict(source.state_dict())
+        state = source.state_dict()
+        if source.config.head == "affine" and model.config.head == "residual":
+            state = _affine_to_residual(model, state)
+        model.load_state_dict(state)
     except UserError as err:
         raise UserError(f"--init: {err}") from None
     except Exception as err:  # load_state_dict raises many types for another model's tensors
         first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
         raise UserError(f"--init: cannot load {init}'s weights into this model: {first}") from None
+
+
+def _affine_to_residual(model: DualEncoder, state: dict) -> dict:
+    """An affine run's weights for ``model``'s residual heads: the affine maps go to the skips and the
+    branches' output layers start at zero, so the model starts as exactly the affine run."""
+    state = dict(state)
+    for side in ("image_head", "text_head"):
+        head = getattr(model, side)
+        head.load_affine(state.pop(f"{side}.weight"), state.pop(f"{side}.bias"))
+        state.update({f"{side}.{k}": v for k, v in head.state_dict().items()})
+    return state
 
 
 def _loss_options(loss: str, options: dict) -> dict:

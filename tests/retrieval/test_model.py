@@ -102,3 +102,19 @@ def test_importance_spread_starts_w_as_a_geometric_ramp():
     assert torch.isclose(w.mean(), torch.tensor(1.0)) and bool((w[:-1] > w[1:]).all())
     with pytest.raises(UserError, match="spread must be >= 1"):
         initial_theta(4, spread=0.5)
+
+
+def test_residual_head_is_its_affine_map_once_loaded_and_then_trains_its_branch():
+    from retrieval.model import ResidualHead
+
+    torch.manual_seed(0)
+    head, affine = ResidualHead(12, 5), torch.nn.Linear(12, 5)
+    x = torch.randn(7, 12)
+    assert not torch.allclose(head(x), affine(x))
+    head.load_affine(affine.weight.detach(), affine.bias.detach())
+    torch.testing.assert_close(head(x), affine(x), rtol=0, atol=1e-6)  # (B, D): exactly the affine map
+    head(x).pow(2).sum().backward()
+    assert float(head.branch[-1].weight.grad.abs().max()) > 0  # the branch learns from the first step
+    assert float(head.skip.weight.grad.abs().max()) > 0
+    bigger = build_model(ModelConfig(preset="tiny", embed_dim=8, head="residual"))
+    assert {name.split(".")[0] for name, _ in bigger.image_head.named_parameters()} == {"skip", "branch"}

@@ -67,6 +67,16 @@ def test_exported_encoder_matches_torch(model, run):
         np.testing.assert_allclose(encoder.encode([caption])[0], expected[i], atol=TOL)
 
 
+def test_a_residual_head_exports_too(run):
+    torch.manual_seed(1)
+    model = build_model(ModelConfig(preset="lite", embed_dim=16, text_max_length=64, head="residual")).eval()
+    _export(model, run)
+    with torch.no_grad():
+        expected = model.encode_text(CAPTIONS[:3]).numpy()  # (3, D): skip + MLP branch, eager torch
+    got = text_onnx.cached_text_encoder(run, "best", "f00d").encode(CAPTIONS[:3])
+    np.testing.assert_allclose(got, expected, atol=TOL)
+
+
 def test_cache_misses(model, run, monkeypatch):
     entry = _export(model, run)
     assert text_onnx.cached_text_encoder(run, "best", "f00d") is not None

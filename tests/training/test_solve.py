@@ -139,7 +139,8 @@ def test_solved_run_is_an_ordinary_run_whose_embeddings_are_the_solution(shapes_
     assert again["t2i_r10"] == pytest.approx(metrics["t2i_r10"]) == pytest.approx(result["t2i_r10"])
 
 
-def test_init_starts_training_from_the_solved_weights(shapes_data, solved, tmp_path, monkeypatch):
+@pytest.mark.parametrize("head", [None, "residual"])  # residual: affine skip from the run, MLP branch starting at 0
+def test_init_starts_training_from_the_solved_weights(shapes_data, solved, tmp_path, monkeypatch, head):
     run, _ = solved
     first = {}
     real_step = train_mod._train_step
@@ -155,10 +156,14 @@ def test_init_starts_training_from_the_solved_weights(shapes_data, solved, tmp_p
     cfg = TrainConfig(
         train_data=str(shapes_data / "train.jsonl"), out=str(tmp_path / "trained"), model="tiny", init=str(run),
         lock_image=True, lock_text=True, loss="infonce", loss_options={"nested": 0}, batch_size=32, max_steps=2, epochs=1,
+        head=head,
     )  # fmt: skip
     train(cfg)
     config = json.loads((tmp_path / "trained" / "config.json").read_text())
-    assert config["model"]["head"] == "affine" and config["model"]["embed_dim"] == 16  # taken from --init
+    assert config["model"]["head"] == (head or "affine") and config["model"]["embed_dim"] == 16  # taken from --init
+    if head == "residual":  # the branch got gradients: after two steps it is no longer zero
+        trained, _ = load_run(tmp_path / "trained", which="last")
+        assert float(trained.image_head.branch[-1].weight.detach().abs().max()) > 0
     assert config["model"]["importance"] == "softplus"
     solved_model, _ = load_run(run)
     batch = first["batch"]
