@@ -40,6 +40,13 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     assert len(hit) == 3 and hit[0]["score"] >= hit[-1]["score"]
 
     run = tmp_path / "demo" / "run"
+    config = json.loads((run / "config.json").read_text())
+    assert (config["loss"], config["model"]["head"]) == ("tricl", "residual")  # started from the solved run:
+    assert Path(config["train"]["init"]) == tmp_path / "demo" / "solve"
+    from retrieval.run import load_run
+
+    w = load_run(run)[0].importance().detach()
+    assert float(w.max()) > 2 * float(w.min())  # a spectrum (the canonical correlations, trained), not a flat line
     stamps = {p.name: p.stat().st_mtime_ns for p in [run / "model.safetensors", run / "metrics.jsonl"]}
     cache_files = sorted(os.listdir(tmp_path / "cache" / "features"))
     capsys.readouterr()
@@ -48,6 +55,14 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     assert {p: (run / p).stat().st_mtime_ns for p in stamps} == stamps
     assert sorted(os.listdir(tmp_path / "cache" / "features")) == cache_files
     assert "caching locked" not in capsys.readouterr().err
+
+    config["loss"], config["model"]["head"] = "infonce", "mlp"  # the run of an older demo (MRL from scratch)
+    (run / "config.json").write_text(json.dumps(config))
+    current = (Path(first["index"]) / "CURRENT").read_text()
+    run_demo(cfg)
+    assert "older recipe" in capsys.readouterr().out
+    assert json.loads((run / "config.json").read_text())["loss"] == "tricl"
+    assert (Path(first["index"]) / "CURRENT").read_text() != current  # the index of the new run, not the old one
 
     (tmp_path / "demo" / "data" / "test.jsonl").unlink()  # a work folder from before the test split
     third = run_demo(cfg)
