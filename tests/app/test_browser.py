@@ -179,6 +179,8 @@ def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
                 """() => [...document.querySelectorAll('#full-results img')].every(i => i.complete && i.naturalWidth > 0)""",
                 timeout=TIMEOUT_MS,
             )
+            # Gradio fades an output whose event is still pending: shoot once nothing is
+            page.wait_for_function("() => document.querySelectorAll('.pending').length === 0", timeout=TIMEOUT_MS)
         page.screenshot(path=out, full_page=True)
         browser.close()
     outside = sorted({urlparse(u).netloc for u in requests} - {urlparse(url).netloc})
