@@ -51,13 +51,14 @@ def run_stats(run: str, data: str) -> dict[str, float]:
     from retrieval.cache import locked_tower_outputs
     from retrieval.data import load_pairs
     from retrieval.embed import embed_pairs
+    from retrieval.metrics import first_captions
     from retrieval.run import load_run
 
     device = torch.device("cpu")
     model, _ = load_run(run, device)
     pairs = load_pairs(data)
     image, text, owner, _, _ = embed_pairs(model, pairs, device, 256, locked_tower_outputs(model, pairs, device))
-    first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(owner).cumsum(0)[:-1]])  # (N,)
+    first = first_captions(owner)  # (N,)
     return scale_stats(image, text[first], model.importance().detach())
 
 

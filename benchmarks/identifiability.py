@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.compact import SIGN_RULES, compact_curve, sign_flips, suggest_m
-from retrieval.metrics import retrieval_recall
+from retrieval.metrics import first_captions, retrieval_recall
 
 SHARES = (0.8, 0.9, 0.95)
 WEIGHTINGS = (0.0, 0.5, 1.0, 2.0)
@@ -372,7 +372,7 @@ def class_map_table(val: str, runs: list[str]) -> None:
         model, _ = load_run(run)
         e = embed_pairs(model, pairs, "cpu", 256, locked_tower_outputs(model, pairs, "cpu"))
         w = model.importance().detach().float()
-        first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(e.text_to_image).cumsum(0)[:-1]])
+        first = first_captions(e.text_to_image)
         labels = [str(pairs.records[i].label) for i in e.keep.tolist()]
         names = {n: i for i, n in enumerate(sorted(set(labels)))}
         ids = torch.tensor([names[n] for n in labels])

@@ -238,7 +238,7 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metri
     from retrieval.data import load_pairs
     from retrieval.embed import embed_pairs, embed_texts
     from retrieval.io import write_text_atomic
-    from retrieval.metrics import align_uniform, class_map, retrieval_recall, zero_shot_accuracy
+    from retrieval.metrics import align_uniform, class_map, first_captions, retrieval_recall, zero_shot_accuracy
     from retrieval.run import load_run, weights_path
 
     split = Path(val).stem
@@ -257,7 +257,7 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metri
     every = torch.arange(dim)
     scored_image, scored_text = topm_embed(image, w, every, dim), topm_embed(text, w, every, dim)  # the model's score
     out: dict = dict(retrieval_recall(scored_image, scored_text, owner, texts=texts))
-    first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(owner).cumsum(0)[:-1]])
+    first = first_captions(owner)
     out.update(align_uniform(image, text[first]))
     out["curve"] = compact_curve(image, text, owner, w, dims_for(dim), texts=texts)
     out["logit_scale"] = float(model.logit_scale())

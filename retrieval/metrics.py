@@ -67,6 +67,16 @@ def _chunks(n: int, chunk_size: int, desc: str, progress: bool) -> Iterator[slic
 # ---------------------------------------------------------------------------- recall@k
 
 
+def first_captions(text_to_image: torch.Tensor, num_images: int | None = None) -> torch.Tensor:
+    """Row of each image's first caption, for text rows grouped by image in image order. Shape: (T,) -> (N,).
+
+    ``num_images`` counts images past the last caption's (their rows point past their predecessor's
+    captions, like an image with none). Example: ``[0, 0, 1, 2, 2]`` -> ``[0, 2, 3]``.
+    """
+    counts = torch.bincount(text_to_image, minlength=num_images or 0)  # (N,) captions per image
+    return torch.cat([torch.zeros(1, dtype=torch.long, device=counts.device), counts.cumsum(0)[:-1]])
+
+
 def distinct_texts(texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
     """Group captions by exact text.
 

@@ -21,7 +21,7 @@ from retrieval.compact import compact_curve, topm_embed
 from retrieval.data import DataConfig, load_pairs
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
-from retrieval.metrics import align_uniform, class_map, retrieval_recall
+from retrieval.metrics import align_uniform, class_map, first_captions, retrieval_recall
 from retrieval.run import load_run
 from training.config import EvalConfig
 
@@ -41,7 +41,7 @@ def evaluate(
     if too_big:
         raise UserError(f"--dims {','.join(map(str, too_big))}: larger than the run's embedding dimension D={D}")
     image_emb, text_emb, text_to_image, keep, decode_skipped = embed_pairs(model, pairs, device, batch_size, cache, workers)
-    first_caption = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(text_to_image).cumsum(0)[:-1]])
+    first_caption = first_captions(text_to_image)
     w = model.importance().detach().float().cpu()
     image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
     texts = [c for i in keep.tolist() for c in pairs.records[i].captions]  # rows of text_emb

@@ -33,6 +33,7 @@ from retrieval.data import load_pairs
 from retrieval.embed import pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.metrics import first_captions
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.config import SolveConfig, TrainConfig
@@ -218,7 +219,7 @@ def fit_logit_scale(model: DualEncoder, x: torch.Tensor, y: torch.Tensor, owner:
     """The logit scale (1-100) with the lowest symmetric InfoNCE of the served score on training
     batches of ``batch`` pairs (one caption per image): what ``train --init`` starts from."""
     gen = torch.Generator().manual_seed(0)
-    first = torch.cat([torch.zeros(1, dtype=torch.long), torch.bincount(owner, minlength=x.shape[0]).cumsum(0)[:-1]])
+    first = first_captions(owner, x.shape[0])
     perm = torch.randperm(x.shape[0], generator=gen)[: 16 * batch]
     device = model.logit_scale_param.device
     img = model.project_image(x[perm].to(device)).float().cpu()

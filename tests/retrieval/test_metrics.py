@@ -310,3 +310,13 @@ def test_chunked_zero_shot_equals_dense_reference(chunk, k):
 def test_zero_shot_tie_is_wrong():
     classes = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
     assert zero_shot_accuracy(torch.tensor([[1.0, 0.0], [0.0, 1.0]]), classes, torch.tensor([0, 2])) == 0.5
+
+
+def test_first_captions_points_at_each_images_first_caption_row():
+    from retrieval.metrics import first_captions
+
+    owner = torch.tensor([0, 0, 1, 2, 2, 2, 3])  # (T,) caption rows grouped by image
+    assert first_captions(owner).tolist() == [0, 2, 3, 6]
+    assert first_captions(owner, num_images=5).tolist() == [0, 2, 3, 6, 7]  # image 4 has no caption
+    texts = torch.arange(len(owner))
+    assert owner[texts[first_captions(owner)]].tolist() == [0, 1, 2, 3]  # each row is its image's
