@@ -222,3 +222,22 @@ def test_solve_refuses_more_dimensions_than_the_towers_have_and_writes_nothing(s
     with pytest.raises(UserError, match="exceeds the smaller tower's width"):
         solve(_solve_cfg(shapes_data, out, embed_dim=129, ridge="0.1"))  # tiny towers are 128 wide
     assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
+
+
+def test_cli_trains_residual_heads_with_tricl_from_a_solved_run(shapes_data, solved, tmp_path):
+    """The README's own-data recipe after ``solve``: ``train --init SOLVED --head residual --loss tricl``."""
+    run, _ = solved
+    out = tmp_path / "res"
+    args = ["train", "--train-data", str(shapes_data / "train.jsonl"), "--model", "tiny", "--init", str(run),
+            "--lock-image", "--lock-text", "--loss", "tricl", "--epochs", "1", "--max-steps", "2",
+            "--batch-size", "32", "--device", "cpu", "--out", str(out)]  # fmt: skip
+    assert main(args + ["--head", "mlp"]) == 2  # an MLP cannot start as the affine solution
+    assert not out.exists() or not any(out.iterdir())
+    assert main(args + ["--head", "residual"]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["head"] == "residual" and config["loss"] == "tricl"
+    assert config["loss_options"]["nested"] == 4  # tricl's default nesting, on S's order
+    trained, solved_model = load_run(out)[0], load_run(run)[0]
+    w, rho = trained.importance().detach(), solved_model.importance().detach()
+    torch.testing.assert_close(w, rho, atol=0.01, rtol=0)  # S starts at the canonical correlations (2 steps later)
+    assert w.argsort(descending=True)[:4].tolist() == rho.argsort(descending=True)[:4].tolist()
