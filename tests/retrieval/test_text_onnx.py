@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -122,3 +123,13 @@ def test_a_new_export_of_a_run_replaces_its_older_ones(model, run, tmp_path):
     new = _export(model, run, fingerprint="0002")  # the run retrained
     assert new.is_dir() and kept.is_dir() and not old.exists()
     assert text_onnx.cached_text_encoder(run, "best", "0002") is not None
+
+
+def test_an_export_removes_the_entries_of_deleted_runs(model, run, tmp_path):
+    gone = tmp_path / "deleted-run"
+    gone.mkdir()
+    orphan = _export(model, gone, fingerprint="0001")
+    shutil.rmtree(gone)  # the user deleted that run; its ~90 MB export would stay forever
+    assert orphan.is_dir()
+    fresh = _export(model, run, fingerprint="0003")
+    assert fresh.is_dir() and not orphan.exists()
