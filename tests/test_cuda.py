@@ -40,7 +40,9 @@ pytestmark = [
 
 LOSS_CASES = [(name, {}) for name in (
     "align_uniform", "contrastive", "debiased", "hard_negative", "infonce", "mrl", "sigmoid", "tricl", "triplet",
+    "spectral", "tricl_spectral",
 )] + [
+    ("tricl_spectral", {"nested": 2}),
     ("tricl", {"tau_plus": 0.1, "nested": 2}),
     ("infonce", {"nested": 2, "nested_order": "importance"}),
     ("triplet", {"mining": "hardest"}),
