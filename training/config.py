@@ -151,7 +151,7 @@ class SolveConfig:
     val_data: str | None = None  # picks the ridge by t2i_r10, ties by t2i_r1 (--ridge auto), and is evaluated
     model: str = "lite"  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture
     embed_dim: int | None = None  # D, canonical directions kept (None: per preset; at most the smaller tower width)
-    ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.01-10 on --val-data
+    ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.01-10 on --val-data, looking up to 3 steps (x3) beyond an end that wins
     weighting: float = 1.0  # the served score weighs dimension k by rho_k ** this (1: f^T S g; 0: plain cosine)
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256)
     overwrite: bool = False  # replace the run already in --out

@@ -41,6 +41,7 @@ from training.evaluate import evaluate
 from training.train import _abs, _start_over
 
 RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # r of ``--ridge auto``: ridge = r * mean variance
+RIDGE_EXTEND = 3  # --ridge auto: when the best r is at an end of the grid, up to this many more steps beyond it
 LOGIT_SCALES = torch.logspace(0.0, 2.0, 41)  # candidates for the saved logit scale (1 ... 100)
 MIN_RHO = 1e-6  # softplus^-1 needs rho > 0
 
@@ -103,16 +104,31 @@ def solve(cfg: SolveConfig) -> dict:
     val_cache = locked_tower_outputs(model, val_pairs, device, cfg.workers) if val_pairs is not None else None
     grid: dict[str, float] = {}
     best = None
-    for r in progress(ridges, desc="solving CCA per ridge", disable=len(ridges) < 2):
+
+    def attempt(r: float) -> bool:
+        """Solve at ridge r, evaluate on val; True when it is the best so far."""
+        nonlocal best
         solution = fit_cca(stats, dim, r, x)
         set_heads(model, solution, cfg.weighting)
         if val_pairs is None:
             best = (solution, None)
-            break
+            return True
         result = evaluate(model, val_pairs, device, batch_size=cfg.batch_size, cache=val_cache, workers=cfg.workers)
         grid[f"{r:g}"] = result["t2i_r10"]
         if best is None or _score(result) > _score(best[1]):
             best = (solution, result)
+            return True
+        return False
+
+    for r in progress(ridges, desc="solving CCA per ridge", disable=len(ridges) < 2):
+        attempt(r)
+    if len(ridges) > 1 and best[0].ridge in (min(ridges), max(ridges)):  # the best is at an end: look beyond it
+        step = 1 / 3 if best[0].ridge == min(ridges) else 3.0
+        r = best[0].ridge
+        for _ in range(RIDGE_EXTEND):
+            r *= step
+            if not attempt(r):
+                break
     solution, result = best
     set_heads(model, solution, cfg.weighting)
     with torch.no_grad():
