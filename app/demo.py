@@ -7,9 +7,9 @@
    once and cached: first the exact optimum of triCL's Eq. 6 (``triclip solve``: regularised
    CCA, ridge picked on val, ``WORKDIR/solve``), whose canonical correlations are the importance
    S; then residual heads started from it and trained under the tri-factor InfoNCE, nested on
-   S's order (``WORKDIR/run``). On test it is above MRL at full D and m >= 32 and level with it
-   at m = 16 on openclipart, and above it everywhere on Tux Paint (docs/results.md, "Eq. 6:
-   the closed form as a start for non-linear heads"); unlike MRL it has a spectrum to show;
+   S's order (``WORKDIR/run``). On openclipart's test split it is above MRL at full D and m = 64,
+   level at m = 32 and 0.02 below at m = 16; on Tux Paint above it at m = 16 and 32 (docs/results.md,
+   "Eq. 6: the closed form as a start for non-linear heads"); unlike MRL it has a spectrum to show;
 3. evaluate on the held-out test split, with the compact curve (recall@10 against m);
 4. index every image (train, val, test) at several m in one folder (``WORKDIR/index``),
    reusing the cached tower outputs, with the recall-against-m curves measured on val;
