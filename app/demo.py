@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval.data.builtin import prepare
-from retrieval.run import METRICS, MODEL
+from retrieval.run import METRICS, MODEL, read_config
 from training.config import recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
@@ -95,8 +95,8 @@ DEMO_RECIPE = dict(head="residual", loss="tricl", loss_options={"nested": 4, "ne
 
 def _demo_recipe(run: Path) -> bool:
     """Whether ``run`` was trained with DEMO_RECIPE (an older demo trained MRL from scratch)."""
-    config = json.loads((run / "config.json").read_text())
-    return (config.get("loss"), config.get("model", {}).get("head")) == (DEMO_RECIPE["loss"], DEMO_RECIPE["head"])
+    config = read_config(run)  # a damaged config.json is one line (UserError), not a traceback
+    return (config.get("loss"), config["model"].get("head")) == (DEMO_RECIPE["loss"], DEMO_RECIPE["head"])
 
 
 def _solve(cfg: DemoConfig, data: Path, solved: Path, overwrite: bool = False) -> None:
