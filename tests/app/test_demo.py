@@ -105,6 +105,11 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, o
             "a red apple", 64, True, 5, api_name="/search_text"
         )
         assert len(gallery) == 5 and "funnel: shortlist at m = 64" in status
+        config = httpx.get(url + "config", timeout=30).json()  # the page as served: the feature-selection panel
+        shown = {c["props"].get("elem_id"): c["props"] for c in config["components"] if c["props"].get("elem_id")}
+        words = shown["spectrum"]["value"]
+        assert "**Importance S** of 256 dimensions" in words and "Suggested m = " in words  # the spectrum S
+        assert "recall-chart" in shown and "spectrum-plot" in shown
     finally:
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         out, err = proc.communicate(timeout=30)
