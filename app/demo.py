@@ -22,6 +22,8 @@ work folder from an older triclip (data without a test split) is rebuilt.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,7 @@ from retrieval.run import METRICS, MODEL, read_config
 from training.config import recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
+PREVIOUS_RUN = "previous-run"  # an older demo's run, moved aside when the recipe changed
 
 
 @dataclass
@@ -61,10 +64,13 @@ def run_demo(cfg: DemoConfig) -> dict:
     if stale or not (solved / MODEL).exists():
         _solve(cfg, data, solved, overwrite=stale or solved.exists())
     older = (run / "config.json").exists() and not _demo_recipe(run)
-    if older:
-        print("the demo's run was trained with an older recipe: training it again", flush=True)
-    if stale or older or not _trained(run, cfg.epochs or recipe_for("lite").epochs):
-        _train(cfg, data, solved, run, overwrite=stale or older)
+    if older:  # kept, not replaced: the index's rollback version needs it (--run WORKDIR/previous-run)
+        previous = work / PREVIOUS_RUN
+        shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
+        os.replace(run, previous)
+        print(f"the demo's run was trained with an older recipe: moved to {previous}, training again", flush=True)
+    if stale or not _trained(run, cfg.epochs or recipe_for("lite").epochs):
+        _train(cfg, data, solved, run, overwrite=stale)
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
     _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")

@@ -62,6 +62,9 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     run_demo(cfg)
     assert "older recipe" in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["loss"] == "tricl"
+    previous = tmp_path / "demo" / "previous-run"  # the older run is kept, not replaced: the rollback index needs it
+    assert json.loads((previous / "config.json").read_text())["loss"] == "infonce"
+    assert (previous / "model.safetensors").exists()
     assert (Path(first["index"]) / "CURRENT").read_text() != current  # the index of the new run, not the old one
 
     (tmp_path / "demo" / "data" / "test.jsonl").unlink()  # a work folder from before the test split
