@@ -276,6 +276,8 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     """Stage every file, rename to the next version, point CURRENT at it; hold :func:`writer_lock`.
 
     ``keep_previous``: keep the version being replaced for one :func:`rollback` (older ones go).
+    Without it only the version being replaced goes, so the rollback an ``--overwrite`` kept
+    survives the ``--add`` builds after it.
 
     Returns:
         The new version's folder name.
@@ -292,7 +294,10 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _point_at(root, name)
-    keep = {name, pointer if keep_previous and pointer and _complete(root, pointer) else None}
+    if keep_previous:
+        keep = {name, pointer if pointer and _complete(root, pointer) else None}
+    else:  # recover() left at most the replaced version and one kept rollback
+        keep = {name} | {v for v in _versions(root) if v != pointer and _complete(root, v)}
     for old in _versions(root):
         if old not in keep:
             shutil.rmtree(root / old, ignore_errors=True)

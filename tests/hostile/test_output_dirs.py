@@ -69,6 +69,22 @@ def test_index_overwrite_keeps_one_rollback(cli, tmp_path, built_index, shapes, 
     assert "no earlier version" in one_line_error(status, err)
 
 
+def test_an_overwrites_rollback_survives_the_adds_after_it(cli, tmp_path, built_index, shapes, tiny_run):
+    """What the demo does on a new recipe: --overwrite from train, then --add val and test; rollback is the old index."""
+    index = copy_tree(built_index, tmp_path / "index")
+    old, count = current_version(index), load_contents(index, indexes=False).manifest["count"]
+    few = first_rows(shapes / "train.jsonl", tmp_path / "few.jsonl", 20)
+    status, _, err = cli("index", "build", "--run", tiny_run, "--data", few, "--out", index, "--overwrite", "--dims", "8")
+    assert status == 0, err
+    for _ in range(2):
+        status, _, err = cli("index", "build", "--run", tiny_run, "--data", shapes / "val.jsonl", "--out", index, "--add")
+        assert status == 0, err
+    assert len(_versions(index)) == 2 and old in _versions(index)  # the live one and the kept rollback, no more
+    status, _, err = cli("index", "rollback", "--index", index)
+    assert status == 0, err
+    assert current_version(index) == old and load_contents(index, indexes=False).manifest["count"] == count
+
+
 def test_index_add_and_overwrite_together_is_refused(cli, tmp_path, built_index, shapes, tiny_run):
     index = copy_tree(built_index, tmp_path / "index")
     status, _, err = cli("index", "build", "--run", tiny_run, "--data", shapes / "val.jsonl", "--out", index, "--add",
