@@ -263,6 +263,17 @@ def check_writable(folder: str | os.PathLike, option: str = "--out", shown: str 
 WEIGHTS_SHA256 = "triclip.sha256"  # safetensors metadata: sha256 of the tensors (names, dtypes, shapes, bytes)
 
 
+def file_sha256(path: str | os.PathLike) -> str:
+    """sha256 of a file's bytes, read in 1 MiB blocks (hex)."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def tensors_sha256(tensors: dict) -> str:
     """sha256 over ``tensors`` in name order: each name, dtype, shape and the raw bytes."""
     import hashlib

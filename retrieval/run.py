@@ -27,7 +27,6 @@ and loads the file over it. A file without that metadata (older runs) holds ever
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from importlib import metadata as package_metadata
@@ -38,7 +37,7 @@ import torch
 from safetensors import safe_open
 
 from retrieval.errors import UserError
-from retrieval.io import load_safetensors, read_json, recover_dir, tensors_sha256
+from retrieval.io import file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
 CONFIG = "config.json"
@@ -154,11 +153,7 @@ def load_run(
 def run_fingerprint(run: str | os.PathLike, which: str = "best") -> str:
     """A short hash of the weights :func:`load_run` loads with the same ``which``: two runs with
     the same fingerprint embed identically."""
-    digest = hashlib.sha256()
-    with open(weights_path(run, which), "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()[:16]
+    return file_sha256(weights_path(run, which))[:16]
 
 
 # ---------------------------------------------------------------------------- weights files

@@ -31,7 +31,6 @@ at scale the tower outputs would dwarf the embeddings.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -46,7 +45,7 @@ import numpy as np
 from retrieval.progress import progress
 
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir, read_json, temp_dir, write_json_atomic
+from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_json_atomic
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -198,14 +197,6 @@ def _npy_problem(path: Path, shape: tuple, dtype: np.dtype) -> str | None:
     need = data_at + int(np.prod(shape)) * dtype.itemsize
     size = path.stat().st_size
     return f"is truncated ({size} of {need} bytes)" if size < need else None
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _damaged(out: Path, s: int, manifest: dict, verify: bool) -> bool:
