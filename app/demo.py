@@ -28,8 +28,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from index.store import CURRENT, MANIFEST
 from retrieval.data.builtin import prepare
-from retrieval.run import METRICS, MODEL, read_config
+from retrieval.run import CONFIG, METRICS, MODEL, read_config
 from training.config import recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
@@ -63,7 +64,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     _step(2, f"solving Eq. 6 in {solved}, then training lite (locked, cached towers) from it in {run}")
     if stale or not (solved / MODEL).exists():
         _solve(cfg, data, solved, overwrite=stale or solved.exists())
-    older = (run / "config.json").exists() and not _demo_recipe(run)
+    older = (run / CONFIG).exists() and not _demo_recipe(run)
     if older:  # kept, not replaced: the index's rollback version needs it (--run WORKDIR/previous-run)
         previous = work / PREVIOUS_RUN
         shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
@@ -74,7 +75,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
     _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")
-    if stale or older or (not (index / "CURRENT").exists() and not (index / "manifest.json").exists()):
+    if stale or older or (not (index / CURRENT).exists() and not (index / MANIFEST).exists()):
         _index(cfg, data, run, index, overwrite=stale or older)  # an overwritten index keeps one rollback
     print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
     result = {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}

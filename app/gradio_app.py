@@ -783,17 +783,13 @@ def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[
 
 
 def _suggest(w: np.ndarray) -> tuple[int | None, float, str]:
-    """``retrieval.compact.suggest_m`` on the spectrum: (m, the power of S it reads, "") or (None, 1, why not)."""
-    import inspect
+    """``retrieval.compact.suggest_m`` on the spectrum: (m, the power of S it reads, "") or (None, power, why not)."""
+    import torch
 
-    try:
-        import torch
+    from retrieval import compact
 
-        from retrieval.compact import suggest_m
-    except ImportError:
-        return None, 1.0, "retrieval.compact.suggest_m is not available in this version"
-    parameter = inspect.signature(suggest_m).parameters.get("power")
-    power = float(parameter.default) if parameter is not None else 1.0
+    power = compact.SUGGEST_POWER
+    suggest_m = compact.suggest_m  # looked up at call time (a test replaces it)
     try:
         m = suggest_m(torch.as_tensor(w.copy(), dtype=torch.float32), share=SUGGEST_SHARE)
     except Exception as err:  # noqa: BLE001 (the panel shows the rest)

@@ -294,10 +294,8 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _point_at(root, name)
-    if keep_previous:
-        keep = {name, pointer if pointer and _complete(root, pointer) else None}
-    else:  # recover() left at most the replaced version and one kept rollback
-        keep = {name} | {v for v in _versions(root) if v != pointer and _complete(root, v)}
+    kept = pointer if keep_previous else (previous_version(root, pointer) if pointer else None)
+    keep = {name, kept if kept and _complete(root, kept) else None}
     for old in _versions(root):
         if old not in keep:
             shutil.rmtree(root / old, ignore_errors=True)

@@ -135,7 +135,12 @@ def sign_flips(anchor_feats: torch.Tensor, rule: str = "anchor") -> torch.Tensor
     return torch.where(stat < 0, -1.0, 1.0).to(anchor_feats.dtype)
 
 
-def suggest_m(importance: torch.Tensor | None, share: float = 0.9, dim: int | None = None, power: float = 2.0) -> int:
+SUGGEST_POWER = 2.0  # suggest_m reads the share of w ** this (w^2: Eq. 6's own objective, docs/results.md)
+
+
+def suggest_m(
+    importance: torch.Tensor | None, share: float = 0.9, dim: int | None = None, power: float = SUGGEST_POWER
+) -> int:
     """The smallest m whose top-m dimensions are predicted to keep ``share`` of full-D recall.
 
     The prediction is the cumulative share of ``w ** power`` over the dimensions sorted by
