@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from retrieval.losses.spectral import decorrelation_eq8, spectral_terms
+from retrieval.losses.spectral import decorrelation_eq8
 
 
 def scale_stats(image: torch.Tensor, text: torch.Tensor, w: torch.Tensor) -> dict[str, float]:
@@ -37,7 +37,7 @@ def scale_stats(image: torch.Tensor, text: torch.Tensor, w: torch.Tensor) -> dic
         "P": pos,
         "N": neg,
         "c_star": pos / neg,
-        "L_tri": float(spectral_terms(image, text, w)),
+        "L_tri": -2 * pos + neg,  # Eq. 6 (retrieval.losses.spectral.spectral_terms) from the same scores
         "L_tri_at_c_star": -pos * pos / neg,
         "mean_w": float(w.mean()),
         "L_dec_image": float(decorrelation_eq8(image)),

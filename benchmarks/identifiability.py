@@ -373,14 +373,12 @@ def class_map_table(val: str, runs: list[str]) -> None:
         e = embed_pairs(model, pairs, "cpu", 256, locked_tower_outputs(model, pairs, "cpu"))
         w = model.importance().detach().float()
         first = first_captions(e.text_to_image)
-        labels = [str(pairs.records[i].label) for i in e.keep.tolist()]
-        names = {n: i for i, n in enumerate(sorted(set(labels)))}
-        ids = torch.tensor([names[n] for n in labels])
+        labels = [str(pairs.records[i].label) for i in e.keep.tolist()]  # class_map maps them to ids
         basis = fit_pca(torch.cat([e.image, e.text]))
         for i, (_, name, m) in enumerate(cells):
             m = min(m, model.embed_dim)
             img, txt = compact_embeddings(e.image, e.text, name, m, w, 0, basis)
-            values.setdefault(i, []).append(float(class_map(txt[first], img, ids, ids)))
+            values.setdefault(i, []).append(float(class_map(txt[first], img, labels, labels)))
 
     def ms(v: list[float]) -> str:
         return f"{statistics.mean(v):.3f} ± {statistics.stdev(v):.3f}" if len(v) > 1 else f"{v[0]:.3f}"
