@@ -164,6 +164,20 @@ def _link_or_copy(source: Path, target: Path) -> None:
 _ORPHAN = re.compile(r"^\..+\.[a-z0-9_]{8}\.tmp$")  # retrieval.io.atomic_path's temp files: .NAME.XXXXXXXX.tmp
 
 
+def start_over(run: Path) -> None:
+    """Make the folder of a new run; clear what a run killed before its first checkpoint left."""
+    run.mkdir(parents=True, exist_ok=True)
+    for name in (MODEL, METRICS, SKIPPED, SELECTION):
+        (run / name).unlink(missing_ok=True)
+    for name in (BEST, f".{BEST}.old", f".{BEST}.tmp", CHECKPOINT, f".{CHECKPOINT}.old", f".{CHECKPOINT}.tmp", "tensorboard"):
+        shutil.rmtree(run / name, ignore_errors=True)
+
+
+def abs_source(path: str | None) -> str | None:
+    """A local source as an absolute path (a run can be resumed from another folder); hf: names as given."""
+    return path if path is None or path.startswith("hf:") else os.path.abspath(path)
+
+
 def remove_orphans(run: Path) -> list[Path]:
     """Remove what writes killed mid-way left in ``run``; returns what was removed.
 

@@ -38,7 +38,6 @@ from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.config import SolveConfig, TrainConfig
 from training.evaluate import evaluate
-from training.train import _abs, _start_over
 
 RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # r of ``--ridge auto``: ridge = r * mean variance
 RIDGE_EXTEND = 3  # --ridge auto: when the best r is at an end of the grid, up to this many more steps beyond it
@@ -272,11 +271,11 @@ def eq6_value(zx: torch.Tensor, zy: torch.Tensor, s: torch.Tensor) -> torch.Tens
 
 def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
     run = Path(cfg.out)
-    _start_over(run)  # an --overwrite: nothing of the old run stays
+    ckpt.start_over(run)  # an --overwrite: nothing of the old run stays
     train_cfg = TrainConfig(
-        train_data=_abs(cfg.train_data),
+        train_data=ckpt.abs_source(cfg.train_data),
         out=str(run),
-        val_data=_abs(cfg.val_data),
+        val_data=ckpt.abs_source(cfg.val_data),
         model=cfg.model,
         embed_dim=model.embed_dim,
         head="affine",
@@ -291,9 +290,9 @@ def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, 
         device=str(model.logit_scale_param.device),
         data=cfg.data,
     )
-    sources = {"train": {"path": _abs(cfg.train_data), "fingerprint": train_pairs.fingerprint, "records": len(train_pairs.records)}}
+    sources = {"train": {"path": ckpt.abs_source(cfg.train_data), "fingerprint": train_pairs.fingerprint, "records": len(train_pairs.records)}}
     if val_pairs is not None:
-        sources["val"] = {"path": _abs(cfg.val_data), "fingerprint": val_pairs.fingerprint, "records": len(val_pairs.records)}
+        sources["val"] = {"path": ckpt.abs_source(cfg.val_data), "fingerprint": val_pairs.fingerprint, "records": len(val_pairs.records)}
     solver = {
         "method": "regularised CCA (torch.linalg, float64)",
         "ridge": solution.ridge,

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 import time
 from collections import Counter, deque
 from dataclasses import asdict, fields, replace
@@ -152,7 +151,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         _truncate_metrics(run, state["epoch"])
         best = _HeldBest(ckpt.best_info(run, held=True))
     elif rank == 0:
-        _start_over(run)  # a new run, or one killed before its first checkpoint
+        ckpt.start_over(run)  # a new run, or one killed before its first checkpoint
     if rank == 0:
         (run / ckpt.SELECTION).unlink(missing_ok=True)  # undecided until the end (eval / index: RUN/best meanwhile)
     if rank == 0:
@@ -589,11 +588,6 @@ def _source_exists(path: str) -> bool:
     return Path(path).exists() or "{" in path
 
 
-def _abs(path: str | None) -> str | None:
-    """A local source as an absolute path (a run can be resumed from another folder); hf: names as given."""
-    return path if path is None or path.startswith("hf:") else os.path.abspath(path)
-
-
 # ---------------------------------------------------------------------------- the run folder
 
 
@@ -656,7 +650,7 @@ def _comparable(cfg: TrainConfig, path: str):
         return getattr(cfg.data, path.split(".", 1)[1])
     value = getattr(cfg, path)
     if path in ("train_data", "val_data"):
-        return _abs(value)
+        return ckpt.abs_source(value)
     if path == "loss_options":
         return _loss_options(cfg.loss, value)
     return value
@@ -682,19 +676,9 @@ def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:
             )
 
 
-def _start_over(run: Path) -> None:
-    """Make the folder of a new run; clear what a run killed before its first checkpoint left."""
-    run.mkdir(parents=True, exist_ok=True)
-    for name in (ckpt.MODEL, ckpt.METRICS, ckpt.SKIPPED, ckpt.SELECTION):
-        (run / name).unlink(missing_ok=True)
-    for name in (ckpt.BEST, f".{ckpt.BEST}.old", f".{ckpt.BEST}.tmp", ckpt.CHECKPOINT, f".{ckpt.CHECKPOINT}.old",
-                 f".{ckpt.CHECKPOINT}.tmp", "tensorboard"):
-        shutil.rmtree(run / name, ignore_errors=True)
-
-
 def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pairs, val_pairs) -> dict:
     """What config.json records: the values used, and the data they were used on."""
-    train_cfg = asdict(replace(cfg, train_data=_abs(cfg.train_data), val_data=_abs(cfg.val_data), device=device))
+    train_cfg = asdict(replace(cfg, train_data=ckpt.abs_source(cfg.train_data), val_data=ckpt.abs_source(cfg.val_data), device=device))
     sources = {"train": _source(cfg.train_data, train_pairs)}
     if val_pairs is not None:
         sources["val"] = _source(cfg.val_data, val_pairs)
@@ -708,7 +692,7 @@ def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pai
 
 
 def _source(path: str, pairs) -> dict:
-    return {"path": _abs(path), "fingerprint": pairs.fingerprint, "records": len(pairs.records)}
+    return {"path": ckpt.abs_source(path), "fingerprint": pairs.fingerprint, "records": len(pairs.records)}
 
 
 def _truncate_metrics(run: Path, epochs_done: int) -> None:
