@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator
 
-from retrieval.errors import UserError
+from retrieval.errors import UserError, first_line
 
 
 def current_umask() -> int:
@@ -312,8 +312,7 @@ def load_safetensors(path: str | os.PathLike) -> dict:
             recorded = (fh.metadata() or {}).get(WEIGHTS_SHA256)
         tensors = load_file(str(path))
     except Exception as err:  # safetensors raises its own error types for truncated / foreign files
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise UserError(f"cannot load {path}: {first}") from None
+        raise UserError(f"cannot load {path}: {first_line(err)}") from None
     if recorded is not None and tensors_sha256(tensors) != recorded:
         raise UserError(f"{path} is damaged: its tensors do not match the sha256 recorded when it was saved")
     return tensors

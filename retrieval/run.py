@@ -36,7 +36,7 @@ from typing import Iterable
 import torch
 from safetensors import safe_open
 
-from retrieval.errors import UserError
+from retrieval.errors import UserError, first_line
 from retrieval.io import file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
@@ -252,7 +252,7 @@ def load_weights(model: DualEncoder, path: str | os.PathLike, reference: dict | 
         try:
             model.load_state_dict(state)
         except Exception as err:  # load_state_dict raises many types for foreign files
-            raise UserError(f"cannot load {path}: {_first_line(err)}") from None
+            raise UserError(f"cannot load {path}: {first_line(err)}") from None
         return
     own = model.state_dict()
     left_out = sorted(set(own) - set(state))
@@ -276,7 +276,7 @@ def load_weights(model: DualEncoder, path: str | os.PathLike, reference: dict | 
     try:
         model.load_state_dict(state, strict=False)
     except Exception as err:
-        raise UserError(f"cannot load {path}: {_first_line(err)}") from None
+        raise UserError(f"cannot load {path}: {first_line(err)}") from None
 
 
 def tensors_hash(state: dict, keys: Iterable[str]) -> str:
@@ -291,6 +291,3 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__

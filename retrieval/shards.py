@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 from retrieval.progress import progress
 
-from retrieval.errors import UserError
+from retrieval.errors import UserError, first_line
 from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_json_atomic
 
 # torch and the model code load inside the embedding functions: reading shards (index build
@@ -121,8 +121,8 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         summary["seconds"] = round(time.perf_counter() - started, 2)
         together = True
         return summary
-    except UserError as err:
-        together = getattr(err, "on_every_rank", False)
+    except EveryRankError:
+        together = True
         raise
     finally:
         if owned:
@@ -173,13 +173,8 @@ def shard_problem(emb: str | os.PathLike, index: int, manifest: dict, verify: bo
     except FileNotFoundError as err:
         return f"{Path(err.filename or '?').name} is missing"
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # unreadable or garbled shard.json
-        return f"{SHARD_INFO} is unreadable ({_first_line(err)})"
+        return f"{SHARD_INFO} is unreadable ({first_line(err, limit=None)})"
     return None
-
-
-def _first_line(err: Exception) -> str:
-    """The first line of ``err``'s message, or its type's name when the message is empty."""
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
 def _npy_problem(path: Path, shape: tuple, dtype: np.dtype) -> str | None:
@@ -259,7 +254,7 @@ def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool
         }
     except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:  # json.JSONDecodeError is a ValueError
         raise UserError(
-            f"{folder} is damaged ({_first_line(err)}); run `triclip embed`"
+            f"{folder} is damaged ({first_line(err, limit=None)}); run `triclip embed`"
             " again with the same options to recompute it"
         ) from None
 
@@ -333,9 +328,11 @@ def on_rank0(world: int, rank: int, fn, *args) -> None:
         dist.broadcast_object_list(box, src=0)
         error = box[0]
     if error is not None:
-        err = UserError(error)
-        err.on_every_rank = True  # every rank raises it at this point (see leave_group)
-        raise err
+        raise EveryRankError(error)
+
+
+class EveryRankError(UserError):
+    """A UserError that every rank raises at the same point (:func:`on_rank0`; see :func:`leave_group`)."""
 
 
 def leave_group(together: bool) -> None:

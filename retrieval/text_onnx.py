@@ -37,6 +37,7 @@ from typing import Sequence
 
 import numpy as np
 
+from retrieval.errors import first_line
 from retrieval.io import read_json, swap_dir, temp_dir, write_json_atomic
 
 VERSION = 1  # format of an entry; bump when what is exported changes
@@ -178,18 +179,17 @@ def export_for_run(model, run: str | os.PathLike, which: str, fingerprint: str) 
     without the MiniLM tower or a missing ``onnx`` / ``onnxruntime`` exports nothing, and a
     failed export is one line on stderr, never an error.
     """
-    from retrieval.run import CONFIG, MODEL, weights_path
+    from retrieval.run import BEST, CONFIG, MODEL, SELECTION, weights_path
 
     if not (enabled() and exportable(model)):
         return 0.0
     t0 = time.perf_counter()
     # every file that decides which weights load: a change to any of them is a cache miss
-    files = [os.path.join(run, f) for f in (CONFIG, "selection.json", os.path.join("best", MODEL), MODEL)]
+    files = [os.path.join(run, f) for f in (CONFIG, SELECTION, os.path.join(BEST, MODEL), MODEL)]
     try:
         export_text_encoder(model, run, which, fingerprint, [*files, weights_path(run, which)])
     except Exception as err:  # noqa: BLE001 (a cache: the caller's work goes on)
-        reason = str(err).splitlines()[0][:200] if str(err) else type(err).__name__
-        print(f"note: could not cache the text encoder for fast searches ({reason})", file=sys.stderr)
+        print(f"note: could not cache the text encoder for fast searches ({first_line(err)})", file=sys.stderr)
     return time.perf_counter() - t0
 
 
@@ -250,24 +250,23 @@ def export_text_encoder(
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
-    _remove_superseded(final)
+    _remove_superseded(final, os.path.realpath(run), which)
     return final
 
 
-def _remove_superseded(entry: Path) -> None:
-    """Remove the entries of the same run and weights with another fingerprint (a retrained run's old
-    export), and those of runs whose folder is gone (about 90 MB each for lite)."""
-    meta = read_json(entry / META_FILE)
+def _remove_superseded(entry: Path, run: str, which: str) -> None:
+    """Remove the entries of the same ``run`` (its real path) and ``which`` weights other than ``entry``
+    (a retrained run's old export), and those of runs whose folder is gone (about 90 MB each for lite)."""
     for other in entry.parent.iterdir():
-        if other == entry or not (other / META_FILE).is_file():
+        if other == entry:
             continue
         try:
             old = json.loads((other / META_FILE).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # no meta (not an entry) or a damaged one
             continue
         if not isinstance(old, dict):
             continue
-        same = (old.get("run"), old.get("which")) == (meta["run"], meta["which"])
+        same = (old.get("run"), old.get("which")) == (run, which)
         if same or not (isinstance(old.get("run"), str) and os.path.isdir(old["run"])):
             shutil.rmtree(other, ignore_errors=True)
 

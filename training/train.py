@@ -36,7 +36,7 @@ from retrieval.progress import progress
 
 from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
-from retrieval.errors import UserError
+from retrieval.errors import UserError, first_line
 from retrieval.io import claim_output_dir, write_json_atomic
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
@@ -564,8 +564,7 @@ def _load_init(model: DualEncoder, init: str) -> None:
     except UserError as err:
         raise UserError(f"--init: {err}") from None
     except Exception as err:  # load_state_dict raises many types for another model's tensors
-        first = str(err).strip().splitlines()[0][:200] if str(err).strip() else type(err).__name__
-        raise UserError(f"--init: cannot load {init}'s weights into this model: {first}") from None
+        raise UserError(f"--init: cannot load {init}'s weights into this model: {first_line(err)}") from None
 
 
 def _affine_to_residual(model: DualEncoder, state: dict) -> dict:
