@@ -6,14 +6,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 from PIL import Image
 
-from retrieval.io import fix_mode
+from retrieval.io import atomic_path
 
 
 def manifest_row(image: str, captions: list[str], label: Any = None) -> dict:
@@ -22,24 +21,13 @@ def manifest_row(image: str, captions: list[str], label: Any = None) -> dict:
 
 
 def _atomic_write(path: str, write, mode: str, sync: bool) -> None:
-    """Write through ``write(handle)`` into a temp file beside ``path``, then ``os.replace`` it."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    encoding = None if "b" in mode else "utf-8"
-    handle = tempfile.NamedTemporaryFile(
-        mode, encoding=encoding, dir=folder, prefix=".tmp-", suffix=os.path.basename(path), delete=False
-    )
-    try:
-        with handle:
+    """Write through ``write(handle)`` into a temp file beside ``path``, then replace it (``retrieval.io.atomic_path``)."""
+    with atomic_path(path) as tmp:
+        with open(tmp, mode, encoding=None if "b" in mode else "utf-8") as handle:
             write(handle)
             if sync:
                 handle.flush()
                 os.fsync(handle.fileno())
-        fix_mode(handle.name)  # NamedTemporaryFile makes 0600: give the umask's mode, as open() would
-        os.replace(handle.name, path)
-    except BaseException:
-        os.unlink(handle.name)
-        raise
 
 
 def write_manifest(path: str, rows: Iterable[dict]) -> int:
