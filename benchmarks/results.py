@@ -96,6 +96,10 @@ VARIANTS: dict[str, dict] = {
     # its controls: the same heads from scratch, under MRL's loss and under tricl's (S started as the ramp)
     "mrl_res": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="residual"),
     "tricl_res": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, head="residual"),
+    # Eq. 6 solved on a trained run's embeddings (triclip solve --run): MRL's run of the same seed, then the
+    # canonical directions and correlations of its served embeddings as affine maps after its heads and as S
+    "mrl_solved": dict(solve_on="mrl"),
+    "infonce_solved": dict(solve_on="infonce"),
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -178,6 +182,8 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
     spec = dict(VARIANTS[variant])
     if spec.pop("solve", False):  # deterministic: the same run for every seed
         return solve_run(cfg)
+    if "solve_on" in spec:
+        return solve_run(cfg, on=train_run(cfg, spec["solve_on"], seed), out=run or run_dir(cfg, variant, seed))
     if spec.get("init") == "solve":
         spec["init"] = str(solve_run(cfg))
     run = run or run_dir(cfg, variant, seed)
@@ -206,17 +212,18 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
     return run
 
 
-def solve_run(cfg: ResultsConfig) -> Path:
-    """``triclip solve`` on DIR/train.jsonl (ridge picked on DIR/val.jsonl) into OUT/solve/seed0, unless it exists."""
+def solve_run(cfg: ResultsConfig, on: Path | None = None, out: Path | None = None) -> Path:
+    """``triclip solve`` on DIR/train.jsonl (ridge picked on DIR/val.jsonl) into OUT/solve/seed0, unless it
+    exists; ``on``: ``solve --run ON`` (Eq. 6 on that run's embeddings) into ``out``."""
     from training.config import SolveConfig
     from training.solve import solve
 
-    run = run_dir(cfg, "solve", 0)
+    run = out or run_dir(cfg, "solve", 0)
     if not (run / "model.safetensors").exists():
         data = Path(cfg.data)
         start = time.perf_counter()
-        solve(SolveConfig(train_data=str(data / "train.jsonl"), val_data=str(data / "val.jsonl"), out=str(run),
-                          model=cfg.model, embed_dim=cfg.embed_dim))  # fmt: skip
+        model = dict(run=str(on)) if on else dict(model=cfg.model, embed_dim=cfg.embed_dim)
+        solve(SolveConfig(train_data=str(data / "train.jsonl"), val_data=str(data / "val.jsonl"), out=str(run), **model))
         (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
     return run
 
@@ -468,7 +475,7 @@ def compact(cfg: ResultsConfig) -> None:
         print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
     for base, label in (("mrl", "MRL"), ("mrl_affine", "MRL with affine heads"), ("mrl_res", "MRL with residual heads")):
-        for variant in (v for v in results if v.startswith(("tricl_spectral", "solve")) and base in results):
+        for variant in (v for v in results if (v.startswith(("tricl_spectral", "solve")) or v.endswith("_solved")) and base in results):
             print(f"\nPaired by seed, {variant} (S order) − {label} (first m), {CURVE_METRICS[metric]}:\n")
             print(paired_table(results, (variant, "importance"), (base, "first"), dims, metric))
     if "mrl" in results:  # the index ordering of an MRL model: its prefix or a PCA after training
@@ -480,7 +487,7 @@ def compact(cfg: ResultsConfig) -> None:
     if cfg.per_epoch:
         print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
                                            for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip
-    spectral = [v for v in VARIANTS if v.startswith(("tricl_spectral", "solve"))]  # Eq. 6 variants with an S
+    spectral = [v for v in VARIANTS if v.startswith(("tricl_spectral", "solve")) or v.endswith("_solved")]  # Eq. 6 variants with an S
     for variant in ("tricl", "tricl_flat", "tricl_nonest", *spectral):
         if variant in results:
             overlap = " / ".join(

@@ -44,6 +44,7 @@ class ModelConfig:
     init_temperature: float = 0.07  # initial 1 / logit scale (CLIP)
     image_size: int | None = None  # input resolution (None: per preset)
     text_max_length: int | None = None  # lite: captions truncated to this many tokens (None: 256)
+    post_affine: bool = False  # head -> its run's served embedding -> an affine map (triclip solve --run)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -115,8 +116,8 @@ class DualEncoder(nn.Module):
         self.embed_dim = D
         self.image_tower = image_tower
         self.text_tower = text_tower
-        self.image_head = _make_head(config.head, image_dim, D)
-        self.text_head = _make_head(config.head, text_dim, D)
+        self.image_head = _make_head(config.head, image_dim, D, config.post_affine)
+        self.text_head = _make_head(config.head, text_dim, D, config.post_affine)
         self.logit_scale_param = nn.Parameter(torch.tensor(math.log(1.0 / config.init_temperature)))
         self.theta = nn.Parameter(initial_theta(D, config.importance_spread))
         self._transform = image_transform
@@ -197,7 +198,9 @@ class DualEncoder(nn.Module):
         return self
 
 
-def _make_head(kind: str, in_dim: int, out_dim: int) -> nn.Module:
+def _make_head(kind: str, in_dim: int, out_dim: int, post_affine: bool = False) -> nn.Module:
+    if post_affine:
+        return PostAffineHead(_make_head(kind, in_dim, out_dim), out_dim)
     if kind == "linear":
         return nn.Linear(in_dim, out_dim, bias=False)
     if kind == "affine":  # linear with a bias: centred heads (the CCA solution of training.solve)
@@ -235,6 +238,25 @@ class ResidualHead(nn.Module):
             self.skip.weight.copy_(weight)
             self.skip.bias.copy_(bias)
             self.branch[-1].weight.zero_()
+
+
+class PostAffineHead(nn.Module):
+    """A trained run's head, its served embedding, then an affine map (``triclip solve --run``).
+
+    ``post(normalize(sqrt(w0) * inner(x)))``: ``inner`` is the run's head, ``scale`` its
+    ``sqrt(w0)`` (the run's own importance weights, a buffer), so the affine map ``post``
+    sees exactly what the run's index served; ``solve --run`` writes the canonical
+    directions of Eq. 6 on those embeddings into ``post``. Shape: (B, F) -> (B, D).
+    """
+
+    def __init__(self, inner: nn.Module, dim: int):
+        super().__init__()
+        self.inner = inner
+        self.register_buffer("scale", torch.ones(dim))  # (D,) sqrt(w) of the run the heads come from
+        self.post = nn.Linear(dim, dim, bias=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.post(F.normalize(self.inner(x) * self.scale, dim=-1))
 
 
 def _to_device(tokens, device):

@@ -149,8 +149,9 @@ class SolveConfig:
     train_data: str  # training data source: the CCA is fitted on its (image, caption) pairs
     out: str  # run directory (an ordinary run: eval, index build, app and train --init read it)
     val_data: str | None = None  # picks the ridge by t2i_r10, ties by t2i_r1 (--ridge auto), and is evaluated
-    model: str = "lite"  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture
-    embed_dim: int | None = None  # D, canonical directions kept (None: per preset; at most the smaller tower width)
+    model: str | None = None  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture (None: lite; with --run: the run's)
+    run: str | None = None  # solve on the embeddings this trained run (on locked towers) serves, not on its towers' outputs; keeps its heads
+    embed_dim: int | None = None  # D, canonical directions kept (None: per preset, with --run the run's; at most the smaller tower width)
     ridge: str = "auto"  # r, ridge = r * mean variance of each tower's features; auto: the best of 0.01-10 on --val-data, looking up to 3 steps (x3) beyond an end that wins
     weighting: float = 1.0  # the served score weighs dimension k by rho_k ** this (1: f^T S g; 0: plain cosine)
     text_max_length: int | None = None  # lite: caption tokens kept (None: 256)

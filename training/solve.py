@@ -11,6 +11,15 @@ ridge on the validation split by distinct-text t2i R@10, and writes an ordinary
 run folder (``config.json``, ``model.safetensors``, ``metrics.jsonl``) that
 ``eval``, ``index build``, ``app`` and ``train --init`` read unchanged.
 
+``solve --run RUN`` solves the same problem one level up: on the embeddings a trained
+run serves (its heads' L2-normalised output, weighted by its own ``sqrt(w)``) instead of
+the tower outputs. The written run keeps RUN's towers and heads and appends the affine
+maps (``retrieval.model.PostAffineHead``), so any run on locked towers (MRL, infonce, ...)
+gets the canonical correlations as its importance and its dimensions in their order.
+Its ridge is picked by validation t2i R@10 averaged over the compact curve
+(m = D/16, D/8, D/4 and D): a run solved on is already trained for full D, and what the
+solve adds is the order its compact indexes serve.
+
 The model's importance is ``w = softplus(theta) = rho`` (the paper's form, not
 normalised); the served score weights dimension k by ``rho_k ** weighting``
 (``weighting`` 1: the tri-factor score ``f^T S g``; the heads carry the extra
@@ -35,14 +44,16 @@ from retrieval.errors import UserError
 from retrieval.io import claim_output_dir, write_json_atomic
 from retrieval.metrics import first_captions
 from retrieval.model import DualEncoder, ModelConfig, build_model
+from retrieval.run import build_seeded, load_run, weights_path, weights_reference
 from training import checkpoint as ckpt
 from training.config import SolveConfig, TrainConfig
-from training.evaluate import evaluate
+from training.evaluate import evaluate, model_score_embeddings
 
 RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # r of ``--ridge auto``: ridge = r * mean variance
 RIDGE_EXTEND = 3  # --ridge auto: when the best r is at an end of the grid, up to this many more steps beyond it
 LOGIT_SCALES = torch.logspace(0.0, 2.0, 41)  # candidates for the saved logit scale (1 ... 100)
 MIN_RHO = 1e-6  # softplus^-1 needs rho > 0
+DEFAULT_PRESET = "lite"  # --model left out (without --run)
 
 
 @dataclass
@@ -85,36 +96,37 @@ def solve(cfg: SolveConfig) -> dict:
     claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite)
     device = pick_device(cfg.device)
     start = time.perf_counter()
-    model_cfg = ModelConfig(
-        preset=cfg.model, embed_dim=cfg.embed_dim, head="affine", importance="softplus", text_max_length=cfg.text_max_length
-    )
-    model = build_model(model_cfg).to(device)
-    model.lock(image=True, text=True)
+    model, base = _model_on_run(cfg, device) if cfg.run else (_model_on_towers(cfg, device), None)
+    model_cfg = model.config
     train_pairs = load_pairs(cfg.train_data, cfg.data)
     val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
     x, y, owner = paired_features(locked_tower_outputs(model, train_pairs, device, cfg.workers))
+    fx, fy = (x, y) if base is None else served_embeddings(base, x, y)  # what the CCA is fitted on
     dim = model.embed_dim
-    if dim > min(x.shape[1], y.shape[1]):
-        raise UserError(f"--embed-dim {dim} exceeds the smaller tower's width {min(x.shape[1], y.shape[1])} (CCA has no more directions)")
-    stats = pair_stats(x, y, owner)
+    if dim > min(fx.shape[1], fy.shape[1]):
+        raise UserError(f"--embed-dim {dim} exceeds the smaller tower's width {min(fx.shape[1], fy.shape[1])} (CCA has no more directions)")
+    stats = pair_stats(fx, fy, owner)
     ridges = RIDGE_GRID if cfg.ridge == "auto" else (float(cfg.ridge),)
     if val_pairs is None and len(ridges) > 1:
         raise UserError("--ridge auto picks the ridge on --val-data: give --val-data, or a number with --ridge")
     val_cache = locked_tower_outputs(model, val_pairs, device, cfg.workers) if val_pairs is not None else None
-    grid: dict[str, float] = {}
+    grid: dict[str, float] = {}  # ridge -> validation t2i R@10 at full D
+    curve_grid: dict[str, float] = {}  # --run: ridge -> validation t2i R@10 averaged over the compact curve
     best = None
 
     def attempt(r: float) -> bool:
         """Solve at ridge r, evaluate on val; True when it is the best so far."""
         nonlocal best
-        solution = fit_cca(stats, dim, r, x)
+        solution = fit_cca(stats, dim, r, fx)
         set_heads(model, solution, cfg.weighting)
         if val_pairs is None:
             best = (solution, None)
             return True
         result = evaluate(model, val_pairs, device, batch_size=cfg.batch_size, cache=val_cache, workers=cfg.workers)
         grid[f"{r:g}"] = result["t2i_r10"]
-        if best is None or _score(result) > _score(best[1]):
+        if cfg.run:
+            curve_grid[f"{r:g}"] = _score(result, curve=True)[0]
+        if best is None or _score(result, curve=bool(cfg.run)) > _score(best[1], curve=bool(cfg.run)):
             best = (solution, result)
             return True
         return False
@@ -133,15 +145,75 @@ def solve(cfg: SolveConfig) -> dict:
     with torch.no_grad():
         model.logit_scale_param.fill_(math.log(fit_logit_scale(model, x, y, owner)))
     seconds = time.perf_counter() - start
-    _write_run(cfg, model, model_cfg, solution, grid, result, train_pairs, val_pairs, stats.pairs, seconds)
+    grids = {"ridge_grid_t2i_r10": grid, **({"ridge_grid_curve_t2i_r10": curve_grid} if cfg.run else {})}
+    _write_run(cfg, model, model_cfg, solution, grids, result, train_pairs, val_pairs, stats.pairs, seconds)
     print(_summary(cfg, solution, grid, result, seconds))
     return result or {}
 
 
-def _score(result: dict) -> tuple[float, float]:
-    """What picks the ridge: validation t2i R@10, ties (a saturated R@10, e.g. few distinct
-    captions) broken by t2i R@1."""
+def _score(result: dict, curve: bool = False) -> tuple[float, float]:
+    """What picks the ridge: validation t2i R@10 (``curve``: its mean over the compact curve
+    m = D/16, D/8, D/4 and full D), ties (a saturated R@10, e.g. few distinct captions)
+    broken by t2i R@1."""
+    if curve:
+        values = [*result["compact"]["importance"].values(), result["t2i_r10"]]
+        return sum(values) / len(values), result["t2i_r1"]
     return result["t2i_r10"], result["t2i_r1"]
+
+
+def _model_on_towers(cfg: SolveConfig, device) -> DualEncoder:
+    """The preset with locked towers and affine heads (what the CCA of the tower outputs fills)."""
+    model_cfg = ModelConfig(
+        preset=cfg.model or DEFAULT_PRESET, embed_dim=cfg.embed_dim, head="affine", importance="softplus",
+        text_max_length=cfg.text_max_length,
+    )  # fmt: skip
+    model = build_model(model_cfg).to(device)
+    model.lock(image=True, text=True)
+    return model
+
+
+def _model_on_run(cfg: SolveConfig, device) -> tuple[DualEncoder, DualEncoder]:
+    """``(model, base)``: ``base`` is RUN as trained; ``model`` its towers and heads followed by
+    affine maps (``post_affine``) with the ``softplus`` importance, towers locked.
+
+    Raises:
+        UserError: RUN is not a run on locked towers, was itself solved on a run, or the
+            options name another preset or D.
+    """
+    base, config = load_run(cfg.run, device)
+    train = config.get("train") or {}
+    if not (train.get("lock_image") and train.get("lock_text")):
+        raise UserError(f"--run {cfg.run}: its towers trained; solve needs a run on locked towers (train --lock-image --lock-text)")
+    if base.config.post_affine:
+        raise UserError(f"--run {cfg.run} was itself solved on a run; solve on that run ({config.get('solver', {}).get('run')}) instead")
+    for option, given, own in (("--model", cfg.model, base.config.preset), ("--embed-dim", cfg.embed_dim, base.embed_dim),
+                               ("--text-max-length", cfg.text_max_length, base.config.text_max_length)):  # fmt: skip
+        if given is not None and given != own:
+            raise UserError(f"{option} {given}: --run {cfg.run} has {own} (a solve on a run keeps its model)")
+    model_cfg = ModelConfig(**{**base.config.to_dict(), "post_affine": True, "importance": "softplus", "importance_spread": 1.0})
+    seed = (weights_reference(weights_path(cfg.run)) or {}).get("seed", 0)
+    model = build_seeded(model_cfg, seed).to(device)
+    with torch.no_grad():
+        model.image_tower.load_state_dict(base.image_tower.state_dict())
+        model.text_tower.load_state_dict(base.text_tower.state_dict())
+        for head, base_head in ((model.image_head, base.image_head), (model.text_head, base.text_head)):
+            head.inner.load_state_dict(base_head.state_dict())
+            head.scale.copy_(base.importance().detach().sqrt())
+    model.lock(image=True, text=True)
+    return model, base
+
+
+@torch.no_grad()
+def served_embeddings(base: DualEncoder, x: torch.Tensor, y: torch.Tensor, batch: int = 1024) -> tuple[torch.Tensor, torch.Tensor]:
+    """What ``base``'s full-dimension index serves for tower outputs ``x`` (N, F_img) and ``y``
+    (M, F_txt): the L2-normalised ``sqrt(w) * z``. Shape: (N, D), (M, D)."""
+    device = base.logit_scale_param.device
+
+    def project(fn, feats):
+        return torch.cat([fn(feats[i : i + batch].to(device)).float().cpu() for i in range(0, len(feats), batch)])
+
+    w = base.importance().detach().float().cpu()
+    return model_score_embeddings(project(base.project_image, x), project(base.project_text, y), w)
 
 
 # ---------------------------------------------------------------------------- the maths
@@ -212,17 +284,21 @@ def _chol(cov: torch.Tensor, ridge: float) -> torch.Tensor:
 
 
 def set_heads(model: DualEncoder, solution: CCA, weighting: float = 1.0) -> None:
-    """Write the solution into the model's affine heads and ``theta`` (importance form ``softplus``).
+    """Write the solution into the model's affine heads (``post_affine``: the maps after the
+    run's heads) and ``theta`` (importance form ``softplus``).
 
     Heads: ``z = (x - mean) @ a * rho ** ((weighting - 1) / 2)``, so the served score
     ``sum_k w_k z_k z'_k`` weighs dimension k by ``rho_k ** weighting``; ``w = rho``.
     """
-    if model.config.head != "affine" or model.config.importance != "softplus":
-        raise ValueError("set_heads needs a model with affine heads and the softplus importance form")
+    if (model.config.head != "affine" and not model.config.post_affine) or model.config.importance != "softplus":
+        raise ValueError("set_heads needs a model with affine heads (or post_affine) and the softplus importance form")
     rho = solution.rho.clamp_min(MIN_RHO)  # (D,)
     scale = rho ** ((weighting - 1.0) / 2.0)  # (D,)
+    image, text = (model.image_head, model.text_head)
+    if model.config.post_affine:  # solve --run: the maps after the run's own heads
+        image, text = image.post, text.post
     with torch.no_grad():
-        for head, mean, dirs in ((model.image_head, solution.mean_x, solution.a), (model.text_head, solution.mean_y, solution.b)):
+        for head, mean, dirs in ((image, solution.mean_x, solution.a), (text, solution.mean_y, solution.b)):
             weight = (dirs * scale).T  # (D, F)
             head.weight.copy_(weight.to(head.weight))
             head.bias.copy_((-(weight @ mean)).to(head.bias))
@@ -269,17 +345,17 @@ def eq6_value(zx: torch.Tensor, zy: torch.Tensor, s: torch.Tensor) -> torch.Tens
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
+def _write_run(cfg, model, model_cfg, solution: CCA, grids, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
     run = Path(cfg.out)
     ckpt.start_over(run)  # an --overwrite: nothing of the old run stays
     train_cfg = TrainConfig(
         train_data=ckpt.abs_source(cfg.train_data),
         out=str(run),
         val_data=ckpt.abs_source(cfg.val_data),
-        model=cfg.model,
+        model=model_cfg.preset,
         embed_dim=model.embed_dim,
-        head="affine",
-        text_max_length=cfg.text_max_length,
+        head=model_cfg.head,
+        text_max_length=model_cfg.text_max_length,
         importance="softplus",
         importance_spread=1.0,
         loss="cca",
@@ -296,7 +372,8 @@ def _write_run(cfg, model, model_cfg, solution: CCA, grid, result, train_pairs, 
     solver = {
         "method": "regularised CCA (torch.linalg, float64)",
         "ridge": solution.ridge,
-        "ridge_grid_t2i_r10": grid,
+        **grids,
+        **({"run": ckpt.abs_source(cfg.run)} if cfg.run else {}),
         "weighting": cfg.weighting,
         "canonical_correlations": [round(float(v), 6) for v in solution.rho],
         "pairs": pairs,
@@ -329,12 +406,18 @@ def _validate(cfg: SolveConfig) -> None:
     for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
         if path and not path.startswith("hf:") and not Path(path).exists():
             raise UserError(f"{option}: no such data source: {path}")
+    if cfg.run:
+        if not (Path(cfg.run) / ckpt.CONFIG).is_file():
+            raise UserError(f"--run {cfg.run}: not a run folder (no {ckpt.CONFIG})")
+        if Path(cfg.out).resolve() == Path(cfg.run).resolve():
+            raise UserError("--out is --run: a solve writes a new run beside the one it solves on")
 
 
 def _summary(cfg: SolveConfig, solution: CCA, grid: dict, result: dict | None, seconds: float) -> str:
     rho = solution.rho
+    what = f"the embeddings of {cfg.run}" if cfg.run else f"{cfg.model or DEFAULT_PRESET} (locked towers, affine heads)"
     text = (
-        f"Solved {cfg.model} (locked towers, affine heads, D={len(rho)}) by regularised CCA in {seconds:.1f} s"
+        f"Solved {what}, D={len(rho)}, by regularised CCA in {seconds:.1f} s"
         f" (ridge {solution.ridge:g} x mean variance); the run is in {cfg.out}."
         f" Canonical correlations (the importance): {float(rho[0]):.3f} ... {float(rho[-1]):.3f}."
     )

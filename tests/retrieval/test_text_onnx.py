@@ -133,3 +133,17 @@ def test_an_export_removes_the_entries_of_deleted_runs(model, run, tmp_path):
     assert orphan.is_dir()
     fresh = _export(model, run, fingerprint="0003")
     assert fresh.is_dir() and not orphan.exists()
+
+
+def test_a_head_solved_on_a_run_exports_too(run):
+    """``solve --run`` heads: the run's head, its sqrt(w) weights, normalisation, then an affine map."""
+    torch.manual_seed(2)
+    model = build_model(ModelConfig(preset="lite", embed_dim=16, text_max_length=64, head="mlp", post_affine=True)).eval()
+    with torch.no_grad():
+        model.text_head.scale.uniform_(0.2, 2.0)  # (D,) not all ones: the export must carry them
+        model.text_head.post.weight.normal_()
+    _export(model, run)
+    with torch.no_grad():
+        expected = model.encode_text(CAPTIONS[:3]).numpy()
+    got = text_onnx.cached_text_encoder(run, "best", "f00d").encode(CAPTIONS[:3])
+    np.testing.assert_allclose(got, expected, atol=TOL)

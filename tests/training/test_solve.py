@@ -259,3 +259,82 @@ def test_ridge_auto_looks_beyond_the_end_of_the_grid_that_wins(shapes_data, tmp_
     # ... in one direction, by factors of 3, and stopped at the first step that did not win (or after 3 steps)
     assert all(r > 3e-4 for r in beyond) or all(r < 1e-4 for r in beyond)
     assert len(beyond) == solve_mod.RIDGE_EXTEND or picked != (max(beyond) if beyond[0] > 3e-4 else min(beyond))
+
+
+# ---------------------------------------------------------------------------- solve --run: Eq. 6 on a trained run
+
+
+@pytest.fixture
+def trained_base(shapes_data, tmp_path):
+    """A tiny run on locked towers with MLP heads and a non-uniform importance (tricl: the ramp)."""
+    out = tmp_path / "base"
+    cfg = TrainConfig(
+        train_data=str(shapes_data / "train.jsonl"), out=str(out), model="tiny", embed_dim=16, head="mlp",
+        lock_image=True, lock_text=True, loss="tricl", batch_size=32, max_steps=3, epochs=1,
+    )  # fmt: skip
+    train(cfg)
+    return out
+
+
+def test_solve_on_a_run_appends_the_canonical_directions_of_its_served_embeddings(shapes_data, trained_base, tmp_path):
+    from training.evaluate import model_score_embeddings
+
+    out = tmp_path / "solved_on"
+    result = solve(_solve_cfg(shapes_data, out, model=None, embed_dim=None, run=str(trained_base)))
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["post_affine"] and config["model"]["head"] == "mlp" and config["model"]["importance"] == "softplus"
+    assert config["solver"]["run"] == str(trained_base.resolve())
+    curve = config["solver"]["ridge_grid_curve_t2i_r10"]  # the ridge is picked by the curve's mean, not by full D
+    assert curve[f"{config['solver']['ridge']:g}"] == max(curve.values())
+    base, _ = load_run(trained_base)
+    w0 = base.importance().detach()
+    assert float(w0.max() / w0.min()) > 1.5  # the base's own weights matter (the test would not see sqrt(w0) otherwise)
+    model, _ = load_run(out)
+    rho = torch.tensor(config["solver"]["canonical_correlations"])
+    torch.testing.assert_close(model.importance().detach(), rho.clamp_min(1e-6), atol=1e-5, rtol=1e-4)
+    # its embeddings are the CCA formula on what the base run serves: normalize(sqrt(w0) * z0)
+    pairs = load_pairs(str(shapes_data / "train.jsonl"))
+    cache = locked_tower_outputs(model, pairs, "cpu")
+    e0 = embed_pairs(base, pairs, "cpu", cache=cache)
+    img0, txt0 = model_score_embeddings(e0.image, e0.text, w0)
+    solution = fit_cca(pair_stats(img0, txt0, e0.text_to_image), 16, config["solver"]["ridge"], img0)
+    want_img = F.normalize(((img0.double() - solution.mean_x) @ solution.a).float(), dim=-1)
+    want_txt = F.normalize(((txt0.double() - solution.mean_y) @ solution.b).float(), dim=-1)
+    got = embed_pairs(model, pairs, "cpu", cache=cache)
+    torch.testing.assert_close(got.image, want_img, atol=1e-3, rtol=0)
+    torch.testing.assert_close(got.text, want_txt, atol=1e-3, rtol=0)
+    # the base run's heads are kept as they were
+    for side in ("image_head", "text_head"):
+        for key, value in getattr(base, side).state_dict().items():
+            torch.testing.assert_close(getattr(model, side).inner.state_dict()[key], value)
+    again = evaluate_run(str(out), str(shapes_data / "val.jsonl"), device="cpu")
+    assert again["t2i_r10"] == pytest.approx(result["t2i_r10"])
+
+
+def test_cli_solve_on_a_run_refuses_what_it_cannot_solve_and_keeps_the_run(shapes_data, trained_base, tmp_path, capsys):
+    common = ["solve", "--train-data", str(shapes_data / "train.jsonl"), "--ridge", "0.1", "--device", "cpu"]
+    before = {p.name: p.read_bytes() for p in trained_base.iterdir() if p.is_file()}
+    bad = [
+        (["--run", str(tmp_path / "nothing"), "--out", str(tmp_path / "a")], "not a run folder"),
+        (["--run", str(trained_base), "--out", str(trained_base), "--overwrite"], "--out is --run"),
+        (["--run", str(trained_base), "--out", str(tmp_path / "b"), "--embed-dim", "8"], "keeps its model"),
+        (["--run", str(trained_base), "--out", str(tmp_path / "c"), "--model", "lite"], "keeps its model"),
+    ]
+    for args, message in bad:
+        assert main(common + args) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert {p.name: p.read_bytes() for p in trained_base.iterdir() if p.is_file()} == before
+    assert main(common + ["--run", str(trained_base), "--out", str(tmp_path / "ok")]) == 0
+    # a run solved on a run is not solved on again
+    assert main(common + ["--run", str(tmp_path / "ok"), "--out", str(tmp_path / "again")]) == 2
+    assert "itself solved on a run" in capsys.readouterr().err
+
+
+def test_solve_on_a_run_refuses_trained_towers(shapes_data, tmp_path):
+    out = tmp_path / "unlocked"
+    train(TrainConfig(train_data=str(shapes_data / "train.jsonl"), out=str(out), model="tiny", embed_dim=16,
+                      lock_image=False, lock_text=False, batch_size=32, max_steps=1, epochs=1))  # fmt: skip
+    with pytest.raises(UserError, match="its towers trained"):
+        solve(_solve_cfg(shapes_data, tmp_path / "s", model=None, embed_dim=None, run=str(out), ridge="0.1"))
+    assert not (tmp_path / "s" / "config.json").exists()
