@@ -140,6 +140,8 @@ CURVE_ROWS = [
     ("solve_tricl_res", "pca", "closed form -> residual heads + tricl (5.2), PCA m"),
     ("mrl_res", "first", "MRL, residual heads (prefix)"),
     ("tricl_res", "importance", "tricl, residual heads, importance order"),
+    ("mrl_solved", "importance", "MRL, then Eq. 6 solved on its embeddings, S order"),
+    ("infonce_solved", "importance", "infonce, then Eq. 6 solved on its embeddings, S order"),
 ]
 
 
