@@ -540,6 +540,8 @@ def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     head, dim = model.get("head", "linear"), model.get("embed_dim")
     if model.get("preset") != cfg.model:
         raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
+    if model.get("post_affine"):
+        raise UserError(f"--init {cfg.init} was solved on a trained run (solve --run): train cannot start from it; start from that run")
     if cfg.head is not None and cfg.head != head and (head, cfg.head) != ("affine", "residual"):
         raise UserError(
             f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (the same head kind, or"

@@ -326,9 +326,13 @@ def test_cli_solve_on_a_run_refuses_what_it_cannot_solve_and_keeps_the_run(shape
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert {p.name: p.read_bytes() for p in trained_base.iterdir() if p.is_file()} == before
     assert main(common + ["--run", str(trained_base), "--out", str(tmp_path / "ok")]) == 0
-    # a run solved on a run is not solved on again
+    # a run solved on a run is not solved on again, nor trained from
     assert main(common + ["--run", str(tmp_path / "ok"), "--out", str(tmp_path / "again")]) == 2
     assert "itself solved on a run" in capsys.readouterr().err
+    train_args = ["train", "--train-data", str(shapes_data / "train.jsonl"), "--model", "tiny", "--init", str(tmp_path / "ok"),
+                  "--epochs", "1", "--max-steps", "1", "--device", "cpu", "--out", str(tmp_path / "t")]  # fmt: skip
+    assert main(train_args) == 2
+    assert "train cannot start from it" in capsys.readouterr().err and not (tmp_path / "t" / "config.json").exists()
 
 
 def test_solve_on_a_run_refuses_trained_towers(shapes_data, tmp_path):
