@@ -39,7 +39,7 @@ from retrieval.progress import progress
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import sign_flips, topm_embed
 from retrieval.data import load_pairs
-from retrieval.embed import pick_device
+from retrieval.embed import _project_rows, pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir, write_json_atomic
 from retrieval.metrics import first_captions
@@ -123,11 +123,12 @@ def solve(cfg: SolveConfig) -> dict:
             best = (solution, None)
             return True
         result = evaluate(model, val_pairs, device, batch_size=cfg.batch_size, cache=val_cache, workers=cfg.workers)
+        score = _score(result, curve=bool(cfg.run))
         grid[f"{r:g}"] = result["t2i_r10"]
         if cfg.run:
-            curve_grid[f"{r:g}"] = _score(result, curve=True)[0]
-        if best is None or _score(result, curve=bool(cfg.run)) > _score(best[1], curve=bool(cfg.run)):
-            best = (solution, result)
+            curve_grid[f"{r:g}"] = score[0]
+        if best is None or score > best[2]:
+            best = (solution, result, score)
             return True
         return False
 
@@ -140,7 +141,7 @@ def solve(cfg: SolveConfig) -> dict:
             r *= step
             if not attempt(r):
                 break
-    solution, result = best
+    solution, result = best[:2]
     set_heads(model, solution, cfg.weighting)
     with torch.no_grad():
         model.logit_scale_param.fill_(math.log(fit_logit_scale(model, x, y, owner)))
@@ -208,12 +209,8 @@ def served_embeddings(base: DualEncoder, x: torch.Tensor, y: torch.Tensor, batch
     """What ``base``'s full-dimension index serves for tower outputs ``x`` (N, F_img) and ``y``
     (M, F_txt): the L2-normalised ``sqrt(w) * z``. Shape: (N, D), (M, D)."""
     device = base.logit_scale_param.device
-
-    def project(fn, feats):
-        return torch.cat([fn(feats[i : i + batch].to(device)).float().cpu() for i in range(0, len(feats), batch)])
-
     w = base.importance().detach().float().cpu()
-    return model_score_embeddings(project(base.project_image, x), project(base.project_text, y), w)
+    return model_score_embeddings(_project_rows(base.project_image, x, device, batch), _project_rows(base.project_text, y, device, batch), w)
 
 
 # ---------------------------------------------------------------------------- the maths
