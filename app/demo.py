@@ -4,12 +4,13 @@
    else the command to run is printed), thumbnails and manifests in ``WORKDIR/data``
    (byte-identical copies merged; train / val / test split by content);
 2. ``lite`` (offline EfficientNet-Lite0 + MiniLM) on locked towers, whose outputs are computed
-   once and cached: first the exact optimum of triCL's Eq. 6 (``triclip solve``: regularised
-   CCA, ridge picked on val, ``WORKDIR/solve``), whose canonical correlations are the importance
-   S; then residual heads started from it and trained under the tri-factor InfoNCE, nested on
-   S's order (``WORKDIR/run``). On openclipart's test split it is above MRL at full D and m = 64,
-   level at m = 32 and 0.02 below at m = 16; on Tux Paint above it at m = 16 and 32 (docs/results.md,
-   "Eq. 6: the closed form as a start for non-linear heads"); unlike MRL it has a spectrum to show;
+   once and cached: first MRL (``triclip train``'s default: InfoNCE nested on the first m of
+   D, ``WORKDIR/mrl``), then the exact optimum of triCL's Eq. 6 on the embeddings it serves
+   (``triclip solve --run``: regularised CCA, ridge picked on val, ``WORKDIR/run``), whose
+   canonical correlations are the importance S. On openclipart's test split (5 seeds) it is level
+   with MRL's prefix at m = 16 and above it at m = 32 and full D; on Tux Paint above it at m = 16
+   and 32 (docs/results.md, "Eq. 6 solved on a trained run's embeddings"); unlike MRL it has a
+   spectrum to show;
 3. evaluate on the held-out test split, with the compact curve (recall@10 against m);
 4. index every image (train, val, test) at several m in one folder (``WORKDIR/index``),
    reusing the cached tower outputs, with the recall-against-m curves measured on val;
@@ -54,29 +55,31 @@ def run_demo(cfg: DemoConfig) -> dict:
     """Run the steps above; returns what was built (paths and the test metrics)."""
     started = time.perf_counter()
     work = Path(cfg.workdir).absolute()  # the index records the run's path: absolute, so it opens from anywhere
-    data, solved, run, index = work / "data", work / "solve", work / "run", work / "index"
+    data, mrl, run, index = work / "data", work / "mrl", work / "run", work / "index"
     _step(1, f"openclipart data in {data}")
     stale = not (data / "test.jsonl").exists() and (data / "val.jsonl").exists()  # an older demo's data
     if stale:
         print("the demo's data predates the deduplicated split: rebuilding data, run and index", flush=True)
     if not (data / "test.jsonl").exists():  # written last: anything else in data/ is an unfinished or older prepare
         prepare("openclipart", str(data), num=cfg.num, overwrite=data.is_dir() and any(data.iterdir()))
-    _step(2, f"solving Eq. 6 in {solved}, then training lite (locked, cached towers) from it in {run}")
-    if stale or not (solved / MODEL).exists():
-        _solve(cfg, data, solved, overwrite=stale or solved.exists())
-    older = (run / CONFIG).exists() and not _demo_recipe(run)
+    _step(2, f"training MRL on lite (locked, cached towers) in {mrl}, then solving Eq. 6 on its embeddings in {run}")
+    trained = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)
+    if trained:
+        _train(cfg, data, mrl, overwrite=stale)
+    older = (run / CONFIG).exists() and not _demo_recipe(run, mrl)
     if older:  # kept, not replaced: the index's rollback version needs it (--run WORKDIR/previous-run)
         previous = work / PREVIOUS_RUN
         shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
         os.replace(run, previous)
-        print(f"the demo's run was trained with an older recipe: moved to {previous}, training again", flush=True)
-    if stale or not _trained(run, cfg.epochs or recipe_for("lite").epochs):
-        _train(cfg, data, solved, run, overwrite=stale)
+        print(f"the demo's run was made with an older recipe: moved to {previous}, solving again", flush=True)
+    solved = trained or not (run / MODEL).exists()
+    if solved:
+        _solve(data, mrl, run, overwrite=run.exists())
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
     _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")
-    if stale or older or (not (index / CURRENT).exists() and not (index / MANIFEST).exists()):
-        _index(cfg, data, run, index, overwrite=stale or older)  # an overwritten index keeps one rollback
+    if solved or (not (index / CURRENT).exists() and not (index / MANIFEST).exists()):
+        _index(cfg, data, run, index, overwrite=solved)  # an overwritten index keeps one rollback
     print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
     result = {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}
     if cfg.serve:
@@ -96,48 +99,36 @@ def _trained(run: Path, epochs: int) -> bool:
     return (run / MODEL).exists() and path.exists() and len(path.read_text().splitlines()) >= epochs
 
 
-# what the demo trains from the solved run (docs/results.md: benchmarks.results variant solve_tricl_res)
-DEMO_RECIPE = dict(head="residual", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"})
-
-
-def _demo_recipe(run: Path) -> bool:
-    """Whether ``run`` was trained with DEMO_RECIPE (an older demo trained MRL from scratch)."""
+def _demo_recipe(run: Path, mrl: Path) -> bool:
+    """Whether ``run`` is Eq. 6 solved on ``mrl``'s embeddings (older demos trained MRL, or tricl from a tower solve)."""
     config = read_config(run)  # a damaged config.json is one line (UserError), not a traceback
-    return (config.get("loss"), config["model"].get("head")) == (DEMO_RECIPE["loss"], DEMO_RECIPE["head"])
+    return config["model"].get("post_affine", False) and Path(config.get("solver", {}).get("run", "")) == mrl
 
 
-def _solve(cfg: DemoConfig, data: Path, solved: Path, overwrite: bool = False) -> None:
-    from training.config import SolveConfig
-    from training.solve import solve
-
-    solve(
-        SolveConfig(
-            train_data=str(data / "train.jsonl"),
-            val_data=str(data / "val.jsonl"),  # picks the ridge
-            out=str(solved),
-            model="lite",
-            embed_dim=cfg.embed_dim,
-            overwrite=overwrite,
-        )
-    )
-
-
-def _train(cfg: DemoConfig, data: Path, solved: Path, run: Path, overwrite: bool = False) -> None:
+def _train(cfg: DemoConfig, data: Path, mrl: Path, overwrite: bool = False) -> None:
     from training.train import TrainConfig, train
 
     train(
         TrainConfig(
             train_data=str(data / "train.jsonl"),
             val_data=str(data / "val.jsonl"),
-            out=str(run),
-            model="lite",  # its recipe: locked, cached towers, batch 256, lr 1e-3 (training.config)
-            init=str(solved),  # D, importance form and every weight from the solution
+            out=str(mrl),
+            model="lite",  # its recipe: locked, cached towers, batch 256, lr 1e-3, MRL (training.config)
+            embed_dim=cfg.embed_dim,
             epochs=cfg.epochs,
-            resume=not overwrite and (run / "checkpoint").exists(),
+            resume=not overwrite and (mrl / "checkpoint").exists(),
             overwrite=overwrite,
-            **DEMO_RECIPE,
         )
     )
+
+
+def _solve(data: Path, mrl: Path, run: Path, overwrite: bool = False) -> None:
+    from training.config import SolveConfig
+    from training.solve import solve
+
+    # D, towers and heads are MRL's; the ridge is picked on val (t2i R@10 over the compact curve)
+    train, val = str(data / "train.jsonl"), str(data / "val.jsonl")
+    solve(SolveConfig(train_data=train, val_data=val, out=str(run), run=str(mrl), overwrite=overwrite))
 
 
 def _evaluate(cfg: DemoConfig, data: Path, run: Path, saved: Path) -> dict:

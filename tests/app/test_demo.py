@@ -39,31 +39,33 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     hit = searcher.search_text(["a red apple"], k=3, m=16)[0]
     assert len(hit) == 3 and hit[0]["score"] >= hit[-1]["score"]
 
-    run = tmp_path / "demo" / "run"
+    run, mrl = tmp_path / "demo" / "run", tmp_path / "demo" / "mrl"
+    assert json.loads((mrl / "config.json").read_text())["loss"] == "mrl"  # train's default
     config = json.loads((run / "config.json").read_text())
-    assert (config["loss"], config["model"]["head"]) == ("tricl", "residual")  # started from the solved run:
-    assert Path(config["train"]["init"]) == tmp_path / "demo" / "solve"
+    assert config["model"]["post_affine"] and Path(config["solver"]["run"]) == mrl  # Eq. 6 solved on MRL's embeddings
     from retrieval.run import load_run
 
     w = load_run(run)[0].importance().detach()
-    assert float(w.max()) > 2 * float(w.min())  # a spectrum (the canonical correlations, trained), not a flat line
-    stamps = {p.name: p.stat().st_mtime_ns for p in [run / "model.safetensors", run / "metrics.jsonl"]}
+    assert float(w.max()) > 2 * float(w.min())  # a spectrum (the canonical correlations), not a flat line
+    stamps = {p: p.stat().st_mtime_ns for p in [run / "model.safetensors", mrl / "model.safetensors", mrl / "metrics.jsonl"]}
     cache_files = sorted(os.listdir(tmp_path / "cache" / "features"))
     capsys.readouterr()
-    second = run_demo(cfg)  # everything is there: nothing is trained, cached or indexed again
+    second = run_demo(cfg)  # everything is there: nothing is trained, solved, cached or indexed again
     assert second["metrics"] == json.loads(json.dumps(first["metrics"]))
-    assert {p: (run / p).stat().st_mtime_ns for p in stamps} == stamps
+    assert {p: p.stat().st_mtime_ns for p in stamps} == stamps
     assert sorted(os.listdir(tmp_path / "cache" / "features")) == cache_files
     assert "caching locked" not in capsys.readouterr().err
 
-    config["loss"], config["model"]["head"] = "infonce", "mlp"  # the run of an older demo (MRL from scratch)
+    config["loss"], config["model"]["post_affine"] = "tricl", False  # the run of an older demo (tricl from a tower solve)
+    del config["solver"]
     (run / "config.json").write_text(json.dumps(config))
     current = (Path(first["index"]) / "CURRENT").read_text()
     run_demo(cfg)
     assert "older recipe" in capsys.readouterr().out
-    assert json.loads((run / "config.json").read_text())["loss"] == "tricl"
+    assert json.loads((run / "config.json").read_text())["model"]["post_affine"]
+    assert (mrl / "model.safetensors").stat().st_mtime_ns == stamps[mrl / "model.safetensors"]  # MRL not trained again
     previous = tmp_path / "demo" / "previous-run"  # the older run is kept, not replaced: the rollback index needs it
-    assert json.loads((previous / "config.json").read_text())["loss"] == "infonce"
+    assert json.loads((previous / "config.json").read_text())["loss"] == "tricl"
     assert (previous / "model.safetensors").exists()
     assert (Path(first["index"]) / "CURRENT").read_text() != current  # the index of the new run, not the old one
 
