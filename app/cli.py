@@ -191,7 +191,7 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     }
     off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
     choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
-    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off)
+    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"])  # from --init
     p.epilog = recipe_table()
     p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 

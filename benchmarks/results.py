@@ -100,6 +100,12 @@ VARIANTS: dict[str, dict] = {
     # canonical directions and correlations of its served embeddings as affine maps after its heads and as S
     "mrl_solved": dict(solve_on="mrl"),
     "infonce_solved": dict(solve_on="infonce"),
+    # and trained on from there (train --init: heads and maps train, S starts at the canonical correlations) under
+    # the tri-factor InfoNCE nested on S's order: a short, gentle pass (10 epochs at lr 1e-4, whatever --steps says)
+    "mrl_solved_tricl": dict(
+        init_from="mrl_solved", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10,
+        lr=1e-4, max_steps=None,
+    ),
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -141,7 +147,12 @@ CURVE_ROWS = [
     ("mrl_res", "first", "MRL, residual heads (prefix)"),
     ("tricl_res", "importance", "tricl, residual heads, importance order"),
     ("mrl_solved", "importance", "MRL, then Eq. 6 solved on its embeddings, S order"),
+    ("mrl_solved", "first", "MRL, then solved, first m (S order without its weights)"),
+    ("mrl_solved", "random", "MRL, then solved, random m"),
+    ("mrl_solved", "pca", "MRL, then solved, PCA m (S ignored)"),
     ("infonce_solved", "importance", "infonce, then Eq. 6 solved on its embeddings, S order"),
+    ("mrl_solved_tricl", "importance", "MRL, then solved, then tricl nested on S (10 epochs), S order"),
+    ("mrl_solved_tricl", "pca", "MRL, then solved, then tricl nested on S, PCA m"),
 ]
 
 
@@ -188,6 +199,8 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         return solve_run(cfg, on=train_run(cfg, spec["solve_on"], seed), out=run or run_dir(cfg, variant, seed))
     if spec.get("init") == "solve":
         spec["init"] = str(solve_run(cfg))
+    if "init_from" in spec:  # another variant's run of the same seed
+        spec["init"] = str(train_run(cfg, spec.pop("init_from"), seed))
     run = run or run_dir(cfg, variant, seed)
     if (run / "model.safetensors").exists() or (run / "result.json").exists():  # weights of some deleted (disk)
         return run
@@ -208,7 +221,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         lock_text=cfg.lock,
         seed=seed,
     )
-    config = TrainConfig(**common, **spec, **overrides)
+    config = TrainConfig(**{**common, **spec, **overrides})  # a variant's epochs / lr / max_steps win over --steps
     train(config, given={*common, *spec, *overrides})  # what a variant sets wins over per-objective defaults
     (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
     return run
@@ -477,9 +490,12 @@ def compact(cfg: ResultsConfig) -> None:
         print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
     for base, label in (("mrl", "MRL"), ("mrl_affine", "MRL with affine heads"), ("mrl_res", "MRL with residual heads")):
-        for variant in (v for v in results if (v.startswith(("tricl_spectral", "solve")) or v.endswith("_solved")) and base in results):
+        for variant in (v for v in results if (v.startswith(("tricl_spectral", "solve")) or "_solved" in v) and base in results):
             print(f"\nPaired by seed, {variant} (S order) − {label} (first m), {CURVE_METRICS[metric]}:\n")
             print(paired_table(results, (variant, "importance"), (base, "first"), dims, metric))
+    if "mrl_solved_tricl" in results and "mrl_solved" in results:  # what training on from the solve adds
+        print(f"\nPaired by seed, mrl_solved_tricl − mrl_solved (both S order), {CURVE_METRICS[metric]}:\n")
+        print(paired_table(results, ("mrl_solved_tricl", "importance"), ("mrl_solved", "importance"), dims, metric))
     if "mrl" in results:  # the index ordering of an MRL model: its prefix or a PCA after training
         print(f"\nPaired by seed, MRL (PCA m) − MRL (first m), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "pca"), ("mrl", "first"), dims, metric))
@@ -489,7 +505,7 @@ def compact(cfg: ResultsConfig) -> None:
     if cfg.per_epoch:
         print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
                                            for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip
-    spectral = [v for v in VARIANTS if v.startswith(("tricl_spectral", "solve")) or v.endswith("_solved")]  # Eq. 6 variants with an S
+    spectral = [v for v in VARIANTS if v.startswith(("tricl_spectral", "solve")) or "_solved" in v]  # Eq. 6 variants with an S
     for variant in ("tricl", "tricl_flat", "tricl_nonest", *spectral):
         if variant in results:
             overlap = " / ".join(

@@ -112,6 +112,7 @@ class TrainConfig:
     grad_clip: float = 1.0  # max global grad norm (0: off)
     resume: bool = False  # continue the run in --out with the settings of its config.json
     init: str | None = None  # start from this run's weights (e.g. triclip solve's): same preset, D and head kind (residual heads also start from affine ones)
+    post_affine: bool = False  # set from --init: a run solved on a trained run (solve --run) keeps its heads' affine maps, which train too (not an option)
     overwrite: bool = False  # replace the run already in --out (any other non-empty folder is refused)
     lock_image: bool | None = field(default=None, metadata={"help": _per_preset("lock_image", "freeze the image tower, cache its outputs; --unlock-image trains it")})
     lock_text: bool | None = field(default=None, metadata={"help": _per_preset("lock_text", "freeze the text tower, cache its outputs; --unlock-text trains it")})

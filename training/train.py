@@ -111,6 +111,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         importance=cfg.importance,
         importance_spread=cfg.importance_spread,
         text_max_length=cfg.text_max_length,
+        post_affine=cfg.post_affine,
     )
     torch.manual_seed(cfg.seed)  # the towers as the seed makes them: a run leaves frozen ones out (training.checkpoint)
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
@@ -534,14 +535,12 @@ def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 
 def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``--init RUN``: its preset must be ``--model``; D, head kind, importance form and caption length
-    come from it (D and head must agree when given: an MLP cannot start equal to an affine head, a residual one can)."""
+    """``--init RUN``: its preset must be ``--model``; D, head kind (with ``solve --run``'s affine maps after
+    it), importance form and caption length come from it (D and head must agree when given: an MLP cannot start equal to an affine head, a residual one can)."""
     model = ckpt.read_config(cfg.init)["model"]
     head, dim = model.get("head", "linear"), model.get("embed_dim")
     if model.get("preset") != cfg.model:
         raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
-    if model.get("post_affine"):
-        raise UserError(f"--init {cfg.init} was solved on a trained run (solve --run): train cannot start from it; start from that run")
     if cfg.head is not None and cfg.head != head and (head, cfg.head) != ("affine", "residual"):
         raise UserError(
             f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (the same head kind, or"
@@ -550,7 +549,7 @@ def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     if cfg.embed_dim is not None and cfg.embed_dim != dim:
         raise UserError(f"--init {cfg.init} has D={dim}, not --embed-dim {cfg.embed_dim}; leave --embed-dim out")
     taken = {k: getattr(cfg, k) if k in given else model.get(k, getattr(cfg, k)) for k in ("importance", "text_max_length")}
-    return replace(cfg, head=cfg.head or head, embed_dim=dim, **taken)
+    return replace(cfg, head=cfg.head or head, embed_dim=dim, post_affine=bool(model.get("post_affine")), **taken)
 
 
 def _load_init(model: DualEncoder, init: str) -> None:

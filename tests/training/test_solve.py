@@ -326,13 +326,48 @@ def test_cli_solve_on_a_run_refuses_what_it_cannot_solve_and_keeps_the_run(shape
         assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert {p.name: p.read_bytes() for p in trained_base.iterdir() if p.is_file()} == before
     assert main(common + ["--run", str(trained_base), "--out", str(tmp_path / "ok")]) == 0
-    # a run solved on a run is not solved on again, nor trained from
+    # a run solved on a run is not solved on again
     assert main(common + ["--run", str(tmp_path / "ok"), "--out", str(tmp_path / "again")]) == 2
     assert "itself solved on a run" in capsys.readouterr().err
-    train_args = ["train", "--train-data", str(shapes_data / "train.jsonl"), "--model", "tiny", "--init", str(tmp_path / "ok"),
-                  "--epochs", "1", "--max-steps", "1", "--device", "cpu", "--out", str(tmp_path / "t")]  # fmt: skip
-    assert main(train_args) == 2
-    assert "train cannot start from it" in capsys.readouterr().err and not (tmp_path / "t" / "config.json").exists()
+
+
+def test_train_from_a_run_solved_on_a_run_starts_at_its_solution_trains_the_maps_and_resumes(
+    shapes_data, trained_base, tmp_path, monkeypatch
+):
+    """``train --init SOLVED`` (solve --run's output): the affine maps come along, start as solved, and train."""
+    solved = tmp_path / "solved_on"
+    solve(_solve_cfg(shapes_data, solved, model=None, embed_dim=None, run=str(trained_base), ridge="0.1"))
+    first = {}
+    real_step = train_mod._train_step
+
+    def spy(step_module, batch, *args, **kwargs):
+        terms = real_step(step_module, batch, *args, **kwargs)
+        first.setdefault("batch", batch)
+        first.setdefault("terms", terms)
+        return terms
+
+    monkeypatch.setattr(train_mod, "_train_step", spy)
+    out = tmp_path / "tuned"
+    options = {"nested": 2, "nested_order": "importance"}
+    common = dict(train_data=str(shapes_data / "train.jsonl"), out=str(out), model="tiny", loss="tricl", batch_size=32)
+    train(TrainConfig(**common, init=str(solved), loss_options=options, lr=1e-2, epochs=1, lock_image=True, lock_text=True))
+    config = json.loads((out / "config.json").read_text())
+    assert config["model"]["post_affine"] and config["train"]["post_affine"]  # taken from --init, not an option
+    assert (config["model"]["head"], config["model"]["importance"], config["model"]["embed_dim"]) == ("mlp", "softplus", 16)
+    start, _ = load_run(solved)
+    with torch.no_grad():  # the first step's loss is the solved-on run's: training starts exactly at the solution
+        img, txt = start.project_image(first["batch"].image), start.project_text(first["batch"].text)
+        want = build_loss("tricl", **options)(img, txt, start.logit_scale(), start.importance())
+    assert sum(first["terms"].values()) == pytest.approx(float(sum(want.values())), abs=1e-5)
+    tuned, _ = load_run(out, which="last")
+    moved = tuned.image_head.post.weight.detach() - start.image_head.post.weight.detach()
+    assert float(moved.abs().max()) > 1e-4  # the canonical directions train
+    torch.testing.assert_close(tuned.image_head.scale, start.image_head.scale)  # the base run's sqrt(w0): a buffer
+    train(TrainConfig(**common, epochs=2, resume=True), given={"train_data", "out", "model", "epochs", "resume"})
+    resumed = json.loads((out / "config.json").read_text())
+    assert resumed["model"]["post_affine"] and resumed["train"]["epochs"] == 2
+    again, _ = load_run(out, which="last")  # rebuilt with its maps from config.json, trained one epoch further
+    assert not torch.equal(again.image_head.post.weight, tuned.image_head.post.weight)
 
 
 def test_solve_on_a_run_refuses_trained_towers(shapes_data, tmp_path):
