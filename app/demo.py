@@ -4,13 +4,14 @@
    else the command to run is printed), thumbnails and manifests in ``WORKDIR/data``
    (byte-identical copies merged; train / val / test split by content);
 2. ``lite`` (offline EfficientNet-Lite0 + MiniLM) on locked towers, whose outputs are computed
-   once and cached: first MRL (``triclip train``'s default: InfoNCE nested on the first m of
-   D, ``WORKDIR/mrl``), then the exact optimum of triCL's Eq. 6 on the embeddings it serves
-   (``triclip solve --run``: regularised CCA, ridge picked on val, ``WORKDIR/run``), whose
-   canonical correlations are the importance S. On openclipart's test split (5 seeds) it is level
-   with MRL's prefix at m = 16 and above it at m = 32 and full D; on Tux Paint above it at m = 16
-   and 32 (docs/results.md, "Eq. 6 solved on a trained run's embeddings"); unlike MRL it has a
-   spectrum to show;
+   once and cached: MRL (``triclip train``'s default: InfoNCE nested on the first m of D,
+   ``WORKDIR/mrl``); the exact optimum of triCL's Eq. 6 on the embeddings it serves
+   (``triclip solve --run``: regularised CCA, ridge picked on val, ``WORKDIR/solved``), whose
+   canonical correlations are the importance S; then 10 gentle epochs of ``tricl`` nested on S's
+   order from that solution (``WORKDIR/run``; TUNE). Against MRL's prefix on the test splits it is
+   level at m = 16 and above at m = 32 and full D on openclipart (10 seeds), above at m = 16 and
+   32 on Tux Paint and fashion-mnist (docs/results.md, "Eq. 6 solved on a trained run's
+   embeddings"); unlike MRL it has a spectrum to show;
 3. evaluate on the held-out test split, with the compact curve (recall@10 against m);
 4. index every image (train, val, test) at several m in one folder (``WORKDIR/index``),
    reusing the cached tower outputs, with the recall-against-m curves measured on val;
@@ -55,31 +56,34 @@ def run_demo(cfg: DemoConfig) -> dict:
     """Run the steps above; returns what was built (paths and the test metrics)."""
     started = time.perf_counter()
     work = Path(cfg.workdir).absolute()  # the index records the run's path: absolute, so it opens from anywhere
-    data, mrl, run, index = work / "data", work / "mrl", work / "run", work / "index"
+    data, mrl, solved, run, index = (work / name for name in ("data", "mrl", "solved", "run", "index"))
     _step(1, f"openclipart data in {data}")
     stale = not (data / "test.jsonl").exists() and (data / "val.jsonl").exists()  # an older demo's data
     if stale:
         print("the demo's data predates the deduplicated split: rebuilding data, run and index", flush=True)
     if not (data / "test.jsonl").exists():  # written last: anything else in data/ is an unfinished or older prepare
         prepare("openclipart", str(data), num=cfg.num, overwrite=data.is_dir() and any(data.iterdir()))
-    _step(2, f"training MRL on lite (locked, cached towers) in {mrl}, then solving Eq. 6 on its embeddings in {run}")
-    trained = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)
-    if trained:
+    _step(2, f"lite (locked, cached towers): MRL in {mrl}, Eq. 6 solved on it in {solved}, tricl from there in {run}")
+    upstream = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)  # MRL, then the solve, anew
+    if upstream:
         _train(cfg, data, mrl, overwrite=stale)
-    older = (run / CONFIG).exists() and not _demo_recipe(run, mrl)
+    if upstream or not (solved / MODEL).exists():
+        upstream = True
+        _solve(data, mrl, solved, overwrite=solved.exists())
+    older = (run / CONFIG).exists() and not _demo_recipe(run, solved)
     if older:  # kept, not replaced: the index's rollback version needs it (--run WORKDIR/previous-run)
         previous = work / PREVIOUS_RUN
         shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
         os.replace(run, previous)
-        print(f"the demo's run was made with an older recipe: moved to {previous}, solving again", flush=True)
-    solved = trained or not (run / MODEL).exists()
-    if solved:
-        _solve(data, mrl, run, overwrite=run.exists())
+        print(f"the demo's run was made with an older recipe: moved to {previous}, training again", flush=True)
+    redo = upstream or not _trained(run, TUNE["epochs"])
+    if redo:  # an unfinished run of the recipe resumes from its checkpoint
+        _train(cfg, data, run, init=solved, overwrite=upstream and run.exists(), **TUNE)
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
     _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")
-    if solved or (not (index / CURRENT).exists() and not (index / MANIFEST).exists()):
-        _index(cfg, data, run, index, overwrite=solved)  # an overwritten index keeps one rollback
+    if redo or (not (index / CURRENT).exists() and not (index / MANIFEST).exists()):
+        _index(cfg, data, run, index, overwrite=redo)  # an overwritten index keeps one rollback
     print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
     result = {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}
     if cfg.serve:
@@ -99,36 +103,44 @@ def _trained(run: Path, epochs: int) -> bool:
     return (run / MODEL).exists() and path.exists() and len(path.read_text().splitlines()) >= epochs
 
 
-def _demo_recipe(run: Path, mrl: Path) -> bool:
-    """Whether ``run`` is Eq. 6 solved on ``mrl``'s embeddings (older demos trained MRL, or tricl from a tower solve)."""
+# the last step of the demo's recipe (benchmarks.results variant mrl_solved_tricl): from the solved run, the
+# tri-factor InfoNCE (z_x^T S z_y logits) nested on S's order, S started at the canonical correlations
+TUNE = dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10, lr=1e-4)
+
+
+def _demo_recipe(run: Path, solved: Path) -> bool:
+    """Whether ``run`` was trained with TUNE from ``solved`` (older demos: MRL alone, or tricl from a tower solve)."""
     config = read_config(run)  # a damaged config.json is one line (UserError), not a traceback
-    return config["model"].get("post_affine", False) and Path(config.get("solver", {}).get("run", "")) == mrl
+    init = config.get("train", {}).get("init")
+    return config["model"].get("post_affine", False) and config.get("loss") == TUNE["loss"] and init is not None and Path(init) == solved
 
 
-def _train(cfg: DemoConfig, data: Path, mrl: Path, overwrite: bool = False) -> None:
+def _train(cfg: DemoConfig, data: Path, out: Path, init: Path | None = None, overwrite: bool = False, **recipe) -> None:
     from training.train import TrainConfig, train
 
     train(
         TrainConfig(
             train_data=str(data / "train.jsonl"),
             val_data=str(data / "val.jsonl"),
-            out=str(mrl),
+            out=str(out),
             model="lite",  # its recipe: locked, cached towers, batch 256, lr 1e-3, MRL (training.config)
-            embed_dim=cfg.embed_dim,
-            epochs=cfg.epochs,
-            resume=not overwrite and (mrl / "checkpoint").exists(),
+            embed_dim=None if init else cfg.embed_dim,  # from --init: D, heads and S are the solved run's
+            init=str(init) if init else None,
+            epochs=recipe.pop("epochs", cfg.epochs),
+            resume=not overwrite and (out / "checkpoint").exists(),
             overwrite=overwrite,
+            **recipe,
         )
     )
 
 
-def _solve(data: Path, mrl: Path, run: Path, overwrite: bool = False) -> None:
+def _solve(data: Path, mrl: Path, solved: Path, overwrite: bool = False) -> None:
     from training.config import SolveConfig
     from training.solve import solve
 
     # D, towers and heads are MRL's; the ridge is picked on val (t2i R@10 over the compact curve)
     train, val = str(data / "train.jsonl"), str(data / "val.jsonl")
-    solve(SolveConfig(train_data=train, val_data=val, out=str(run), run=str(mrl), overwrite=overwrite))
+    solve(SolveConfig(train_data=train, val_data=val, out=str(solved), run=str(mrl), overwrite=overwrite))
 
 
 def _evaluate(cfg: DemoConfig, data: Path, run: Path, saved: Path) -> dict:

@@ -39,15 +39,19 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     hit = searcher.search_text(["a red apple"], k=3, m=16)[0]
     assert len(hit) == 3 and hit[0]["score"] >= hit[-1]["score"]
 
-    run, mrl = tmp_path / "demo" / "run", tmp_path / "demo" / "mrl"
+    run, mrl, solved = (tmp_path / "demo" / name for name in ("run", "mrl", "solved"))
     assert json.loads((mrl / "config.json").read_text())["loss"] == "mrl"  # train's default
+    on = json.loads((solved / "config.json").read_text())
+    assert on["model"]["post_affine"] and Path(on["solver"]["run"]) == mrl  # Eq. 6 solved on MRL's embeddings
     config = json.loads((run / "config.json").read_text())
-    assert config["model"]["post_affine"] and Path(config["solver"]["run"]) == mrl  # Eq. 6 solved on MRL's embeddings
+    assert config["loss"] == "tricl" and config["model"]["post_affine"] and Path(config["train"]["init"]) == solved
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 10  # the recipe's 10 epochs, whatever --epochs says
     from retrieval.run import load_run
 
     w = load_run(run)[0].importance().detach()
-    assert float(w.max()) > 2 * float(w.min())  # a spectrum (the canonical correlations), not a flat line
-    stamps = {p: p.stat().st_mtime_ns for p in [run / "model.safetensors", mrl / "model.safetensors", mrl / "metrics.jsonl"]}
+    assert float(w.max()) > 2 * float(w.min())  # a spectrum (the canonical correlations, trained), not a flat line
+    files = [run / "model.safetensors", solved / "model.safetensors", mrl / "model.safetensors", mrl / "metrics.jsonl"]
+    stamps = {p: p.stat().st_mtime_ns for p in files}
     cache_files = sorted(os.listdir(tmp_path / "cache" / "features"))
     capsys.readouterr()
     second = run_demo(cfg)  # everything is there: nothing is trained, solved, cached or indexed again
@@ -56,16 +60,16 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     assert sorted(os.listdir(tmp_path / "cache" / "features")) == cache_files
     assert "caching locked" not in capsys.readouterr().err
 
-    config["loss"], config["model"]["post_affine"] = "tricl", False  # the run of an older demo (tricl from a tower solve)
-    del config["solver"]
+    config["model"]["post_affine"], config["model"]["head"] = False, "residual"  # an older demo's run (tricl from a tower solve)
+    config["train"]["init"] = str(tmp_path / "demo" / "solve")
     (run / "config.json").write_text(json.dumps(config))
     current = (Path(first["index"]) / "CURRENT").read_text()
     run_demo(cfg)
     assert "older recipe" in capsys.readouterr().out
     assert json.loads((run / "config.json").read_text())["model"]["post_affine"]
-    assert (mrl / "model.safetensors").stat().st_mtime_ns == stamps[mrl / "model.safetensors"]  # MRL not trained again
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in files[1:])  # MRL and the solve are not redone
     previous = tmp_path / "demo" / "previous-run"  # the older run is kept, not replaced: the rollback index needs it
-    assert json.loads((previous / "config.json").read_text())["loss"] == "tricl"
+    assert json.loads((previous / "config.json").read_text())["model"]["head"] == "residual"
     assert (previous / "model.safetensors").exists()
     assert (Path(first["index"]) / "CURRENT").read_text() != current  # the index of the new run, not the old one
 
