@@ -541,9 +541,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_app)
 
     p = sub.add_parser(
-        "demo", help="openclipart -> lite on locked, cached towers: MRL, then Eq. 6 solved on its embeddings -> index at several m -> the app"
+        "demo", help="openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there -> index at several m -> the app"
     )
-    p.add_argument("--workdir", default="demo", help="where the data, MRL run, solved run and index go (default: demo)")
+    p.add_argument("--workdir", default="demo", help="where the data, runs and index go (default: demo)")
     p.add_argument("--host", default="127.0.0.1", help="the app's address (default: 127.0.0.1)")
     p.add_argument("--port", type=int, default=7860, help="the app's port (default: 7860)")
     p.add_argument("--no-serve", action="store_true", help="build everything, do not start the app")

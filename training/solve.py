@@ -186,7 +186,8 @@ def _model_on_run(cfg: SolveConfig, device) -> tuple[DualEncoder, DualEncoder]:
     if not (train.get("lock_image") and train.get("lock_text")):
         raise UserError(f"--run {cfg.run}: its towers trained; solve needs a run on locked towers (train --lock-image --lock-text)")
     if base.config.post_affine:
-        raise UserError(f"--run {cfg.run} was itself solved on a run; solve on that run ({config.get('solver', {}).get('run')}) instead")
+        below = (config.get("solver") or {}).get("run") or train.get("init")  # solved on it, or trained from that
+        raise UserError(f"--run {cfg.run} was itself solved on a run, or trained from one ({below}); solve on the run below it")
     for option, given, own in (("--model", cfg.model, base.config.preset), ("--embed-dim", cfg.embed_dim, base.embed_dim),
                                ("--text-max-length", cfg.text_max_length, base.config.text_max_length)):  # fmt: skip
         if given is not None and given != own:

@@ -102,12 +102,16 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     cfg = small_experiment
     data = R.Path(cfg.data)
     (data / "test.jsonl").write_text((data / "val.jsonl").read_text())  # same records: same numbers as val
-    spectral = ["spectral", "tricl_spectral", "tricl_spectral_mean1", "solve", "solve_eq6_nested", "mrl", "mrl_affine", "mrl_solved"]
+    spectral = ["spectral", "tricl_spectral", "tricl_spectral_mean1", "solve", "solve_eq6_nested", "mrl", "mrl_affine", "mrl_solved", "mrl_solved_tricl"]
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": spectral, "eval_split": "test", "png": None}))
     out = capsys.readouterr().out
     assert "| MRL, then Eq. 6 solved on its embeddings, S order |" in out and "mrl_solved (S order) − MRL (first m)" in out
     solved = json.loads((R.run_dir(cfg, "mrl_solved", 0) / "config.json").read_text())  # solve --run on the same seed's MRL
     assert solved["solver"]["run"] == str(R.run_dir(cfg, "mrl", 0).resolve()) and solved["model"]["post_affine"]
+    tuned = json.loads((R.run_dir(cfg, "mrl_solved_tricl", 0) / "config.json").read_text())  # trained on from it
+    assert tuned["train"]["init"] == str(R.run_dir(cfg, "mrl_solved", 0)) and tuned["model"]["post_affine"]
+    assert (tuned["loss"], tuned["train"]["epochs"], tuned["train"]["lr"], tuned["train"]["max_steps"]) == ("tricl", 10, 1e-4, None)
+    assert "mrl_solved_tricl − mrl_solved (both S order)" in out
     assert "| MRL, affine heads (prefix) |" in out and "| MRL, affine heads, PCA m |" in out
     assert "solve (S order) − MRL (first m)" in out and "solve (S order) − MRL with affine heads (first m)" in out
     affine = json.loads((R.run_dir(cfg, "mrl_affine", 0) / "config.json").read_text())
