@@ -8,7 +8,7 @@
    ``WORKDIR/mrl``); the exact optimum of triCL's Eq. 6 on the embeddings it serves
    (``triclip solve --run``: regularised CCA, ridge picked on val, ``WORKDIR/solved``), whose
    canonical correlations are the importance S; then 10 gentle epochs of ``tricl`` nested on S's
-   order from that solution (``WORKDIR/run``; TUNE). Against MRL's prefix on the test splits it is
+   order from that solution (``WORKDIR/run``, ``TUNE``). Against MRL's prefix on the test splits it is
    level at m = 16 and above at m = 32 and full D on openclipart (10 seeds), above at m = 16 and
    32 on Tux Paint and fashion-mnist (docs/results.md, "Eq. 6 solved on a trained run's
    embeddings"); unlike MRL it has a spectrum to show;
@@ -112,7 +112,8 @@ def _demo_recipe(run: Path, solved: Path) -> bool:
     """Whether ``run`` was trained with TUNE from ``solved`` (older demos: MRL alone, or tricl from a tower solve)."""
     config = read_config(run)  # a damaged config.json is one line (UserError), not a traceback
     init = config.get("train", {}).get("init")
-    return config["model"].get("post_affine", False) and config.get("loss") == TUNE["loss"] and init is not None and Path(init) == solved
+    from_solved = init is not None and Path(init) == solved
+    return from_solved and config["model"].get("post_affine", False) and config.get("loss") == TUNE["loss"]
 
 
 def _train(cfg: DemoConfig, data: Path, out: Path, init: Path | None = None, overwrite: bool = False, **recipe) -> None:

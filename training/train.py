@@ -536,7 +536,8 @@ def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     """``--init RUN``: its preset must be ``--model``; D, head kind (with ``solve --run``'s affine maps after
-    it), importance form and caption length come from it (D and head must agree when given: an MLP cannot start equal to an affine head, a residual one can)."""
+    it), importance form and caption length come from it (D and head must agree when given: an MLP cannot
+    start equal to an affine head, a residual one can)."""
     model = ckpt.read_config(cfg.init)["model"]
     head, dim = model.get("head", "linear"), model.get("embed_dim")
     if model.get("preset") != cfg.model:
