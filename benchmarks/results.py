@@ -243,6 +243,11 @@ def solve_run(cfg: ResultsConfig, on: Path | None = None, out: Path | None = Non
     return run
 
 
+def _has_s(variant: str) -> bool:
+    """An Eq. 6 variant: its S order is what the tables compare with MRL's prefix."""
+    return variant.startswith(("tricl_spectral", "solve")) or "_solved" in variant
+
+
 def dims_for(dim: int) -> list[int]:
     """D/32 ... D/2 and D."""
     return sorted({m for m in (dim // 32, dim // 16, dim // 8, dim // 4, dim // 2) if m >= 1} | {dim})
@@ -490,7 +495,7 @@ def compact(cfg: ResultsConfig) -> None:
         print(f"\nPaired by seed, MRL (first m) − tricl (importance order), {CURVE_METRICS[metric]}:\n")
         print(paired_table(results, ("mrl", "first"), ("tricl", "importance"), dims, metric))
     for base, label in (("mrl", "MRL"), ("mrl_affine", "MRL with affine heads"), ("mrl_res", "MRL with residual heads")):
-        for variant in (v for v in results if (v.startswith(("tricl_spectral", "solve")) or "_solved" in v) and base in results):
+        for variant in (v for v in results if _has_s(v) and base in results):
             print(f"\nPaired by seed, {variant} (S order) − {label} (first m), {CURVE_METRICS[metric]}:\n")
             print(paired_table(results, (variant, "importance"), (base, "first"), dims, metric))
     if "mrl_solved_tricl" in results and "mrl_solved" in results:  # what training on from the solve adds
@@ -505,7 +510,7 @@ def compact(cfg: ResultsConfig) -> None:
     if cfg.per_epoch:
         print("\nbest epoch: " + " / ".join(f"{v} {mean_sd([float(r['best_epoch']) for r in runs])}"
                                            for v, runs in results.items() if all("best_epoch" in r for r in runs)))  # fmt: skip
-    spectral = [v for v in VARIANTS if v.startswith(("tricl_spectral", "solve")) or "_solved" in v]  # Eq. 6 variants with an S
+    spectral = [v for v in VARIANTS if _has_s(v)]
     for variant in ("tricl", "tricl_flat", "tricl_nonest", *spectral):
         if variant in results:
             overlap = " / ".join(
