@@ -1,10 +1,12 @@
 """Eq. 6's closed form (CCA) on locked towers: identifiability, sign rules, weighting and suggest_m.
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.identifiability --data DIR [--model lite] \
-        [--embed-dim 256] [--seeds 0,1,2] [--ridge R] [--sklearn 16] [--runs RUN,RUN,...]
+        [--embed-dim 256] [--seeds 0,1,2] [--ridge R] [--sklearn 16] [--runs RUN,RUN,...] [--on-run RUN]
 
 ``DIR`` holds ``train.jsonl``, ``val.jsonl`` and (for the held-out checks) ``test.jsonl``.
-Tower outputs come from the locked-tower cache, so every fit below is seconds. Tables:
+Tower outputs come from the locked-tower cache, so every fit below is seconds. With ``--on-run RUN``
+the CCA is fitted on what RUN serves instead (``triclip solve --run``: its heads' L2-normalised
+``sqrt(w) * z``), and tables 1-4 are about that solve. Tables:
 
 1. Weighting of the served score (``rho ** p``, p = 0, 0.5, 1, 2): full-D and m = D/16, D/8
    distinct-text t2i R@10 on val and test (the ridge is ``--ridge``, else picked on val).
@@ -58,6 +60,7 @@ def main(argv=None) -> int:
     p.add_argument("--sklearn", type=int, default=0, help="also fit scikit-learn CCA with this many components")
     p.add_argument("--runs", default="", help="comma-separated trained runs (seeds of one objective) to compare")
     p.add_argument("--map-runs", default="", help="only the class mAP table of these runs (mean ± sd) on DIR/val.jsonl")
+    p.add_argument("--on-run", default=None, help="fit on this run's served embeddings (solve --run), not the towers'")
     ns = p.parse_args(argv)
     if ns.map_runs:
         class_map_table(str(Path(ns.data) / "val.jsonl"), [r for r in ns.map_runs.split(",") if r.strip()])
@@ -66,7 +69,7 @@ def main(argv=None) -> int:
         runs_table([r for r in ns.runs.split(",") if r.strip()], str(Path(ns.data) / "val.jsonl"))
         return 0
     torch.manual_seed(0)
-    data = Feats.load(ns.data, ns.model, ns.embed_dim)
+    data = Feats.load(ns.data, ns.model, ns.embed_dim, ns.on_run)
     seeds = [int(s) for s in ns.seeds.split(",") if s.strip()]
     ridge = ns.ridge if ns.ridge is not None else pick_ridge(data)
     print(f"data {ns.data}: {data.x.shape[0]} train images, {data.y.shape[0]} train captions, D={data.dim}, ridge {ridge:g}")
@@ -98,13 +101,18 @@ class Feats:
         self.x, self.y, self.owner, self.val, self.test, self.dim = x, y, owner, val, test, dim
 
     @classmethod
-    def load(cls, folder: str, preset: str, embed_dim: int | None) -> "Feats":
+    def load(cls, folder: str, preset: str, embed_dim: int | None, run: str | None = None) -> "Feats":
+        """Tower outputs per split; with ``run``, that run's served embeddings of them (D = its D)."""
         from retrieval.cache import locked_tower_outputs
         from retrieval.data import load_pairs
         from retrieval.model import ModelConfig, build_model
-        from training.solve import paired_features
+        from retrieval.run import load_run
+        from training.solve import paired_features, served_embeddings
 
-        model = build_model(ModelConfig(preset=preset, embed_dim=embed_dim, head="affine", importance="softplus"))
+        if run:
+            model = load_run(run)[0]
+        else:
+            model = build_model(ModelConfig(preset=preset, embed_dim=embed_dim, head="affine", importance="softplus"))
         model.lock(image=True, text=True)
         splits = {}
         for name in ("train", "val", "test"):
@@ -115,6 +123,9 @@ class Feats:
             pairs = load_pairs(str(path))
             cache = locked_tower_outputs(model, pairs, torch.device("cpu"))
             x, y, owner = paired_features(cache)
+            if run:
+                with torch.no_grad():
+                    x, y = served_embeddings(model, x, y)  # (N, D), (M, D)
             keep = cache["image"]["valid"].nonzero().squeeze(1).tolist()
             texts = [c for i in keep for c in pairs.records[i].captions]
             splits[name] = Split(x, y, owner, texts)
