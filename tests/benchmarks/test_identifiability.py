@@ -44,3 +44,27 @@ def test_tables_on_a_known_spectrum(capsys):
     first_row = next(line for line in out.splitlines() if line.startswith("| 1 |"))
     assert float(first_row.split("|")[4]) > 0.95  # the separated first direction is the same on both halves
     assert "| skew |" in out and "within x?" in out
+
+
+def test_on_run_fits_what_solve_run_fits(tmp_path, monkeypatch):
+    """``--on-run RUN``: the CCA of the run's served embeddings, the one ``triclip solve --run`` writes."""
+    import json
+
+    from retrieval.data.builtin import prepare
+    from training.config import SolveConfig, TrainConfig
+    from training.solve import solve
+    from training.train import train
+
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
+    data_dir, base, solved = tmp_path / "data", tmp_path / "base", tmp_path / "solved"
+    prepare("shapes", str(data_dir), num=160, seed=0)
+    train_data = str(data_dir / "train.jsonl")
+    train(TrainConfig(train_data=train_data, out=str(base), model="tiny", embed_dim=16, head="mlp", loss="tricl",
+                      lock_image=True, lock_text=True, batch_size=32, max_steps=3, epochs=1))  # fmt: skip
+    solve(SolveConfig(train_data=train_data, out=str(solved), run=str(base), ridge="0.1", device="cpu"))
+    data = ident.Feats.load(str(data_dir), "tiny", None, str(base))
+    assert data.dim == 16 and data.val is not None
+    torch.testing.assert_close(data.x.norm(dim=1), torch.ones(data.x.shape[0]))  # served: L2-normalised sqrt(w) * z
+    rho = json.loads((solved / "config.json").read_text())["solver"]["canonical_correlations"]
+    got = data.fit(torch.arange(data.x.shape[0]), 0.1).rho.float()
+    torch.testing.assert_close(got, torch.tensor(rho), atol=1e-4, rtol=0)
