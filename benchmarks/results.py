@@ -82,16 +82,16 @@ VARIANTS: dict[str, dict] = {
     # the closed form (triclip solve: regularised CCA, ridge picked on val; deterministic, one run for every seed),
     # and Eq. 6 trained from it (train --init: its affine heads, S = the canonical correlations), plain or nested on S
     "solve": dict(solve=True),
-    "solve_eq6": dict(init="solve", loss="tricl_spectral", loss_options={}),
+    "solve_eq6": dict(init_from="solve", loss="tricl_spectral", loss_options={}),
     "solve_eq6_nested": dict(
-        init="solve", loss="tricl_spectral", loss_options={"nested": 4, "nested_order": "importance"}
+        init_from="solve", loss="tricl_spectral", loss_options={"nested": 4, "nested_order": "importance"}
     ),
     # MRL's loss (InfoNCE + nesting) from the closed form, nested on S's order
-    "solve_mrl": dict(init="solve", loss="infonce", loss_options={"nested": 4, "nested_order": "importance"}),
+    "solve_mrl": dict(init_from="solve", loss="infonce", loss_options={"nested": 4, "nested_order": "importance"}),
     # the closed form as the start of a non-linear head (residual: the solved affine map + an MLP branch
     # starting at 0) trained under the tri-factor InfoNCE (section 5.2, S = the canonical correlations, nested on S)
     "solve_tricl_res": dict(
-        init="solve", head="residual", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}
+        init_from="solve", head="residual", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}
     ),
     # its controls: the same heads from scratch, under MRL's loss and under tricl's (S started as the ramp)
     "mrl_res": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="residual"),
@@ -197,9 +197,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         return solve_run(cfg)
     if "solve_on" in spec:
         return solve_run(cfg, on=train_run(cfg, spec["solve_on"], seed), out=run or run_dir(cfg, variant, seed))
-    if spec.get("init") == "solve":
-        spec["init"] = str(solve_run(cfg))
-    if "init_from" in spec:  # another variant's run of the same seed
+    if "init_from" in spec:  # another variant's run of the same seed (solve: the one run of every seed)
         spec["init"] = str(train_run(cfg, spec.pop("init_from"), seed))
     run = run or run_dir(cfg, variant, seed)
     if (run / "model.safetensors").exists() or (run / "result.json").exists():  # weights of some deleted (disk)
