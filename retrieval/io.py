@@ -506,6 +506,15 @@ def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict | No
         save_file(tensors, str(tmp), metadata={**(metadata or {}), WEIGHTS_SHA256: tensors_sha256(tensors)})
 
 
+def check_readable(path: str | os.PathLike) -> None:
+    """UserError with the OS's own reason unless ``path`` can be opened for reading (safetensors
+    says "No such file or directory" for a file it may not read)."""
+    try:
+        open(path, "rb").close()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+
+
 def load_safetensors(path: str | os.PathLike) -> dict:
     """The tensors of a safetensors file, checked against the sha256 recorded when it was saved.
 
@@ -517,10 +526,7 @@ def load_safetensors(path: str | os.PathLike) -> dict:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
-    try:
-        open(path, "rb").close()  # the OS's own reason (safetensors says "No such file" for a file it may not read)
-    except OSError as err:
-        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+    check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as fh:
             recorded = (fh.metadata() or {}).get(WEIGHTS_SHA256)

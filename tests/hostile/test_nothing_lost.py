@@ -326,3 +326,92 @@ def test_an_hf_name_offline_is_one_line_without_a_request(cli, tmp_path, monkeyp
     assert "offline" in one_line_error(status, err)
     assert len([line for line in err.splitlines() if line.strip()]) == 1, err
     assert tried == []
+
+
+# ---------------------------------------------------------------------------- item 7: a full disk and permissions
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 5 MB tmpfs (root only; skipped where mount is not permitted), filled to ``fill(leave)`` bytes free."""
+    import subprocess
+
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("a small filesystem needs root and mount (tmpfs)")
+
+    def fill(leave: int) -> Path:
+        st = os.statvfs(mount)
+        (mount / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+        return mount
+
+    try:
+        yield fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.mark.parametrize("command", ["train", "solve --run", "index build", "index build --overwrite", "embed"])
+def test_a_full_disk_is_one_true_line(cli, tmp_path, shapes, tiny_run, built_index, small_disk, command):
+    disk = small_disk(leave=1 << 30)  # nothing filled yet
+    if command == "solve --run":
+        mrl = tmp_path / "mrl"
+        status, _, err = cli("train", "--train-data", shapes / "train.jsonl", "--out", mrl, "--model", "tiny", "--loss",
+                             "infonce", "--epochs", "1", "--batch-size", "16", "--max-steps", "1", "--embed-dim", "8",
+                             "--lock-image", "--lock-text")  # fmt: skip
+        assert status == 0, err
+    if command == "index build --overwrite":
+        copy_tree(built_index, disk / "out")
+    small_disk(leave=16 << 10)  # room for the folder's mark and a config, not for weights or an index
+    out = disk / "out"
+    args = {
+        "train": _writers(shapes, tiny_run, out)["train"],
+        "solve --run": ["solve", "--run", tmp_path / "mrl", "--train-data", shapes / "train.jsonl", "--ridge", "1",
+                        "--out", out],  # fmt: skip
+        "index build": ["index", "build", "--run", tiny_run, "--data", shapes / "train.jsonl", "--out", out],
+        "index build --overwrite": ["index", "build", "--run", tiny_run, "--data", shapes / "val.jsonl", "--out", out,
+                                    "--overwrite", "--dims", "8"],  # fmt: skip
+        "embed": _writers(shapes, tiny_run, out)["embed"],
+    }[command]
+    status, _, err = cli(*args)
+    line = one_line_error(status, err)
+    assert "disk full" in line and str(disk) in line, line
+
+
+def test_numpy_short_write_says_disk_full(tmp_path, small_disk):
+    import numpy as np
+
+    from retrieval.errors import UserError
+    from retrieval.io import atomic_path
+
+    disk = small_disk(leave=0)
+    with pytest.raises(UserError, match="disk full while writing"):
+        with atomic_path(disk / "big.npy") as tmp:
+            np.save(tmp, np.zeros(1 << 20, np.float32))  # "OSError: N requested and M written"
+    assert not (disk / "big.npy").exists()
+
+
+def test_unreadable_weights_say_permission_denied(tmp_path, tiny_run, shapes):
+    from tests.hostile.conftest import run_triclip
+
+    run = copy_tree(tiny_run, tmp_path / "run")
+    os.chmod(run / "model.safetensors", 0)
+    proc = run_triclip(["eval", "--run", run, "--data", shapes / "val.jsonl"], tmp_path, unprivileged=True)
+    line = one_line_error(proc.returncode, proc.stderr)
+    assert "Permission denied" in line and "No such file" not in line
+
+
+def test_a_source_behind_a_closed_folder_says_permission_denied(tmp_path, shapes):
+    from tests.hostile.conftest import run_triclip
+
+    closed = tmp_path / "closed"
+    copy_tree(shapes, closed / "data")
+    os.chmod(closed, 0o600)  # readable names, not searchable
+    try:
+        proc = run_triclip(["data", "inspect", closed / "data" / "val.jsonl"], tmp_path, unprivileged=True)
+    finally:
+        os.chmod(closed, 0o700)
+    line = one_line_error(proc.returncode, proc.stderr)
+    assert "Permission denied" in line and "not found" not in line
