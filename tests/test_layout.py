@@ -19,7 +19,10 @@ ALLOWED = {
 }
 # app modules that serve search read runs through the library only (the CLI's train / eval handlers
 # and the demo are the only places that import training)
-SERVING = ("app/gradio_app.py", "app/options.py", "app/__main__.py")
+SERVING = (
+    "app/gradio_app.py", "app/live.py", "app/endpoints.py", "app/json_api.py", "app/panels.py",
+    "app/gradio_patches.py", "app/server.py", "app/options.py", "app/__main__.py", "app/__init__.py",
+)
 
 
 def _imported_packages(path: Path) -> set[str]:
