@@ -182,9 +182,8 @@ def frozen_tower_keys(model: torch.nn.Module) -> list[str]:
             keys += [prefix + n for n, p in module.named_parameters(recurse=False) if not p.requires_grad]
             below = list(module.parameters())
             if not any(p.requires_grad for p in below) if below else not tower_trains:
-                skip = module._non_persistent_buffers_set
-                keys += [prefix + n for n, _ in module.named_buffers(recurse=False) if n not in skip]
-    present = set(model.state_dict(keep_vars=True))
+                keys += [prefix + n for n, _ in module.named_buffers(recurse=False)]
+    present = set(model.state_dict(keep_vars=True))  # drops non-persistent buffers (never saved)
     return sorted(k for k in dict.fromkeys(keys) if k in present)
 
 
