@@ -12,8 +12,10 @@ beside this file) or a wire format built by hand, there for a measured reason:
 - :func:`raw_text_search`: the batched text search takes and gives the wire format
   (``preprocess=False, postprocess=False``).
 
-``tests/app/test_gradio_patches.py`` checks each against the installed Gradio; a new
-Gradio version is taken by re-running it and updating ``GRADIO_VERSION``. Gradio's
+``tests/app/test_gradio_patches.py`` checks each against the installed Gradio (and
+``test_gradio_internals.py`` the internals they replace, docs/DEPENDENCIES.md); a new
+Gradio version is taken by running both, then moving ``GRADIO_VERSION`` with the pin in
+constraints.txt. Gradio's
 environment settings (analytics, matplotlib backend) are in ``app/__init__.py``.
 """
 
@@ -28,7 +30,7 @@ import gradio as gr
 if TYPE_CHECKING:
     from app.endpoints import SearchApp
 
-GRADIO_VERSION = "6.31.0"  # the Gradio these overrides were written and tested against
+GRADIO_VERSION = "6.31.0"  # the Gradio these overrides were written and tested against (constraints.txt)
 
 
 def query_image(**kwargs) -> gr.Image:
