@@ -129,6 +129,10 @@ class Codec:
     def save(self, path) -> None:
         raise NotImplementedError
 
+    def empty_copy(self) -> Codec:
+        """The same trained code holding no vectors (e.g. measure on validation, then fill with the collection)."""
+        raise NotImplementedError
+
     def _check(self, x: np.ndarray, name: str) -> np.ndarray:
         x = np.ascontiguousarray(x, dtype=np.float32)
         if x.ndim != 2 or x.shape[1] != self.dim:
@@ -168,6 +172,11 @@ class FaissCodec(Codec):
         with atomic_path(path) as tmp:
             faiss.write_index(self.index, os.fspath(tmp))
 
+    def empty_copy(self):
+        index = faiss.clone_index(self.index)
+        index.reset()
+        return FaissCodec(self.spec, index, self.dim)
+
 
 class BinaryCodec(Codec):
     """Sign bits of the top m dimensions in a FAISS ``IndexBinaryFlat`` (Hamming; the query is binarised)."""
@@ -202,6 +211,9 @@ class BinaryCodec(Codec):
     def save(self, path):
         with atomic_path(path) as tmp:
             faiss.write_index_binary(self.index, os.fspath(tmp))
+
+    def empty_copy(self):
+        return BinaryCodec(self.spec, faiss.IndexBinaryFlat(self.spec.m), self.dim)
 
 
 class MixedCodec(Codec):
@@ -252,6 +264,9 @@ class MixedCodec(Codec):
     def save(self, path):
         with atomic_path(path) as tmp, open(tmp, "wb") as f:
             np.savez(f, codes=self.codes, bits=self.bits, lo=self.lo, hi=self.hi, dim=self.dim)
+
+    def empty_copy(self):
+        return MixedCodec(self.spec, self.lo, self.hi, self.dim)
 
 
 # ---------------------------------------------------------------------------- fit and load

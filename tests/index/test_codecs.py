@@ -102,6 +102,15 @@ def test_save_load_round_trip(fitted, data, tmp_path, name):
     assert list(tmp_path.iterdir()) == [path]  # nothing left beside it
 
 
+@pytest.mark.parametrize("name", codecs.CODECS)
+def test_empty_copy_is_the_same_code_without_vectors(fitted, data, name):
+    codec = fitted[name]
+    copy = codec.empty_copy()
+    assert len(copy) == 0 and copy.spec == codec.spec and len(codec) == 600
+    copy.add(data[0][:50])
+    np.testing.assert_array_equal(copy.reconstruct(), codec.reconstruct(np.arange(50)))
+
+
 def test_load_refuses_a_file_that_is_not_a_codec(tmp_path):
     bad = tmp_path / "x.codec"
     bad.write_text("hello")
