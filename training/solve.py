@@ -41,7 +41,7 @@ from retrieval.compact import sign_flips, topm_embed
 from retrieval.data import load_pairs
 from retrieval.embed import _project_rows, pick_device
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic, writing
 from retrieval.metrics import first_captions
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from retrieval.run import build_seeded, load_run, weights_path, weights_reference
@@ -94,6 +94,12 @@ def solve(cfg: SolveConfig) -> dict:
     """
     _validate(cfg)
     claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite)
+    with writing(cfg.out, "run", overwrite=cfg.overwrite) as folder:  # a replacement is built beside, then swapped in
+        return _solve(cfg, folder)
+
+
+def _solve(cfg: SolveConfig, folder: Path) -> dict:
+    """:func:`solve` writing into ``folder`` (``--out``, or the folder that replaces it at the end)."""
     device = pick_device(cfg.device)
     start = time.perf_counter()
     model, base = _model_on_run(cfg, device) if cfg.run else (_model_on_towers(cfg, device), None)
@@ -147,7 +153,7 @@ def solve(cfg: SolveConfig) -> dict:
         model.logit_scale_param.fill_(math.log(fit_logit_scale(model, x, y, owner)))
     seconds = time.perf_counter() - start
     grids = {"ridge_grid_t2i_r10": grid, **({"ridge_grid_curve_t2i_r10": curve_grid} if cfg.run else {})}
-    _write_run(cfg, model, model_cfg, solution, grids, result, train_pairs, val_pairs, stats.pairs, seconds)
+    _write_run(cfg, folder, model, model_cfg, solution, grids, result, train_pairs, val_pairs, stats.pairs, seconds)
     print(_summary(cfg, solution, grid, result, seconds))
     return result or {}
 
@@ -343,12 +349,12 @@ def eq6_value(zx: torch.Tensor, zy: torch.Tensor, s: torch.Tensor) -> torch.Tens
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _write_run(cfg, model, model_cfg, solution: CCA, grids, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
-    run = Path(cfg.out)
-    ckpt.start_over(run)  # an --overwrite: nothing of the old run stays
+def _write_run(cfg, run: Path, model, model_cfg, solution: CCA, grids, result, train_pairs, val_pairs, pairs: int,
+               seconds: float) -> None:  # fmt: skip
+    ckpt.start_over(run)  # what a killed solve left in place
     train_cfg = TrainConfig(
         train_data=ckpt.abs_source(cfg.train_data),
-        out=str(run),
+        out=cfg.out,
         val_data=ckpt.abs_source(cfg.val_data),
         model=model_cfg.preset,
         embed_dim=model.embed_dim,

@@ -37,7 +37,7 @@ from retrieval.progress import progress
 from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError, first_line
-from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic, writing
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
@@ -73,8 +73,15 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
             config.json and every other setting is taken from it.
     """
     rank, world = _init_distributed()
-    run = Path(cfg.out)
-    _check_out(run, cfg.resume, cfg.overwrite)
+    reuse = _check_out(Path(cfg.out), cfg.resume, cfg.overwrite)
+    if rank != 0:  # rank 0 holds the folder (its mark, lock, a replacement's staging folder)
+        return _train(cfg, given, Path(cfg.out), rank, world)
+    with writing(cfg.out, "run", overwrite=cfg.overwrite, reuse=reuse, stage=world == 1) as run:
+        return _train(cfg, given, run, rank, world)
+
+
+def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world: int) -> dict:
+    """:func:`train` writing into ``run`` (``--out``, or the folder that replaces it at the end)."""
     if rank == 0:
         ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
@@ -592,10 +599,11 @@ def _source_exists(path: str) -> bool:
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
+def _check_out(run: Path, resume: bool, overwrite: bool) -> bool:
     """``--out`` must be a writable folder that is new, empty or a run (``retrieval.io.claim_output_dir``).
 
     A run killed before it trained anything (no weights, metrics or checkpoint) is taken as it is.
+    Returns whether the run is written in place (``retrieval.io.writing``'s ``reuse``).
     """
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
@@ -603,6 +611,9 @@ def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
         run.is_dir() and ckpt.has_checkpoint(run)
     )
     claim_output_dir(run, "run", overwrite=overwrite, reuse=resume or not trained)
+    if run.is_dir() and ckpt.has_checkpoint(run) and not (resume or overwrite):  # unfinished, yet worth keeping
+        raise UserError(f"{run} already holds a run; pass --resume to continue it, or --overwrite to replace it")
+    return resume or not trained
 
 
 def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:

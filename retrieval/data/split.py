@@ -35,7 +35,7 @@ from retrieval.data.reasons import MISSING_FILE, NOT_A_FILE, BadRecord, count_by
 from retrieval.data.records import DataConfig, PairSet
 from retrieval.data.sources import load_pairs
 from retrieval.errors import UserError
-from retrieval.io import atomic_path, claim_output_dir
+from retrieval.io import atomic_path, claim_output_dir, writing
 from retrieval.progress import progress
 
 SPLITS = ("train", "val", "test")  # manifest names, DIR/<split>.jsonl
@@ -160,24 +160,11 @@ def split_source(
     claim_output_dir(out, "data", overwrite=overwrite)
     pairs = load_pairs(path, data)
     try:
-        os.makedirs(out, exist_ok=True)
-        images, unreadable, written = collect_images(pairs, out)
-        skipped = count_by_reason(pairs.skipped, unreadable)
-        if not images:
-            raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
-        splits = assign_splits([image.digest for image in images], config)
-        if "train" not in splits:
-            raise UserError(
-                f"only {len(images)} distinct image(s) in {os.fspath(path)}: too few to split "
-                f"with --val {config.val} --test {config.test} (train would be empty)"
-            )
-        manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
-        counts = {
-            split: write_manifest(manifests[split], [im.row() for im, s in zip(images, splits) if s == split])
-            for split in SPLITS
-        }
+        with writing(out, "data", overwrite=overwrite) as folder:  # a replacement is built beside, then swapped in
+            images, unreadable, written, skipped, counts = _write_split(pairs, path, config, str(folder))
     except OSError as err:  # unwritable, full, or not a folder on the way
         raise UserError(f"cannot write the split in {out}: {err.filename or out}: {err.strerror or err}") from None
+    manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
     return {
         "source": pairs.source,
         "out": out,
@@ -192,6 +179,26 @@ def split_source(
         "skipped": skipped,
         **{f"{split}_manifest": manifests[split] for split in SPLITS},
     }
+
+
+def _write_split(pairs: PairSet, path, config: SplitConfig, out: str):
+    """The images and manifests of the split in ``out``; ``(images, unreadable, written, skipped, counts)``."""
+    images, unreadable, written = collect_images(pairs, out)
+    skipped = count_by_reason(pairs.skipped, unreadable)
+    if not images:
+        raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
+    splits = assign_splits([image.digest for image in images], config)
+    if "train" not in splits:
+        raise UserError(
+            f"only {len(images)} distinct image(s) in {os.fspath(path)}: too few to split "
+            f"with --val {config.val} --test {config.test} (train would be empty)"
+        )
+    manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
+    counts = {
+        split: write_manifest(manifests[split], [im.row() for im, s in zip(images, splits) if s == split])
+        for split in SPLITS
+    }
+    return images, unreadable, written, skipped, counts
 
 
 @dataclass
