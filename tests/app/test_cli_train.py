@@ -98,7 +98,8 @@ def test_help_shows_defaults_and_the_objectives(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--wd" in text and "--warmup" in text and "--loss-opt" in text and "--unlock-image" in text
     assert "pairs per step, per rank (default: the preset's: tiny/open_clip names 64; lite/lite1/lite2 256)" in text
-    assert "lite 40 256 0.001 mlp True True 0.1" in text  # the recipe table
+    assert "lite 40 256 0.001 mlp True True 0.1 5" in text  # the recipe table
+    assert "--patience" in text and "standard errors" in text and "lite/lite1/lite2 5" in text  # the stop rule
     for name in ("infonce", "debiased", "tricl", "triplet"):
         assert name in text
 
