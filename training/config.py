@@ -92,7 +92,7 @@ def resolve_recipe(cfg: "TrainConfig") -> "TrainConfig":
 
 @dataclass
 class TrainConfig:
-    train_data: str  # training data source (any format of retrieval.data)
+    train_data: str  # training data source (any format of retrieval.data); not needed with --resume (the run's own)
     out: str  # run directory
     val_data: str | None = None  # evaluated after every epoch; the best epoch by t2i_r10 is kept when it beats the last beyond noise (--select-factor)
     model: str = "tiny"  # preset: tiny, lite, lite1, lite2, or an open_clip architecture
@@ -106,7 +106,7 @@ class TrainConfig:
     tower_lr_scale: float | None = field(default=None, metadata={"help": _per_preset("tower_lr_scale", "a tower that trains: lr * this")})
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
-    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1
+    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1 (default: the trainer's: mrl and tricl nested=4, mrl nested_order=prefix; others none)
     fixed_logit_scale: float | None = None  # hold the logit scale s at this value, 1-100 (not trained); None: learned, clamped to 100
     epochs: int | None = field(default=None, metadata={"help": _per_preset("epochs", "passes over the training data")})
     batch_size: int | None = field(default=None, metadata={"help": _per_preset("batch_size", "pairs per step, per rank")})
@@ -157,7 +157,7 @@ class EvalConfig:
 class SolveConfig:
     train_data: str  # training data source: the CCA is fitted on its (image, caption) pairs
     out: str  # run directory (an ordinary run: eval, index build, app and train --init read it)
-    val_data: str | None = None  # picks the ridge by t2i_r10, ties by t2i_r1 (--ridge auto), and is evaluated
+    val_data: str | None = None  # picks the ridge (--ridge auto) by t2i_r10 at full D (with --run: t2i_r10 averaged over m = D/16, D/8, D/4 and full D), ties by t2i_r1; and is evaluated
     model: str | None = None  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture (None: lite; with --run: the run's)
     run: str | None = None  # solve on the embeddings this trained run (on locked towers) serves, not on its towers' outputs; keeps its heads
     embed_dim: int | None = None  # D, canonical directions kept (None: per preset, with --run the run's; at most the smaller tower width)

@@ -373,7 +373,8 @@ def _final_summary(
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        text += f" {decision.reason()} Eval and index use {where} unless given --weights last ({run / ckpt.SELECTION})."
+        unless = " unless given --weights last" if decision.kept == "best" else " (the last weights)"
+        text += f" {decision.reason()} Eval and index use {where}{unless} ({run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
@@ -595,13 +596,19 @@ def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 def _load_init(model: DualEncoder, init: str) -> None:
     """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
-    from retrieval.run import load_run
+    from retrieval.run import describe_model, load_run, state_mismatch
 
     try:
         source, _ = load_run(init, "cpu")  # its frozen towers rebuilt from their reference when left out
         state = source.state_dict()
         if source.config.head == "affine" and model.config.head == "residual":
             state = _affine_to_residual(model, state)
+        mismatch = state_mismatch(model.state_dict(), state)
+        if mismatch:
+            raise UserError(
+                f"cannot load {init}'s weights into this model: {mismatch}; {init}: {describe_model(source.config)},"
+                f" this run: {describe_model(model.config)}"
+            )
         model.load_state_dict(state)
     except UserError as err:
         raise UserError(f"--init: {err}") from None
