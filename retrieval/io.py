@@ -258,7 +258,8 @@ def is_empty_output(path: str | os.PathLike) -> bool:
 
 
 def claim_output_dir(
-    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out"
+    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out",
+    hint: str | None = None,
 ) -> str | None:
     """Check, before any work, that the command writing ``kind`` may write into ``path``.
 
@@ -276,6 +277,8 @@ def claim_output_dir(
         overwrite: the user passed ``--overwrite``.
         reuse: the command continues what is there (its own kind only).
         option: the option's name in messages.
+        hint: what to do about an existing ``kind`` (None: the kind's usual advice, ``_HINT``), for a
+            command without the usual way to continue (``solve`` has no ``--resume``).
 
     Returns:
         The kind found in ``path`` (``kind``), or None for a new or empty folder.
@@ -319,7 +322,7 @@ def claim_output_dir(
             f" (choose another {option})"
         )
     if not (overwrite or reuse) and folder_done(root, kind):  # an unfinished one (a killed writer's) is run again
-        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {_HINT[kind]}")
+        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {hint or _HINT[kind]}")
     return found
 
 

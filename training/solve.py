@@ -94,7 +94,7 @@ def solve(cfg: SolveConfig) -> dict:
         UserError: bad settings or data (one line), before anything is written.
     """
     _validate(cfg)
-    claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite)
+    claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite, hint="pass --overwrite to replace it, or choose another --out")
     with writing(cfg.out, "run", overwrite=cfg.overwrite) as folder:  # a replacement is built beside, then swapped in
         return _solve(cfg, folder)
 
@@ -156,7 +156,7 @@ def _solve(cfg: SolveConfig, folder: Path) -> dict:
     seconds = time.perf_counter() - start
     grids = {"ridge_grid_t2i_r10": grid, **({"ridge_grid_curve_t2i_r10": curve_grid} if cfg.run else {})}
     _write_run(cfg, folder, model, model_cfg, solution, grids, result, train_pairs, val_pairs, stats.pairs, seconds)
-    print(_summary(cfg, solution, grid, result, seconds))
+    print(_summary(cfg, solution, curve_grid if cfg.run else grid, result, seconds))
     return result or {}
 
 
@@ -434,7 +434,16 @@ def _validate(cfg: SolveConfig) -> None:
             raise UserError("--out is --run: a solve writes a new run beside the one it solves on")
 
 
-def _summary(cfg: SolveConfig, solution: CCA, grid: dict, result: dict | None, seconds: float) -> str:
+def _criterion(result: dict, curve: bool) -> str:
+    """The name of ``_score``'s first number, with the m it averages over."""
+    if not curve:
+        return "validation t2i_r10 at full D"
+    dims = ", ".join(str(m) for m in result["compact"]["importance"])
+    return f"validation t2i_r10 averaged over m = {dims} and full D"
+
+
+def _summary(cfg: SolveConfig, solution: CCA, decided: dict, result: dict | None, seconds: float) -> str:
+    """A paragraph: what was solved, the ridge and, per ridge tried, the number that picked it (``decided``)."""
     rho = solution.rho
     what = f"the embeddings of {cfg.run}" if cfg.run else f"{cfg.model or DEFAULT_PRESET} (locked towers, affine heads)"
     text = (
@@ -443,7 +452,10 @@ def _summary(cfg: SolveConfig, solution: CCA, grid: dict, result: dict | None, s
         f" Canonical correlations (the importance): {float(rho[0]):.3f} ... {float(rho[-1]):.3f}."
     )
     if result is not None:
-        text += f" Validation t2i_r10 {result['t2i_r10']:.4f}"
-        text += f" (ridge grid: {', '.join(f'{k}: {v:.4f}' for k, v in grid.items())})." if len(grid) > 1 else "."
+        text += f" Validation t2i_r10 at full D {result['t2i_r10']:.4f}."
+        if len(decided) > 1:
+            kept = f"{solution.ridge:g}"
+            values = ", ".join(f"{k}: {v:.4f}{' (kept)' if k == kept else ''}" for k, v in decided.items())
+            text += f" The ridge is picked by {_criterion(result, bool(cfg.run))} (ties: t2i_r1): {values}."
     return text
 

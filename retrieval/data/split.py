@@ -33,12 +33,42 @@ from retrieval.data.images import BytesImage, FileImage, ImageRef, decode_image
 from retrieval.data.manifest import manifest_row, write_manifest
 from retrieval.data.reasons import MISSING_FILE, NOT_A_FILE, BadRecord, count_by_reason
 from retrieval.data.records import DataConfig, PairSet
-from retrieval.data.sources import load_pairs
+from retrieval.data.sources import load_pairs, with_unique_key
 from retrieval.errors import UserError
 from retrieval.io import atomic_path, claim_output_dir, writing
 from retrieval.progress import progress
 
 SPLITS = ("train", "val", "test")  # manifest names, DIR/<split>.jsonl
+
+
+def split_manifests(path: str | os.PathLike) -> list[str]:
+    """The manifests of a split folder (``data split`` / ``data prepare`` --out: ``DIR/train.jsonl`` ...), in
+    SPLITS order; [] when ``path`` is not a folder holding any of them."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return []
+    return [m for m in (os.path.join(path, f"{name}.jsonl") for name in SPLITS) if os.path.isfile(m)]
+
+
+def split_val(path: str | os.PathLike | None) -> str | None:
+    """``DIR/val.jsonl`` when ``path`` is a split folder that has one, else None."""
+    val = os.path.join(os.fspath(path), "val.jsonl") if path else None
+    return val if val in split_manifests(path or "") else None
+
+
+def load_collection(path: str | os.PathLike, config: DataConfig | None = None) -> PairSet:
+    """Every record of a split folder, all its splits in one PairSet (a data split never holds an image
+    twice); any other source as ``load_pairs`` reads it. What ``index build --data DIR`` indexes."""
+    manifests = split_manifests(path)
+    if not manifests:
+        return load_pairs(path, config)
+    config = config or DataConfig()
+    parts = [load_pairs(m, config) for m in manifests]
+    seen: Counter = Counter()
+    records = [with_unique_key(r, seen) for part in parts for r in part.records]
+    names = "+".join(os.path.basename(m) for m in manifests)
+    skipped = sum((part.skipped for part in parts), Counter())
+    return PairSet(records=records, skipped=skipped, source=f"splits:{os.fspath(path)} ({names})", max_pixels=config.max_pixels)
 
 
 @dataclass(frozen=True)
