@@ -415,3 +415,24 @@ def test_a_source_behind_a_closed_folder_says_permission_denied(tmp_path, shapes
         os.chmod(closed, 0o700)
     line = one_line_error(proc.returncode, proc.stderr)
     assert "Permission denied" in line and "not found" not in line
+
+
+# ---------------------------------------------------------------------------- item 6: versioned URLs mean that version
+
+
+def test_an_image_url_of_a_version_not_served_is_404(tmp_path, built_index):
+    import httpx
+
+    from tests.app.conftest import serving
+
+    index = copy_tree(built_index, tmp_path / "index")
+    with serving(index, follow=0) as (url, app):
+        live = app.live.view().version
+        good = httpx.get(f"{url}triclip/image/0?v={live}", timeout=30)
+        assert good.status_code == 200 and "max-age" in good.headers["cache-control"]  # a version's row never changes
+        for version in ("v000099", "v000000", "nonsense"):  # never served, or no longer kept
+            answer = httpx.get(f"{url}triclip/image/0?v={version}", timeout=30)
+            assert answer.status_code == 404, version
+            assert "max-age" not in answer.headers.get("cache-control", "")
+        plain = httpx.get(f"{url}triclip/image/0", timeout=30)  # no version: the live one, not to be kept
+        assert plain.status_code == 200 and "max-age" not in plain.headers.get("cache-control", "")
