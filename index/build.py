@@ -63,7 +63,7 @@ from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.data.split import load_collection, split_val
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir
+from retrieval.io import claim_output_dir, write_errors
 from index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
 from retrieval.run import METRICS, best_info, load_run, run_fingerprint
 
@@ -377,7 +377,7 @@ def _attach_curves(out, contents: IndexContents, curves: dict | None) -> None:
     if curves is None:
         return
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "curves-", dir=out)  # removed by recovery if the write dies
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    with write_errors(out), os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(curves, indent=1) + "\n")
     contents.files[CURVES] = Path(tmp)
     own = curves["curves"].get(curves["ordering"], {})
