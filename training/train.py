@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from retrieval.progress import progress
 
-from retrieval.split import eval_caches, partly_lock
+from retrieval.unlock import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError, first_line
 from retrieval.io import claim_output_dir, write_json_atomic
@@ -120,7 +120,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
         _load_init(model, cfg.init)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
-    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
+    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
     if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
