@@ -39,6 +39,7 @@ import stat
 import tempfile
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -59,6 +60,7 @@ from index.store import (
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import ORDERINGS, CompactTransform, compact_curve, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
+from retrieval.data.split import load_collection, split_val
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir
@@ -81,10 +83,11 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     if cfg.memory_budget is not None or cfg.on_disk != "auto":
         raise UserError("--memory-budget and --on-disk apply to builds from --embeddings only")
     dims = _validate(cfg)
+    cfg = replace(cfg, val_data=cfg.val_data or split_val(cfg.data))  # a split folder's curves: on its validation split
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     if base is not None and base.manifest.get("on_disk"):
         raise UserError(f"{cfg.out} keeps IVF lists on disk: --add is not supported; rebuild it with --embeddings")
-    pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
+    pairs = load_collection(cfg.data, cfg.data_config or DataConfig())  # a split folder: all its splits; bad data fails before the model loads
     device = pick_device(cfg.device)
     model, run_config = load_run(cfg.run, device, which=cfg.weights)
     fingerprint = run_fingerprint(cfg.run, which=cfg.weights)
