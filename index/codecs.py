@@ -41,6 +41,9 @@ from retrieval.io import atomic_path
 
 CODECS: tuple[str, ...] = ("float32", "int8", "binary", "pq", "opq", "mixed")
 METRIC = faiss.METRIC_INNER_PRODUCT
+PQ_DIMS_PER_CODE = 4  # fewest dimensions per PQ sub-quantiser among the candidates
+OPQ_DIMS_PER_CODE = 8  # and per OPQ sub-quantiser (OPQ64 on 5k x 256 vectors: 3.5 min of training at D/4)
+OPQ_ITERATIONS = 20  # OPQMatrix.niter (FAISS's default 50: 2.5x the training time; see docs/results_bytes.md)
 SEARCH_CHUNK = 65_536  # stored vectors decoded at once by the hand-written search
 
 
@@ -85,8 +88,10 @@ def candidates(budget: int, dim: int) -> list[CodecSpec]:
     """Every codec and m that fits in ``budget`` bytes per vector (what ``index build --bytes`` tries).
 
     For float32 / int8 / binary the largest m that fits and half of it; for PQ / OPQ one byte per
-    sub-quantiser (M = budget, 8 bits) on the largest multiple of M up to D and half of it; for mixed
-    the whole width (the allocation decides which dimensions get bits). Codes that cannot fit are left out.
+    sub-quantiser (M = budget, 8 bits) on the largest multiple of M up to D (PQ: and half of it), with at
+    least :data:`PQ_DIMS_PER_CODE` (OPQ: :data:`OPQ_DIMS_PER_CODE`) dimensions per sub-quantiser (PQ as
+    ``faiss_index.pq_subquantizers``; finer codes cost minutes of k-means for what int8 / mixed give there); for mixed the whole width (the
+    allocation decides which dimensions get bits). Codes that cannot fit are left out.
     """
     if budget < 1 or dim < 1:
         raise UserError(f"a budget needs >= 1 byte and a width >= 1, got {budget} B, D={dim}")
@@ -98,8 +103,8 @@ def candidates(budget: int, dim: int) -> list[CodecSpec]:
                 specs.append(CodecSpec(codec, m, math.ceil(m * per_dim)))
     top = dim // budget * budget
     for codec in ("pq", "opq"):
-        for m in sorted({top, top // 2 // budget * budget}, reverse=True):
-            if m >= budget:
+        for m in sorted({top, top // 2 // budget * budget} if codec == "pq" else {top}, reverse=True):
+            if m >= (PQ_DIMS_PER_CODE if codec == "pq" else OPQ_DIMS_PER_CODE) * budget:
                 specs.append(CodecSpec(codec, m, budget, {"M": budget, "nbits": 8}))
     specs.append(CodecSpec("mixed", dim, budget, {}))
     return specs
@@ -332,6 +337,7 @@ def _faiss_parts(spec: CodecSpec, n: int):
     if spec.codec == "pq":
         return spec, inner, None
     rotation = faiss.OPQMatrix(spec.m, sub)
+    rotation.niter = OPQ_ITERATIONS
     own_pq = faiss.ProductQuantizer(spec.m, sub, nbits)  # OPQ's own k-means at the nbits the data allows
     own_pq.cp.min_points_per_centroid = 1
     rotation.pq, rotation.referenced_objects = own_pq, [own_pq]  # keep it alive while the rotation trains

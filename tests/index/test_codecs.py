@@ -155,9 +155,11 @@ def test_candidates_fit_the_budget(budget):
     specs = codecs.candidates(budget, 256)
     assert specs and all(s.bytes_per_vector <= budget and 1 <= s.m <= 256 for s in specs)
     assert {s.codec for s in specs} >= {"int8", "binary", "mixed"}
+    assert ("opq" in {s.codec for s in specs}) == (budget <= 32)  # OPQ up to D/8 sub-quantisers
     for s in specs:
         if s.codec in ("pq", "opq"):
             assert s.m % s.params["M"] == 0 and s.params["M"] * s.params["nbits"] // 8 == s.bytes_per_vector
+            assert s.m // s.params["M"] >= (codecs.PQ_DIMS_PER_CODE if s.codec == "pq" else codecs.OPQ_DIMS_PER_CODE)
         if s.codec == "binary":
             assert s.m % 8 == 0 and s.bytes_per_vector == s.m // 8
     float_m = [s.m for s in specs if s.codec == "float32"]
