@@ -211,7 +211,7 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
 
     add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
     p._option_string_actions["--no-text-index"].help = "index the images only: no caption vectors (no image->text search)"
-    p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
+    p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
 
 
 def _loss_names() -> list[str]:
@@ -283,8 +283,6 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     from index.build import build_index
     from index.config import IndexBuildConfig
 
-    if ns.embeddings is not None and (ns.run is not None or ns.data is not None):
-        raise UserError("--embeddings replaces --run and --data: give one or the other")
     if ns.embeddings is None and (ns.run is None or ns.data is None):
         raise UserError("give --run RUN --data P, or --embeddings EMB (from triclip embed)")
     ns.memory_budget = _memory_budget(ns.memory_budget)
@@ -303,7 +301,7 @@ def cmd_index_rollback(ns: argparse.Namespace) -> int:
 
 
 def _memory_budget(text: str | None) -> int | None:
-    from index.from_embeddings import parse_bytes
+    from index.config import parse_bytes
 
     return None if text is None else parse_bytes(text)
 

@@ -44,8 +44,9 @@ import faiss
 import numpy as np
 
 from index import faiss_index as fi
-from index.from_embeddings import prefix, remove_stale_parts
+from index.builder import remove_stale_parts
 from index.store import IndexContents, load_contents
+from index.vectors import prefix
 from retrieval.errors import UserError
 from retrieval.text_onnx import TextEncoder, cached_text_encoder, export_for_run
 

@@ -9,7 +9,7 @@
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
 
-An index on disk (``index.from_embeddings`` beyond the memory budget) is an IVF index
+An index on disk (``index.builder`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
 them (``on_disk``: {"image": {"64": "image.m64.ivfdata"}, "text": {...}}). They are read
 memory-mapped (``index.faiss_index.load(on_disk=True)``: looked up beside the ``.faiss``
