@@ -1,0 +1,384 @@
+"""Codes for served vectors, chosen by bytes per vector (torch-free: numpy and FAISS only).
+
+Vectors are a run's served embeddings in importance order (column 0 the most important, L2-normalised),
+shape (N, D) float32; a code covers the leading ``m`` dimensions. Codecs (FAISS: https://github.com/facebookresearch/faiss):
+
+- ``float32``: the top m dimensions as they are (``IndexFlatIP``), 4m bytes. Today's pruning.
+- ``int8``: the top m dimensions, one byte each, per-dimension ranges trained on the collection
+  (``IndexScalarQuantizer`` with ``QT_8bit``), m bytes.
+- ``binary``: the signs of the top m dimensions (m a multiple of 8), m/8 bytes, searched by Hamming distance
+  (``IndexBinaryFlat``). The query is binarised too, as sentence-transformers' and FAISS's binary search
+  do; the score returned is ``m - 2 * hamming``, the inner product of the two sign vectors.
+- ``pq``: product quantisation of the top m dimensions, M sub-quantisers of nbits (``IndexPQ``).
+- ``opq``: an OPQ rotation (``OPQMatrix``) learnt on the top m dimensions, then PQ.
+- ``mixed``: the importance-aware mixed-precision code of :mod:`index.allocation`: b_j bits of a uniform
+  scalar quantiser on dimension j, allocated by minimising the modelled error of the query-image score
+  (0 bits prune a dimension; top-m pruning is the special case). Written by hand because FAISS has no
+  quantiser with a different bit width per dimension (``ScalarQuantizer`` uses one width for all).
+  It is searched exhaustively by decoding the packed codes in chunks.
+
+Every codec but ``binary`` scores float queries against the decoded codes (asymmetric distance).
+Float FAISS codecs are wrapped in ``IndexPreTransform(RemapDimensionsTransform(D, m), ...)``, so they take
+full-width queries and record D in their file; :meth:`Codec.reconstruct` returns (n, D) with zeros beyond m.
+
+PQ's k-means needs at least ``2**nbits`` training vectors: on a smaller collection :func:`fit` lowers nbits to
+``floor(log2(N))`` (the fitted spec says so, and its bytes per vector shrink with it) and refuses below 2 vectors.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field, replace
+
+import faiss
+import numpy as np
+from index import allocation
+from retrieval.errors import UserError
+from retrieval.io import atomic_path
+
+CODECS: tuple[str, ...] = ("float32", "int8", "binary", "pq", "opq", "mixed")
+METRIC = faiss.METRIC_INNER_PRODUCT
+SEARCH_CHUNK = 65_536  # stored vectors decoded at once by the hand-written search
+
+
+@dataclass(frozen=True)
+class CodecSpec:
+    """One code: which codec, how many leading dimensions, its exact bytes per vector (codes only, no ids)."""
+
+    codec: str
+    m: int
+    bytes_per_vector: int
+    params: dict = field(default_factory=dict)  # pq/opq: {"M", "nbits"}; mixed: {"bits": [b_0..b_{m-1}]} once fitted
+
+    def __post_init__(self) -> None:
+        if self.codec not in CODECS:
+            raise UserError(f"unknown codec {self.codec!r}; choose from {', '.join(CODECS)}")
+        if self.m < 1 or self.bytes_per_vector < 1:
+            raise UserError(f"a {self.codec} code needs m >= 1 and bytes >= 1, got m={self.m}, {self.bytes_per_vector} B")
+
+    def label(self) -> str:
+        """Short name, e.g. ``opq16x8 m=256``, ``int8 m=64``, ``mixed 16B m=48``."""
+        if self.codec in ("pq", "opq"):
+            return f"{self.codec}{self.params['M']}x{self.params['nbits']} m={self.m}"
+        if self.codec == "mixed":
+            return f"mixed {self.bytes_per_vector}B m={self.m}"
+        return f"{self.codec} m={self.m}"
+
+    def to_json(self) -> dict:
+        return {"codec": self.codec, "m": self.m, "bytes_per_vector": self.bytes_per_vector, "params": dict(self.params)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> CodecSpec:
+        try:
+            return cls(str(d["codec"]), int(d["m"]), int(d["bytes_per_vector"]), dict(d.get("params") or {}))
+        except (KeyError, TypeError, ValueError) as err:
+            raise UserError(f"not a codec spec: {d!r} ({err})") from None
+
+
+# ---------------------------------------------------------------------------- which codes fit a budget
+
+
+def candidates(budget: int, dim: int) -> list[CodecSpec]:
+    """Every codec and m that fits in ``budget`` bytes per vector (what ``index build --bytes`` tries).
+
+    For float32 / int8 / binary the largest m that fits and half of it; for PQ / OPQ one byte per
+    sub-quantiser (M = budget, 8 bits) on the largest multiple of M up to D and half of it; for mixed
+    the whole width (the allocation decides which dimensions get bits). Codes that cannot fit are left out.
+    """
+    if budget < 1 or dim < 1:
+        raise UserError(f"a budget needs >= 1 byte and a width >= 1, got {budget} B, D={dim}")
+    specs = []
+    for codec, per_dim, step in (("float32", 4, 1), ("int8", 1, 1), ("binary", 1 / 8, 8)):
+        top = min(dim, int(budget / per_dim)) // step * step
+        for m in sorted({top, top // 2 // step * step}, reverse=True):
+            if m >= 1:
+                specs.append(CodecSpec(codec, m, math.ceil(m * per_dim)))
+    top = dim // budget * budget
+    for codec in ("pq", "opq"):
+        for m in sorted({top, top // 2 // budget * budget}, reverse=True):
+            if m >= budget:
+                specs.append(CodecSpec(codec, m, budget, {"M": budget, "nbits": 8}))
+    specs.append(CodecSpec("mixed", dim, budget, {}))
+    return specs
+
+
+# ---------------------------------------------------------------------------- the codes
+
+
+class Codec:
+    """A fitted code holding encoded vectors (ids 0..n-1 in the order added)."""
+
+    spec: CodecSpec
+    dim: int  # width D of the vectors it takes and reconstructs
+
+    def add(self, x: np.ndarray) -> None:
+        raise NotImplementedError
+
+    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and ids of the top k, best first. Shapes: (Q, D) float32 -> (Q, k), (Q, k)."""
+        raise NotImplementedError
+
+    def reconstruct(self, ids=None) -> np.ndarray:
+        """Decoded vectors, zeros beyond m. Shape: (n, D) float32 (all vectors when ids is None)."""
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def save(self, path) -> None:
+        raise NotImplementedError
+
+    def empty_copy(self) -> Codec:
+        """The same trained code holding no vectors (e.g. measure on validation, then fill with the collection)."""
+        raise NotImplementedError
+
+    def _check(self, x: np.ndarray, name: str) -> np.ndarray:
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise UserError(f"{name} must be (n, {self.dim}) vectors, got shape {x.shape}")
+        return x
+
+    def _ids(self, ids) -> np.ndarray:
+        return np.arange(len(self)) if ids is None else np.asarray(ids, dtype=np.int64).reshape(-1)
+
+
+class FaissCodec(Codec):
+    """float32, int8, pq and opq: a FAISS index taking full-width vectors and keeping the top m."""
+
+    def __init__(self, spec: CodecSpec, index: faiss.IndexPreTransform, dim: int):
+        self.spec, self.index, self.dim = spec, index, dim
+
+    def add(self, x):
+        self.index.add(self._check(x, "vectors"))
+
+    def search(self, q, k):
+        q = self._check(q, "queries")
+        scores, ids = self.index.search(q, max(1, min(k, len(self))))
+        return scores, ids
+
+    def reconstruct(self, ids=None):
+        ids = self._ids(ids)
+        return self.index.reconstruct_batch(ids) if len(ids) else np.zeros((0, self.dim), np.float32)
+
+    def __len__(self):
+        return int(self.index.ntotal)
+
+    def code_bytes(self) -> int:
+        """Size of the stored code array (what bytes_per_vector promises, times n)."""
+        return faiss.vector_to_array(faiss.downcast_index(self.index.index).codes).size
+
+    def save(self, path):
+        with atomic_path(path) as tmp:
+            faiss.write_index(self.index, os.fspath(tmp))
+
+    def empty_copy(self):
+        index = faiss.clone_index(self.index)
+        index.reset()
+        return FaissCodec(self.spec, index, self.dim)
+
+
+class BinaryCodec(Codec):
+    """Sign bits of the top m dimensions in a FAISS ``IndexBinaryFlat`` (Hamming; the query is binarised)."""
+
+    def __init__(self, spec: CodecSpec, index: faiss.IndexBinaryFlat, dim: int):
+        self.spec, self.index, self.dim = spec, index, dim
+
+    def encode(self, x: np.ndarray) -> np.ndarray:
+        """Packed sign bits, as ``np.packbits(x > 0)``. Shape: (N, D) -> (N, m / 8) uint8."""
+        return np.packbits(x[:, : self.spec.m] > 0, axis=1)
+
+    def add(self, x):
+        self.index.add(self.encode(self._check(x, "vectors")))
+
+    def search(self, q, k):
+        dist, ids = self.index.search(self.encode(self._check(q, "queries")), max(1, min(k, len(self))))
+        return (self.spec.m - 2 * dist).astype(np.float32), ids
+
+    def reconstruct(self, ids=None):
+        ids = self._ids(ids)
+        codes = np.stack([self.index.reconstruct(int(i)) for i in ids]) if len(ids) else np.zeros((0, self.spec.m // 8), np.uint8)
+        out = np.zeros((len(ids), self.dim), np.float32)
+        out[:, : self.spec.m] = (np.unpackbits(codes, axis=1).astype(np.float32) * 2 - 1) / math.sqrt(self.spec.m)
+        return out
+
+    def __len__(self):
+        return int(self.index.ntotal)
+
+    def code_bytes(self) -> int:
+        return faiss.vector_to_array(self.index.xb).size
+
+    def save(self, path):
+        with atomic_path(path) as tmp:
+            faiss.write_index_binary(self.index, os.fspath(tmp))
+
+    def empty_copy(self):
+        return BinaryCodec(self.spec, faiss.IndexBinaryFlat(self.spec.m), self.dim)
+
+
+class MixedCodec(Codec):
+    """Per-dimension bit widths (:mod:`index.allocation`); packed codes, searched by decoding in chunks."""
+
+    def __init__(self, spec: CodecSpec, lo: np.ndarray, hi: np.ndarray, dim: int, codes: np.ndarray | None = None):
+        self.spec, self.dim = spec, dim
+        self.bits = np.asarray(spec.params["bits"], dtype=np.int64)  # (m,)
+        self.lo, self.hi = lo.astype(np.float32), hi.astype(np.float32)  # (m,) each
+        self.codes = codes if codes is not None else np.zeros((0, spec.bytes_per_vector), np.uint8)  # (n, B)
+
+    def add(self, x):
+        x = self._check(x, "vectors")[:, : self.spec.m]
+        cells = allocation.quantise(x, self.lo, self.hi, self.bits)
+        self.codes = np.concatenate([self.codes, allocation.pack(cells, self.bits)])
+
+    def _decode(self, rows: np.ndarray) -> np.ndarray:
+        """(n, m) float32, 0 on pruned dimensions."""
+        values = allocation.dequantise(allocation.unpack(rows, self.bits), self.lo, self.hi, self.bits)
+        return np.where(self.bits > 0, values, np.float32(0))
+
+    def search(self, q, k):
+        q = self._check(q, "queries")[:, : self.spec.m]
+        k = max(1, min(k, len(self)))
+        best_s = np.full((len(q), 0), -np.inf, np.float32)
+        best_i = np.zeros((len(q), 0), np.int64)
+        for start in range(0, len(self), SEARCH_CHUNK):
+            scores = q @ self._decode(self.codes[start : start + SEARCH_CHUNK]).T  # (Q, chunk)
+            best_s = np.concatenate([best_s, scores], axis=1)
+            best_i = np.concatenate([best_i, np.broadcast_to(np.arange(start, start + scores.shape[1]), scores.shape)], axis=1)
+            keep = np.argpartition(-best_s, min(k, best_s.shape[1]) - 1, axis=1)[:, :k]
+            best_s, best_i = np.take_along_axis(best_s, keep, 1), np.take_along_axis(best_i, keep, 1)
+        order = np.argsort(-best_s, axis=1, kind="stable")
+        return np.take_along_axis(best_s, order, 1), np.take_along_axis(best_i, order, 1)
+
+    def reconstruct(self, ids=None):
+        rows = self.codes[self._ids(ids)]
+        out = np.zeros((len(rows), self.dim), np.float32)
+        out[:, : self.spec.m] = self._decode(rows)
+        return out
+
+    def __len__(self):
+        return len(self.codes)
+
+    def code_bytes(self) -> int:
+        return self.codes.size
+
+    def save(self, path):
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:
+            np.savez(f, codes=self.codes, bits=self.bits, lo=self.lo, hi=self.hi, dim=self.dim)
+
+    def empty_copy(self):
+        return MixedCodec(self.spec, self.lo, self.hi, self.dim)
+
+
+# ---------------------------------------------------------------------------- fit and load
+
+
+def fit(spec: CodecSpec, train: np.ndarray, importance: np.ndarray | None = None) -> Codec:
+    """Train a code on (N, D) float32 vectors (the train split's served embeddings); it holds no vectors yet.
+
+    ``importance`` (D,): the query side's weight per dimension for the mixed code, ``E[q_j^2]`` up to
+    scale (``allocation.query_weights(text_embeddings)``; the run's S is a proxy). None: the
+    collection's own second moment (served image and text vectors share the basis and its scaling).
+    Other codecs ignore it. The returned codec's ``spec`` is the fitted one (mixed: its bits and m;
+    PQ on a small collection: its nbits).
+    """
+    train = np.ascontiguousarray(train, dtype=np.float32)
+    if train.ndim != 2 or len(train) < 1 or not np.isfinite(train).all():
+        raise UserError(f"training vectors must be a finite non-empty (N, D) array, got shape {train.shape}")
+    n, dim = train.shape
+    if spec.m > dim:
+        raise UserError(f"{spec.label()} needs m <= D = {dim}")
+    if spec.codec == "binary":
+        if spec.m % 8:
+            raise UserError(f"binary codes need m a multiple of 8, got {spec.m}")
+        return BinaryCodec(spec, faiss.IndexBinaryFlat(spec.m), dim)
+    if spec.codec == "mixed":
+        return _fit_mixed(spec, train, importance)
+    spec, inner, rotation = _faiss_parts(spec, n)
+    index = faiss.IndexPreTransform(inner) if rotation is None else faiss.IndexPreTransform(rotation, inner)
+    index.prepend_transform(faiss.RemapDimensionsTransform(dim, spec.m, False))
+    index.train(train)
+    index = faiss.deserialize_index(faiss.serialize_index(index))  # one object that owns all its parts
+    return FaissCodec(spec, index, dim)
+
+
+def _faiss_parts(spec: CodecSpec, n: int):
+    """(spec with the nbits the collection allows, inner index, OPQ rotation or None)."""
+    if spec.codec == "float32":
+        return spec, faiss.IndexFlatIP(spec.m), None
+    if spec.codec == "int8":
+        return spec, faiss.IndexScalarQuantizer(spec.m, faiss.ScalarQuantizer.QT_8bit, METRIC), None
+    sub, nbits = int(spec.params.get("M", spec.bytes_per_vector)), int(spec.params.get("nbits", 8))
+    if spec.m % sub:
+        raise UserError(f"{spec.label()}: m must be a multiple of M = {sub}")
+    nbits = min(nbits, int(math.log2(n)) if n >= 2 else 0)
+    if nbits < 1:
+        raise UserError(f"{spec.codec} needs at least 2 training vectors, got {n}")
+    spec = replace(spec, bytes_per_vector=math.ceil(sub * nbits / 8), params={"M": sub, "nbits": nbits})
+    inner = faiss.IndexPQ(spec.m, sub, nbits, METRIC)
+    inner.pq.cp.min_points_per_centroid = 1  # small collections: train anyway, without a warning per k-means
+    if spec.codec == "pq":
+        return spec, inner, None
+    rotation = faiss.OPQMatrix(spec.m, sub)
+    own_pq = faiss.ProductQuantizer(spec.m, sub, nbits)  # OPQ's own k-means at the nbits the data allows
+    own_pq.cp.min_points_per_centroid = 1
+    rotation.pq, rotation.referenced_objects = own_pq, [own_pq]  # keep it alive while the rotation trains
+    return spec, inner, rotation
+
+
+def _fit_mixed(spec: CodecSpec, train: np.ndarray, importance: np.ndarray | None) -> MixedCodec:
+    top = train[:, : spec.m]
+    weights = allocation.query_weights(top) if importance is None else np.asarray(importance, np.float64)[: spec.m]
+    if weights.shape != (spec.m,) or (weights < 0).any():
+        raise UserError(f"importance must be {spec.m} non-negative weights, got shape {np.shape(importance)}")
+    lo, hi, mse = allocation.quantiser_table(top)
+    bits = allocation.allocate(weights[:, None] * mse, 8 * spec.bytes_per_vector)
+    m = int(np.flatnonzero(bits)[-1]) + 1 if bits.any() else 1
+    bits = bits[:m]
+    chosen = lo[np.arange(m), bits], hi[np.arange(m), bits]
+    fitted = replace(spec, m=m, bytes_per_vector=max(1, math.ceil(bits.sum() / 8)), params={"bits": bits.tolist()})
+    return MixedCodec(fitted, *chosen, dim=train.shape[1])
+
+
+def load(path, dim: int | None = None) -> Codec:
+    """Read a codec written by :meth:`Codec.save`; UserError (one line) when it is not one.
+
+    ``dim``: the width D of a binary code's vectors (a FAISS binary file records only m); others record D.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+    except OSError as err:
+        raise UserError(f"cannot read codec {path}: {err.strerror}") from None
+    try:
+        if head.startswith(b"PK"):
+            return _load_mixed(path)
+        if head.startswith(b"IB"):
+            index = faiss.read_index_binary(path)
+            return BinaryCodec(CodecSpec("binary", index.d, index.code_size), index, dim or index.d)
+        return _load_faiss(faiss.read_index(path))
+    except (RuntimeError, ValueError, KeyError) as err:
+        raise UserError(f"{path} is not a codec file ({str(err).splitlines()[0] if str(err) else type(err).__name__})") from None
+
+
+def _load_faiss(index: faiss.IndexPreTransform) -> FaissCodec:
+    if not isinstance(index, faiss.IndexPreTransform):
+        raise ValueError(f"a {type(index).__name__}, not a codec's IndexPreTransform")
+    chain = [faiss.downcast_VectorTransform(index.chain.at(i)) for i in range(index.chain.size())]
+    inner = faiss.downcast_index(index.index)
+    m = inner.d
+    if isinstance(inner, faiss.IndexFlat):
+        spec = CodecSpec("float32", m, 4 * m)
+    elif isinstance(inner, faiss.IndexScalarQuantizer):
+        spec = CodecSpec("int8", m, inner.code_size)
+    else:
+        codec = "opq" if len(chain) > 1 else "pq"  # the rotation is read back as a plain LinearTransform
+        spec = CodecSpec(codec, m, inner.code_size, {"M": inner.pq.M, "nbits": inner.pq.nbits})
+    return FaissCodec(spec, index, chain[0].d_in)
+
+
+def _load_mixed(path: str) -> MixedCodec:
+    with np.load(path) as z:
+        bits, codes = z["bits"].astype(np.int64), z["codes"]
+        spec = CodecSpec("mixed", len(bits), codes.shape[1], {"bits": bits.tolist()})
+        return MixedCodec(spec, z["lo"], z["hi"], int(z["dim"]), codes)

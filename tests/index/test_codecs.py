@@ -1,0 +1,234 @@
+"""index.codecs and index.allocation: every code searches like exact search over its own decoded vectors,
+stores exactly the bytes it promises, survives a save / load, and the bit allocation is the optimum."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from index import allocation, codecs
+from index.faiss_index import exact_topk, recall_at_k
+from retrieval.errors import UserError
+
+D = 32
+K = 10
+
+
+def _vectors(n: int, seed: int = 0) -> np.ndarray:
+    """Unit vectors whose variance falls with the column (importance order). Shape: (n, D)."""
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((n, D)) * np.linspace(2.0, 0.1, D)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def data():
+    x = _vectors(600)
+    q = _vectors(40, seed=1)
+    return x, q
+
+
+# one small spec per codec (the PQ / OPQ ones keep training quick)
+SPECS = [
+    codecs.CodecSpec("float32", 8, 32),
+    codecs.CodecSpec("int8", 24, 24),
+    codecs.CodecSpec("binary", 32, 4),
+    codecs.CodecSpec("pq", 32, 8, {"M": 8, "nbits": 8}),
+    codecs.CodecSpec("opq", 16, 4, {"M": 4, "nbits": 8}),
+    codecs.CodecSpec("mixed", D, 8),
+]
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    x, _ = data
+    out = {}
+    for spec in SPECS:
+        codec = codecs.fit(spec, x)
+        codec.add(x[:300])
+        codec.add(x[300:])  # two adds: ids continue
+        out[spec.codec] = codec
+    return out
+
+
+def _query_side(codec, q: np.ndarray) -> np.ndarray:
+    """The query as the codec scores it: binary codes binarise it (sign vector scaled like reconstruct)."""
+    if codec.spec.codec != "binary":
+        return q
+    return np.where(q > 0, 1.0, -1.0).astype(np.float32)
+
+
+@pytest.mark.parametrize("name", codecs.CODECS)
+def test_search_equals_exact_search_over_its_decoded_vectors(fitted, data, name):
+    codec = fitted[name]
+    _, q = data
+    decoded = codec.reconstruct()  # (n, D)
+    assert decoded.shape == (600, D)
+    assert not decoded[:, codec.spec.m :].any()  # zeros beyond m
+    scores, ids = codec.search(q, K)
+    assert scores.shape == ids.shape == (len(q), K)
+    assert (np.diff(scores, axis=1) <= 1e-5).all()  # best first
+    qs = _query_side(codec, q)
+    truth = exact_topk(decoded, qs, K)
+    exact_scores = np.sort(qs @ decoded.T, axis=1)[:, ::-1][:, :K]
+    scale = np.sqrt(codec.spec.m) if name == "binary" else 1.0  # binary scores are sign-vector inner products
+    np.testing.assert_allclose(scores, exact_scores * scale, rtol=1e-4, atol=1e-4)  # ties may swap ids, not scores
+    own = np.einsum("qd,qkd->qk", qs, decoded[ids])  # exact score of each id returned
+    np.testing.assert_allclose(scores, own * scale, rtol=1e-4, atol=1e-4)
+    if name != "binary":  # Hamming distances tie often: there the scores above are the check
+        assert recall_at_k(ids, truth) >= 0.99
+
+
+@pytest.mark.parametrize("name", codecs.CODECS)
+def test_bytes_per_vector_is_the_stored_code_size(fitted, name):
+    codec = fitted[name]
+    assert codec.code_bytes() == codec.spec.bytes_per_vector * len(codec) == codec.spec.bytes_per_vector * 600
+
+
+@pytest.mark.parametrize("name", codecs.CODECS)
+def test_save_load_round_trip(fitted, data, tmp_path, name):
+    codec = fitted[name]
+    path = tmp_path / f"{name}.codec"
+    codec.save(path)
+    back = codecs.load(path, dim=D)
+    assert back.spec == codec.spec and back.dim == D and len(back) == len(codec)
+    np.testing.assert_array_equal(back.reconstruct([3, 7]), codec.reconstruct([3, 7]))
+    s1, i1 = codec.search(data[1], K)
+    s2, i2 = back.search(data[1], K)
+    np.testing.assert_array_equal(i1, i2)
+    assert codecs.CodecSpec.from_json(codec.spec.to_json()) == codec.spec
+    assert list(tmp_path.iterdir()) == [path]  # nothing left beside it
+
+
+@pytest.mark.parametrize("name", codecs.CODECS)
+def test_empty_copy_is_the_same_code_without_vectors(fitted, data, name):
+    codec = fitted[name]
+    copy = codec.empty_copy()
+    assert len(copy) == 0 and copy.spec == codec.spec and len(codec) == 600
+    copy.add(data[0][:50])
+    np.testing.assert_array_equal(copy.reconstruct(), codec.reconstruct(np.arange(50)))
+
+
+def test_load_refuses_a_file_that_is_not_a_codec(tmp_path):
+    bad = tmp_path / "x.codec"
+    bad.write_text("hello")
+    with pytest.raises(UserError, match="not a codec"):
+        codecs.load(bad)
+    with pytest.raises(UserError, match="cannot read"):
+        codecs.load(tmp_path / "missing")
+
+
+def test_codes_get_closer_with_more_bytes(data):
+    """Recall of each family against the float vectors' own top 10 grows with the budget."""
+    x, q = data
+    truth = exact_topk(x, q, K)
+
+    def recall(spec):
+        codec = codecs.fit(spec, x)
+        codec.add(x)
+        return recall_at_k(codec.search(q, K)[1], truth)
+
+    assert recall(codecs.CodecSpec("mixed", D, 4)) < recall(codecs.CodecSpec("mixed", D, 32))
+    assert recall(codecs.CodecSpec("int8", 4, 4)) < recall(codecs.CodecSpec("int8", 32, 32))
+    assert recall(codecs.CodecSpec("float32", D, 4 * D)) == 1.0
+
+
+@pytest.mark.parametrize("budget", [1, 4, 8, 16, 64, 128, 512])
+def test_candidates_fit_the_budget(budget):
+    specs = codecs.candidates(budget, 256)
+    assert specs and all(s.bytes_per_vector <= budget and 1 <= s.m <= 256 for s in specs)
+    assert {s.codec for s in specs} >= {"int8", "binary", "mixed"}
+    for s in specs:
+        if s.codec in ("pq", "opq"):
+            assert s.m % s.params["M"] == 0 and s.params["M"] * s.params["nbits"] // 8 == s.bytes_per_vector
+        if s.codec == "binary":
+            assert s.m % 8 == 0 and s.bytes_per_vector == s.m // 8
+    float_m = [s.m for s in specs if s.codec == "float32"]
+    assert max(float_m, default=0) == min(256, budget // 4)  # today's pruning: the largest m that fits
+
+
+def test_candidates_refuse_a_budget_below_one_byte():
+    with pytest.raises(UserError):
+        codecs.candidates(0, 16)
+
+
+def test_pq_on_a_small_collection_uses_fewer_centroids_and_says_so():
+    x = _vectors(40)
+    codec = codecs.fit(codecs.CodecSpec("opq", 16, 8, {"M": 8, "nbits": 8}), x)
+    assert codec.spec.params["nbits"] == 5 and codec.spec.bytes_per_vector == 5  # 8 x 5 bits
+    codec.add(x)
+    assert codec.code_bytes() == 5 * 40
+    with pytest.raises(UserError, match="at least 2"):
+        codecs.fit(codecs.CodecSpec("pq", 16, 8, {"M": 8, "nbits": 8}), x[:1])
+
+
+def test_bad_specs_and_inputs_are_one_line_errors(data):
+    x, _ = data
+    with pytest.raises(UserError, match="unknown codec"):
+        codecs.CodecSpec("lz4", 8, 8)
+    with pytest.raises(UserError, match="multiple of 8"):
+        codecs.fit(codecs.CodecSpec("binary", 12, 2), x)
+    with pytest.raises(UserError, match="m <= D"):
+        codecs.fit(codecs.CodecSpec("int8", D + 1, D + 1), x)
+    codec = codecs.fit(codecs.CodecSpec("int8", 8, 8), x)
+    with pytest.raises(UserError, match=r"\(n, 32\)"):
+        codec.add(x[:, :8])
+
+
+# ---------------------------------------------------------------------------- the allocation
+
+
+def _brute_force(cost: np.ndarray, budget: int) -> float:
+    d, k = cost.shape
+    return min(
+        allocation.modelled_distortion(cost, np.array(b))
+        for b in itertools.product(range(k), repeat=d)
+        if sum(b) <= budget
+    )
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_allocation_is_the_brute_force_optimum(seed):
+    rng = np.random.default_rng(seed)
+    d = int(rng.integers(1, 6))
+    k = int(rng.integers(2, 5))
+    budget = int(rng.integers(0, d * (k - 1) + 2))
+    # measured-like errors: variance at 0 bits, then falling, not always convex (the first bit can help least)
+    var = rng.uniform(0.1, 3.0, d)
+    falls = np.cumprod(np.c_[np.ones(d), rng.uniform(0.1, 0.9, (d, k - 1))], axis=1)
+    cost = rng.uniform(0.1, 2.0, d)[:, None] * var[:, None] * falls
+    bits = allocation.allocate(cost, budget)
+    assert bits.sum() <= budget and bits.min() >= 0 and bits.max() < k
+    assert allocation.modelled_distortion(cost, bits) == pytest.approx(_brute_force(cost, budget))
+
+
+def test_allocation_beats_greedy_where_the_first_bit_helps_least():
+    cost = np.array([[1.0, 0.9, 0.0], [0.5, 0.0, 0.0]])  # dim 0 needs 2 bits to pay off
+    bits = allocation.allocate(cost, 2)
+    assert bits.tolist() == [2, 0]  # greedy (best first step) would take dim 1's bit: cost 1.0, not 0.5
+
+
+def test_top_m_pruning_is_the_special_case():
+    """Equal weights, variances far apart: all bits on the leading dimensions, none on the rest."""
+    cost = np.array([[100.0 * 4.0**-b for b in range(9)], [50.0 * 4.0**-b for b in range(9)], [1e-6] * 9])
+    assert allocation.allocate(cost, 16).tolist() == [8, 8, 0]
+
+
+def test_water_filling_more_weight_more_bits():
+    x = _vectors(2000)
+    lo, hi, mse = allocation.quantiser_table(x)
+    bits = allocation.allocate(allocation.query_weights(x)[:, None] * mse, 64)
+    assert bits.sum() == 64
+    assert bits[:4].min() >= bits[-4:].max()  # the high-variance leading dimensions get at least as many bits
+    assert (mse[:, 1:] <= mse[:, :1] + 1e-12).all() and (np.diff(mse[:, 1:], axis=1) <= 1e-9).all()
+
+
+def test_pack_unpack_round_trip():
+    rng = np.random.default_rng(0)
+    bits = np.array([3, 0, 8, 1, 5])
+    codes = np.stack([rng.integers(0, 2**b, 50) if b else np.zeros(50, int) for b in bits], axis=1)
+    packed = allocation.pack(codes, bits)
+    assert packed.shape == (50, 3)  # 17 bits -> 3 bytes
+    np.testing.assert_array_equal(allocation.unpack(packed, bits), codes)
