@@ -99,6 +99,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from app.options import given_fields, to_config
     from training.train import TrainConfig, train
 
+    if ns.train_data is None:
+        if not ns.resume:
+            raise UserError("train needs --train-data (or --resume --out RUN, which continues with the run's own)")
+        ns.train_data = ""  # the run's config.json says (training.train)
     train(to_config(TrainConfig, ns), given=given_fields(ns))
     return 0
 
@@ -192,6 +196,7 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
     choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
     add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"])  # from --init
+    p._option_string_actions["--train-data"].required = False  # --resume reads it from the run (training.train)
     p.epilog = recipe_table()
     p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 
@@ -439,10 +444,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="prepare built-in datasets, split or inspect any data source")
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     p = dsub.add_parser("prepare", help="write a built-in dataset as JSONL manifests")
-    p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"])
-    p.add_argument("--out", required=True)
-    p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"], help="the data set: %(choices)s")
+    p.add_argument("--out", required=True, help="output folder DIR: DIR/train.jsonl, val.jsonl (and test.jsonl), DIR/images/")
+    p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap; default: all)")
+    p.add_argument("--seed", type=int, default=0, help="which records go where (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
     p.set_defaults(func=cmd_data_prepare)
     p = dsub.add_parser(
@@ -460,8 +465,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _data_args(p)
     p.set_defaults(func=cmd_data_split)
     p = dsub.add_parser("inspect", help="count usable and skipped records of a data source")
-    p.add_argument("path")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("path", help="a .jsonl manifest, .csv/.tsv, datasets.save_to_disk folder, or WebDataset shards")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     _data_args(p)
     p.set_defaults(func=cmd_data_inspect)
 
@@ -487,10 +492,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub.add_parser("launch", add_help=False, help="torchrun for a triclip command: launch --nproc-per-node K embed --run RUN ...")
     p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
     p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run (under plain torchrun: --run-dir)")
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="data source to embed (any format retrieval.data accepts)")
     p.add_argument("--out", required=True, help="embeddings folder; a re-run resumes it")
     p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk (default: float32)")
     p.add_argument("--no-text", action="store_true", help="embed the images only, not the captions")
     p.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 64 on the CPU")
     p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
@@ -511,11 +516,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         _index_build_options(p)
     p.set_defaults(func=cmd_index_build)
     p = isub.add_parser("rollback", help="go back to the version an index build --overwrite replaced")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="index folder (index build --out)")
     p.set_defaults(func=cmd_index_rollback)
 
     p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="index folder (index build --out)")
     p.add_argument("--text", action="append", default=None, help="a text query (repeat for several)")
     p.add_argument("--text-file", default=None, help="a file of text queries, one per line")
     p.add_argument("--image", action="append", default=None, help="an image query file (repeat for several)")
@@ -523,19 +528,19 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
     p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
     p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
-    p.add_argument("-k", type=int, default=10)
+    p.add_argument("-k", type=int, default=10, help="hits per query (default: 10)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
     p.add_argument("--json", action="store_true", help="a list of hits (one query) or of hit lists (several)")
     p.add_argument("--timing", action="store_true", help="print where the time went on stderr")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 for the query model (default: cuda when available, else cpu)")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("app", help="serve a search app")
-    p.add_argument("--index", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--index", required=True, help="index folder to serve (index build --out); the app follows its updates")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=7860, help="port to listen on (default: 7860)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 for the query model (default: cuda when available, else cpu)")
     p.set_defaults(func=cmd_app)
 
     p = sub.add_parser(

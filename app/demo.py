@@ -17,8 +17,10 @@
    reusing the cached tower outputs, with the recall-against-m curves measured on val;
 5. serve the search app (``triclip app``) until Ctrl-C.
 
-Each step is skipped when its output is already there, so a second run serves at once. A
-work folder from an older triclip (data without a test split) is rebuilt.
+Each step is skipped when its output is finished (its folder's mark says done), so a second run
+serves at once, and a killed one resumes. The demo writes only into a folder it made (marked
+``kind: demo``); any other non-empty ``--workdir`` is refused in one line. A work folder from an
+older triclip (data without a test split) is rebuilt.
 """
 
 from __future__ import annotations
@@ -30,9 +32,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from index.store import CURRENT, MANIFEST
+
 from retrieval.data.builtin import prepare
-from retrieval.run import CONFIG, METRICS, MODEL, read_config
+from retrieval.errors import UserError
+from retrieval.io import folder_done, folder_kind, read_json, write_json_atomic, writing
+from retrieval.run import METRICS, read_config
 from training.config import recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
@@ -53,45 +57,62 @@ class DemoConfig:
 
 
 def run_demo(cfg: DemoConfig) -> dict:
-    """Run the steps above; returns what was built (paths and the test metrics)."""
+    """Run the steps above; returns what was built (paths and the test metrics).
+
+    The work folder is the demo's own (``retrieval.io.writing``, kind ``demo``): a new or empty
+    folder is marked first, one the demo marked is resumed, any other is refused in one line
+    (nothing of it read, moved or replaced); a second demo on the same folder is refused while
+    the first one builds.
+    """
     started = time.perf_counter()
     work = Path(cfg.workdir).absolute()  # the index records the run's path: absolute, so it opens from anywhere
+    finished = folder_done(work, "demo")  # the last build got to its end (before this one marks it unfinished)
+    with writing(work, "demo", reuse=True, option="--workdir", stage=False):
+        result = _build(cfg, work, finished)
+    print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
+    if cfg.serve:
+        from app.gradio_app import serve
+
+        _step(5, f"serving http://{cfg.host}:{cfg.port}/ (Ctrl-C stops)")
+        serve(result["index"], host=cfg.host, port=cfg.port)
+    return result
+
+
+def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
+    """Steps 1-4 in the demo's folder ``work`` (locked); ``finished``: the last build got to its end."""
     data, mrl, solved, run, index = (work / name for name in ("data", "mrl", "solved", "run", "index"))
     _step(1, f"openclipart data in {data}")
-    stale = not (data / "test.jsonl").exists() and (data / "val.jsonl").exists()  # an older demo's data
+    stale = folder_done(data, "data") and not (data / "test.jsonl").exists()  # an older demo's data
     if stale:
         print("the demo's data predates the deduplicated split: rebuilding data, run and index", flush=True)
-    if not (data / "test.jsonl").exists():  # written last: anything else in data/ is an unfinished or older prepare
-        prepare("openclipart", str(data), num=cfg.num, overwrite=data.is_dir() and any(data.iterdir()))
+    if stale or not folder_done(data, "data"):  # an unfinished prepare is built again (retrieval.io.writing)
+        prepare("openclipart", str(data), num=cfg.num, overwrite=stale)
     _step(2, f"lite (locked, cached towers): MRL in {mrl}, Eq. 6 solved on it in {solved}, tricl from there in {run}")
     upstream = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)  # MRL, then the solve, anew
     if upstream:
         _train(cfg, data, mrl, overwrite=stale)
-    if upstream or not (solved / MODEL).exists():
+    if upstream or not folder_done(solved, "run"):  # done: its last file, not its weights
         upstream = True
-        _solve(data, mrl, solved, overwrite=solved.exists())
-    older = (run / CONFIG).exists() and not _demo_recipe(run, solved)
+        _solve(data, mrl, solved, overwrite=folder_done(solved, "run"))
+    older = folder_done(run, "run") and not _demo_recipe(run, solved)
     if older:  # kept, not replaced: the index's rollback version needs it (--run WORKDIR/previous-run)
         previous = work / PREVIOUS_RUN
+        if previous.exists() and folder_kind(previous) != "run":
+            raise UserError(f"{previous} is not a run the demo moved aside; move it out of {work} and run the demo again")
         shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
         os.replace(run, previous)
         print(f"the demo's run was made with an older recipe: moved to {previous}, training again", flush=True)
     redo = upstream or not _trained(run, TUNE["epochs"])
     if redo:  # an unfinished run of the recipe resumes from its checkpoint
-        _train(cfg, data, run, init=solved, overwrite=upstream and run.exists(), **TUNE)
+        _train(cfg, data, run, init=solved, overwrite=upstream and folder_kind(run) == "run", **TUNE)
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
     _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")
-    if redo or (not (index / CURRENT).exists() and not (index / MANIFEST).exists()):
-        _index(cfg, data, run, index, overwrite=redo)  # an overwritten index keeps one rollback
-    print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
-    result = {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}
-    if cfg.serve:
-        from app.gradio_app import serve
-
-        _step(5, f"serving http://{cfg.host}:{cfg.port}/ (Ctrl-C stops)")
-        serve(str(index), host=cfg.host, port=cfg.port)
-    return result
+    if redo or not folder_done(index, "index"):
+        _index(cfg, data, run, index, overwrite=redo and folder_kind(index) == "index")  # keeps one rollback
+    elif not finished:  # a build killed between the index's train split and its val / test additions
+        _add_splits(data, run, index)
+    return {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}
 
 
 def _step(n: int, text: str) -> None:
@@ -100,7 +121,7 @@ def _step(n: int, text: str) -> None:
 
 def _trained(run: Path, epochs: int) -> bool:
     path = run / METRICS
-    return (run / MODEL).exists() and path.exists() and len(path.read_text().splitlines()) >= epochs
+    return folder_done(run, "run") and path.exists() and len(path.read_text().splitlines()) >= epochs
 
 
 # the last step of the demo's recipe (benchmarks.results variant mrl_solved_tricl): from the solved run, the
@@ -128,6 +149,7 @@ def _train(cfg: DemoConfig, data: Path, out: Path, init: Path | None = None, ove
             embed_dim=None if init else cfg.embed_dim,  # from --init: D, heads and S are the solved run's
             init=str(init) if init else None,
             epochs=recipe.pop("epochs", cfg.epochs),
+            patience=0,  # the measured demo recipe trains all its epochs (its numbers in the README)
             resume=not overwrite and (out / "checkpoint").exists(),
             overwrite=overwrite,
             **recipe,
@@ -146,15 +168,16 @@ def _solve(data: Path, mrl: Path, solved: Path, overwrite: bool = False) -> None
 
 def _evaluate(cfg: DemoConfig, data: Path, run: Path, saved: Path) -> dict:
     """The test metrics and compact curve; kept in ``saved`` for the run's weights and m's."""
-    from retrieval.io import write_json_atomic
     from retrieval.run import run_fingerprint
     from training.evaluate import evaluate_run, format_table
 
     dims = [m for m in cfg.dims if m < cfg.embed_dim]
     key = {"fingerprint": run_fingerprint(run), "dims": dims}
     if saved.exists():
-        previous = json.loads(saved.read_text())
-        if previous.get("key") == key:
+        previous = read_json(saved)  # UserError: not JSON
+        if not (isinstance(previous, dict) and {"key", "result", "metrics"} <= previous.keys()):
+            raise UserError(f"{saved} is not the demo's test metrics; move it out of {saved.parent} and run the demo again")
+        if previous["key"] == key:
             print(format_table(previous["result"]))
             return previous["metrics"]
     result = json.loads(json.dumps(evaluate_run(str(run), str(data / "test.jsonl"), dims=dims), default=float))
@@ -175,5 +198,12 @@ def _index(cfg: DemoConfig, data: Path, run: Path, index: Path, overwrite: bool 
             run=str(run), data=str(data / "train.jsonl"), val_data=val, out=str(index), dims=cfg.dims, overwrite=overwrite
         )
     )
+    _add_splits(data, run, index)
+
+
+def _add_splits(data: Path, run: Path, index: Path) -> None:
+    """Add the val and test images to the index (records already in it are skipped)."""
+    from index.build import IndexBuildConfig, build_index
+
     for split in ("val", "test"):
         build_index(IndexBuildConfig(run=str(run), data=str(data / f"{split}.jsonl"), out=str(index), add=True))

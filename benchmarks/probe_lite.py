@@ -61,7 +61,9 @@ class _ClassNameTower(towers.ImageTower):
 
     def __init__(self, variant: int = 0):
         super().__init__(variant)
-        from torchvision.models._meta import _IMAGENET_CATEGORIES as names
+        from torchvision.models import EfficientNet_B0_Weights  # the ImageNet class names, public (no download)
+
+        names = EfficientNet_B0_Weights.IMAGENET1K_V1.meta["categories"]
 
         self.classifier = towers.load_efficientnet_lite(variant, with_classifier=True).classifier  # 1280 -> 1000
         text = towers.TextTower().eval()

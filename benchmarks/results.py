@@ -218,6 +218,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         lock_image=cfg.lock,
         lock_text=cfg.lock,
         seed=seed,
+        patience=0,  # the measured runs train their given steps (docs/results.md predates early stopping)
     )
     config = TrainConfig(**{**common, **spec, **overrides})  # a variant's epochs / lr / max_steps win over --steps
     train(config, given={*common, *spec, *overrides})  # what a variant sets wins over per-objective defaults

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -50,6 +51,8 @@ from index.vectors import ShardVectors, prefix
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import ORDERINGS, CompactTransform, compact_curve, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
+from retrieval.data.split import load_collection, split_val
+from retrieval.data.split import load_collection, split_val
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir
@@ -67,10 +70,11 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         coll = open_embeddings(cfg)
         all_dims = _check_new_index(cfg, dims, coll.image.dim, coll.image.count)
         return build_and_write(cfg, coll, all_dims)
+    cfg = replace(cfg, val_data=cfg.val_data or split_val(cfg.data))  # a split folder's curves: on its validation split
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     if base is not None and base.manifest.get("on_disk"):
         raise UserError(f"{cfg.out} keeps IVF lists on disk: --add is not supported; rebuild it with --embeddings")
-    pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
+    pairs = load_collection(cfg.data, cfg.data_config or DataConfig())  # a split folder: all its splits; bad data fails before the model loads
     device = pick_device(cfg.device)
     model, run_config = load_run(cfg.run, device, which=cfg.weights)
     fingerprint = run_fingerprint(cfg.run, which=cfg.weights)

@@ -18,8 +18,8 @@ class IndexBuildConfig:
     """What ``triclip index build`` was asked to do."""
 
     run: str | None = None  # run directory (triclip train --out); not with --embeddings
-    data: str | None = None  # data source to index (any format retrieval.data accepts); not with --embeddings
-    val_data: str | None = None  # validation data for the recall-against-m curves kept with the index (None: the indexed data, its first 5,000 images)
+    data: str | None = None  # data source to index (any format retrieval.data accepts), or a split folder (data split / data prepare --out): every image of all its splits; not with --embeddings
+    val_data: str | None = None  # validation data for the recall-against-m curves kept with the index (None: DIR/val.jsonl of a split folder --data DIR, else the indexed data, its first 5,000 images)
     out: str = ""  # index folder to write
     dims: list[int] | None = None  # m's indexed besides D, which always is, e.g. 16,32,64 (None: D only; with --add: the index's)
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)

@@ -44,7 +44,6 @@ import faiss
 import numpy as np
 
 from index import faiss_index as fi
-from index.builder import remove_stale_parts
 from index.store import IndexContents, load_contents
 from index.vectors import prefix
 from retrieval.errors import UserError
@@ -104,7 +103,6 @@ class Searcher:
         """
         t0 = time.perf_counter()
         contents = load_contents(index_dir)
-        remove_stale_parts(index_dir)  # parts of a killed `index build --embeddings` beside the folder
         manifest = contents.manifest
         t1 = time.perf_counter()
         run = os.fspath(run) if run is not None else manifest.get("run", "")

@@ -11,16 +11,28 @@ folders that will be renamed into place.
 that is not empty and not the command's own kind (:func:`folder_kind`) is refused,
 its own kind needs ``--overwrite`` (or the command's resume: ``--resume``, ``--add``,
 an ``embed`` re-run), and the place must be writable, all before any work is done.
+
+:func:`writing` is the one way every command writes its folder: the claim, then the folder's
+lock (:func:`folder_lock`: two writers of one folder exclude each other), then the mark
+(:data:`MARK`, ``{"kind": ..., "done": false}``) written FIRST, so that a killed command's folder
+is recognised as its own and can be run again; the mark's ``"done": true`` is the LAST file the
+command writes. A finished folder that is written again without ``--resume`` / ``--add`` (an
+``--overwrite``, or a rerun over an unfinished one) is built beside it (``.NAME.new-*``) and
+swapped in by rename at the end, so a kill leaves the old folder whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import json
 import os
 import re
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -124,22 +136,30 @@ def _rmtree(path: Path) -> None:
 
 # ---------------------------------------------------------------------------- output folders
 
-KINDS = ("run", "index", "data", "embeddings")  # what triclip commands write (train, index build, data prepare, embed)
-_WHAT = {"run": "a run", "index": "an index", "data": "a data set", "embeddings": "embedding shards"}
+KINDS = ("run", "index", "data", "embeddings", "demo")  # what triclip commands write (train / solve, index build,
+# data prepare / split, embed, demo)
+_WHAT = {"run": "a run", "index": "an index", "data": "a data set", "embeddings": "embedding shards",
+         "demo": "a demo's work folder"}  # fmt: skip
+MARK = ".triclip.json"  # {"kind": KIND, "done": bool}: the first file a writer writes, and (done) its last
+LOCK = ".lock"  # writers hold an exclusive fcntl.flock on it (index/store.py's lock too)
 _VERSION = re.compile(r"^v\d{6,}$")  # index/store.py's version folders
-_LEFTOVER = re.compile(r"^\.(lock$|tmp-|.*\.tmp(-|$)|.*\.old$|.*\.tmp\.)")  # what a killed writer leaves
+_LEFTOVER = re.compile(r"^\.(lock$|tmp-|.*\.tmp(-|$)|.*\.old$|.*\.tmp\.|.*\.new-)")  # what a killed writer leaves
 
 
 def folder_kind(path: str | os.PathLike) -> str | None:
     """Which triclip command wrote the folder ``path`` (one of :data:`KINDS`), or None.
 
-    Recognised by what each writes: ``embed`` a manifest of format ``triclip-embeddings/*``;
+    Its mark (:data:`MARK`) says so; a folder from a triclip before the mark is recognised
+    by what each writes: ``embed`` a manifest of format ``triclip-embeddings/*``;
     ``index build`` a ``CURRENT`` pointer or ``vNNNNNN/manifest.json`` (format 1: ``index.faiss``
     beside a manifest); ``train`` a ``config.json`` whose ``model`` section names a preset (or, damaged, beside
     ``checkpoint/state.json``);
     ``data prepare`` ``train.jsonl`` / ``val.jsonl``.
     """
     root = Path(path)
+    mark = read_mark(root)
+    if mark is not None:
+        return mark["kind"]
     manifest = _json_or_none(root / "manifest.json")
     if isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("triclip-embeddings/"):
         return "embeddings"
@@ -165,13 +185,34 @@ def _json_or_none(path: Path):
         return None
 
 
+def read_mark(root: str | os.PathLike) -> dict | None:
+    """The folder's mark ``{"kind", "done"}``, or None (none, or not one of ours)."""
+    mark = _json_or_none(Path(root) / MARK)
+    ok = isinstance(mark, dict) and mark.get("kind") in KINDS and isinstance(mark.get("done"), bool)
+    return mark if ok else None
+
+
+def write_mark(root: str | os.PathLike, kind: str, done: bool) -> None:
+    write_json_atomic(Path(root) / MARK, {"kind": kind, "done": done})
+
+
+def folder_done(path: str | os.PathLike, kind: str) -> bool:
+    """True when ``path`` holds a finished ``kind``: its mark says done (a folder from before the
+    mark: it holds ``kind`` at all)."""
+    mark = read_mark(path)
+    if mark is not None:
+        return mark["kind"] == kind and mark["done"]
+    return Path(path).is_dir() and folder_kind(path) == kind
+
+
 def is_empty_output(path: str | os.PathLike) -> bool:
     """True when the folder holds nothing, or only what killed triclip writers leave (temp files, a lock)."""
     return all(_LEFTOVER.match(p.name) for p in Path(path).iterdir())
 
 
 def claim_output_dir(
-    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out"
+    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out",
+    hint: str | None = None,
 ) -> str | None:
     """Check, before any work, that the command writing ``kind`` may write into ``path``.
 
@@ -180,7 +221,8 @@ def claim_output_dir(
     on read-only mounts); an existing folder that is not empty must hold ``kind`` already
     (anything else, the user's own files included, is refused), and replacing it needs
     ``overwrite``, or ``reuse`` for commands that continue their own output (``train
-    --resume``, ``index build --add``, an ``embed`` re-run). Nothing is written or removed.
+    --resume``, ``index build --add``, an ``embed`` re-run); an unfinished one (its mark says
+    not done: a killed writer's) needs neither. Nothing is written or removed.
 
     Args:
         path: the output folder.
@@ -188,6 +230,8 @@ def claim_output_dir(
         overwrite: the user passed ``--overwrite``.
         reuse: the command continues what is there (its own kind only).
         option: the option's name in messages.
+        hint: what to do about an existing ``kind`` (None: the kind's usual advice, ``_HINT``), for a
+            command without the usual way to continue (``solve`` has no ``--resume``).
 
     Returns:
         The kind found in ``path`` (``kind``), or None for a new or empty folder.
@@ -228,8 +272,8 @@ def claim_output_dir(
             f"{option} {root} is not empty and not a triclip {kind} folder ({holds}); refusing to overwrite it"
             f" (choose another {option})"
         )
-    if not (overwrite or reuse):
-        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {_HINT[kind]}")
+    if not (overwrite or reuse) and folder_done(root, kind):  # an unfinished one (a killed writer's) is run again
+        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {hint or _HINT[kind]}")
     return found
 
 
@@ -239,6 +283,7 @@ _HINT = {
     " `triclip index rollback`)",
     "data": "pass --overwrite to replace it (runs and indexes built on it would no longer match it)",
     "embeddings": "pass --overwrite to start it over",
+    "demo": "it resumes where it stopped",
 }
 
 
@@ -256,6 +301,107 @@ def check_writable(folder: str | os.PathLike, option: str = "--out", shown: str 
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
         raise UserError(f"{option} {shown or folder}: cannot write in {folder} ({err.strerror or err})") from None
+
+
+# ---------------------------------------------------------------------------- one writer per folder
+
+
+@contextlib.contextmanager
+def folder_lock(root: str | os.PathLike, timeout: float = 0.0) -> Iterator[None]:
+    """Hold the exclusive writer lock of the folder ``root`` (made if needed): an flock on ``root/.lock``.
+
+    Waits up to ``timeout`` seconds for another writer (0: not at all), then raises UserError.
+    """
+    root = Path(root)
+    while True:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise UserError(f"cannot write in {root}: {err.strerror or err}") from None
+        try:
+            _acquire(fd, root, timeout)
+            with contextlib.suppress(OSError):
+                if os.fstat(fd).st_ino == os.stat(root / LOCK).st_ino:
+                    break  # else the folder was swapped (writing) while we waited: lock the new one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _acquire(fd: int, root: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                held = f" for over {timeout:.0f} s" if timeout else ""
+                raise UserError(
+                    f"another triclip process is writing {root} (lock {root / LOCK} held{held}); try again when it"
+                    " has finished"
+                ) from None
+            if not told:
+                print(f"waiting for another writer of {root} to finish ...", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def writing(
+    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out",
+    timeout: float = 0.0, stage: bool = True,
+) -> Iterator[Path]:  # fmt: skip
+    """Claim, lock and mark the folder ``path`` for the command writing ``kind``; yield where to write.
+
+    The rule of :func:`claim_output_dir` (checked again once the lock is held), the lock of
+    :func:`folder_lock` for the whole block, and the mark (:data:`MARK`) written first. Where it
+    writes: in ``path`` itself when it is new or empty, or with ``reuse`` (the command
+    continues it); otherwise (``--overwrite`` of a finished folder, or a rerun over an unfinished
+    one) in a new folder beside it that replaces it by rename when the block ends (``stage``
+    False: in place, for writers that keep versions of their own, like the index). When the
+    block ends without an error the mark says done; after an error or a kill it does not, and the
+    next run of the command takes the folder as its own.
+    """
+    root = Path(path)
+    _swap_back(root)
+    claim_output_dir(root, kind, overwrite, reuse, option)
+    with folder_lock(root, timeout):
+        found = claim_output_dir(root, kind, overwrite, reuse, option)  # what the writer before us left
+        for leftover in root.parent.glob(f".{glob_escape(root.name)}.new-*"):  # killed replacements
+            if read_mark(leftover) is not None:
+                _rmtree(leftover)
+        target = temp_dir(root.parent, f".{root.name}.new-") if stage and found and not reuse else root
+        try:
+            write_mark(target, kind, done=False)
+            yield target
+            write_mark(target, kind, done=True)
+            if target != root:
+                swap_dir(target, root)
+        finally:
+            if target != root and target.exists():
+                _rmtree(target)
+
+
+def glob_escape(name: str) -> str:
+    import glob
+
+    return glob.escape(name)
+
+
+def _swap_back(root: Path) -> None:
+    """A kill between :func:`swap_dir`'s two renames left ``.NAME.old`` and no ``NAME``: put it back."""
+    old = recover_dir(root)
+    if old != root and read_mark(old) is not None:
+        with contextlib.suppress(OSError):
+            os.replace(old, root)
 
 
 # ---------------------------------------------------------------------------- weights files with a checksum

@@ -31,6 +31,7 @@ at scale the tower outputs would dwarf the embeddings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ import numpy as np
 from retrieval.progress import progress
 
 from retrieval.errors import UserError, first_line
-from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_json_atomic
+from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_json_atomic, writing
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -95,7 +96,10 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     _validate(cfg)
     rank, world, owned = init_distributed()
     together = False  # every rank stands at the same point, so leaving the group can wait for the others
+    held = contextlib.ExitStack()  # rank 0: the folder's lock and mark (retrieval.io.writing), for the whole run
     try:
+        on_rank0(world, rank, lambda: held.enter_context(
+            writing(cfg.out, "embeddings", overwrite=cfg.overwrite, reuse=True, stage=False)))  # fmt: skip
         pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
         device = _device(cfg.device)
         model, run_config = load_run(cfg.run, device)
@@ -120,11 +124,14 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
         summary["seconds"] = round(time.perf_counter() - started, 2)
         together = True
+        held.close()  # every shard written: the mark says done
         return summary
     except EveryRankError:
         together = True
         raise
     finally:
+        stopped = UserError("embed stopped")  # after an error (or with none, after close): the mark stays unfinished
+        held.__exit__(UserError, stopped, None)
         if owned:
             leave_group(together)
 

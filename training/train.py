@@ -37,14 +37,14 @@ from retrieval.progress import progress
 from retrieval.split import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.errors import UserError, first_line
-from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic, writing
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
 from training.config import TrainConfig, resolve_recipe
 from training.evaluate import evaluate, format_table
-from training.selection import Selection, select
+from training.selection import STOP_RULE, EarlyStop, Selection, early_stop, select
 from training.optim import AdamW
 
 __all__ = ["TrainConfig", "train"]
@@ -59,7 +59,7 @@ DEFAULT_IMPORTANCE = {"tricl_spectral": ("softplus", 1.0)}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
 RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget",
-           "checkpoint_every", "select_factor")  # --resume: as given
+           "checkpoint_every", "select_factor", "patience")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -73,8 +73,15 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
             config.json and every other setting is taken from it.
     """
     rank, world = _init_distributed()
-    run = Path(cfg.out)
-    _check_out(run, cfg.resume, cfg.overwrite)
+    reuse = _check_out(Path(cfg.out), cfg.resume, cfg.overwrite)
+    if rank != 0:  # rank 0 holds the folder (its mark, lock, a replacement's staging folder)
+        return _train(cfg, given, Path(cfg.out), rank, world)
+    with writing(cfg.out, "run", overwrite=cfg.overwrite, reuse=reuse, stage=world == 1) as run:
+        return _train(cfg, given, run, rank, world)
+
+
+def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world: int) -> dict:
+    """:func:`train` writing into ``run`` (``--out``, or the folder that replaces it at the end)."""
     if rank == 0:
         ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
@@ -170,7 +177,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     last_eval: dict = {}
     leftover_checked = False
     step = state["step"]
-    for epoch in range(state["epoch"], cfg.epochs):
+    stop = _early_stop(run, cfg) if cfg.resume else None  # a resumed run that had stopped stays stopped
+    for epoch in range(state["epoch"], cfg.epochs if stop is None else state["epoch"]):
         first_batch = state["batch"] if epoch == state["epoch"] else 0
         bar = progress(total=steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=rank != 0)
         speed = _Throughput(window=20)
@@ -234,21 +242,24 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
                         writer.add_scalar(f"val/{name}", value, step)
             print(_summary_line(record))
             best.offer(model, epoch + 1, step, last_eval[BEST_METRIC])  # written with the next checkpoint
+            stop = _early_stop(run, cfg) if epoch_done else None
+        if world > 1:
+            stop = _broadcast(stop)
         if rank == 0:
             skipped.write(run)
         next_state = {"step": step, "epoch": epoch + 1, "batch": 0} if epoch_done else {"step": step, "epoch": epoch, "batch": done}
-        finished = step >= total_steps or epoch + 1 >= cfg.epochs
+        finished = step >= total_steps or epoch + 1 >= cfg.epochs or stop is not None
         if finished or (epoch + 1) % cfg.checkpoint_every == 0:  # a finished run keeps no optimizer state
             _save(run, rank, model, loss_fn, optimizer, next_state, best, keep_optimizer=not finished)
-        if step >= total_steps:
+        if step >= total_steps or stop is not None:
             break
     if writer:
         writer.close()
     if rank == 0:
         skipped.train.update_from(source)
         skipped.write(run)
-        selection = _select(run, cfg, best.info, val_pairs)
-        print(_final_summary(run, cfg, step, selection, skipped))
+        selection = _select(run, cfg, best.info, val_pairs, stop)
+        print(_final_summary(run, cfg, step, selection, skipped, stop))
     if world > 1:
         dist.barrier()
     return last_eval
@@ -312,28 +323,65 @@ def _previous_skipped(run: Path) -> dict:
     return {k: v for k, v in previous.items() if isinstance(v, dict)}
 
 
-def _select(run: Path, cfg: TrainConfig, best: dict | None, val_pairs) -> tuple[Selection, dict] | None:
-    """Keep RUN/best or the last weights (``training.selection``), write RUN/selection.json; returns the
-    decision and the kept epoch's evaluation (None without validation)."""
-    records = [r for r in ckpt.read_metrics(run) if isinstance(r.get(BEST_METRIC), (int, float))]
+def _scored(run: Path) -> list[dict]:
+    """metrics.jsonl's evaluations that carry the selection metric, in epoch order."""
+    return [r for r in ckpt.read_metrics(run) if isinstance(r.get(BEST_METRIC), (int, float))]
+
+
+def _queries(record: dict, val_pairs=None) -> int:
+    """The distinct validation queries ``record``'s t2i recall averages over (older records: counted)."""
+    if record.get("t2i_queries") or val_pairs is None:
+        return int(record.get("t2i_queries") or 1)
+    return len({c for r in val_pairs.records for c in r.captions})
+
+
+def _early_stop(run: Path, cfg: TrainConfig) -> EarlyStop | None:
+    """Whether the evaluations so far say stop (``training.selection.early_stop``; None: go on)."""
+    records = _scored(run)
+    if not records or not cfg.patience:
+        return None
+    values = [r[BEST_METRIC] for r in records]
+    return early_stop(values, _queries(records[-1]), cfg.patience, cfg.epochs, cfg.select_factor, BEST_METRIC)
+
+
+def _broadcast(stop: EarlyStop | None) -> EarlyStop | None:
+    """Rank 0's decision on every rank (only rank 0 evaluates)."""
+    box = [stop]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _select(run: Path, cfg: TrainConfig, best: dict | None, val_pairs, stop: EarlyStop | None = None) -> tuple[Selection, dict] | None:
+    """Keep RUN/best or the last weights (``training.selection``), write RUN/selection.json (with the
+    early-stopping rule and whether it stopped); returns the decision and the kept epoch's evaluation
+    (None without validation)."""
+    records = _scored(run)
     if best is None or not records:
         return None
     last = records[-1]
-    queries = last.get("t2i_queries") or len({c for r in val_pairs.records for c in r.captions})  # older records
+    queries = _queries(last, val_pairs)
     selection = select((best["epoch"], best["value"]), (last["epoch"], last[BEST_METRIC]), queries, cfg.select_factor, BEST_METRIC)
-    write_json_atomic(run / ckpt.SELECTION, selection.to_dict())
+    stopping = {"patience": cfg.patience, "rule": STOP_RULE.format(metric=BEST_METRIC), "stopped": stop is not None}
+    if stop is not None:
+        stopping.update(asdict(stop))
+    write_json_atomic(run / ckpt.SELECTION, {**selection.to_dict(), "early_stopping": stopping})
     kept = next((r for r in records if r.get("epoch") == selection.kept_epoch), last)
     return selection, kept
 
 
-def _final_summary(run: Path, cfg: TrainConfig, step: int, selection: tuple[Selection, dict] | None, skipped: _Skipped) -> str:
-    """A paragraph: where the run is, which weights it keeps and why, what was skipped; then the
-    kept epoch's validation table (recall at full D and against m, as the demo prints it)."""
+def _final_summary(
+    run: Path, cfg: TrainConfig, step: int, selection: tuple[Selection, dict] | None, skipped: _Skipped, stop: EarlyStop | None = None
+) -> str:
+    """A paragraph: where the run is, why it stopped early (if it did), which weights it keeps and why,
+    what was skipped; then the kept epoch's validation table (recall at full D and against m, as the demo prints it)."""
     text = f"Trained {cfg.model} with {cfg.loss} for {step} steps; the run is in {run}."
+    if stop is not None:
+        text += " " + stop.reason()
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        text += f" {decision.reason()} Eval and index use {where} unless given --weights last ({run / ckpt.SELECTION})."
+        unless = " unless given --weights last" if decision.kept == "best" else " (the last weights)"
+        text += f" {decision.reason()} Eval and index use {where}{unless} ({run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
@@ -555,13 +603,19 @@ def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
 
 def _load_init(model: DualEncoder, init: str) -> None:
     """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
-    from retrieval.run import load_run
+    from retrieval.run import describe_model, load_run, state_mismatch
 
     try:
         source, _ = load_run(init, "cpu")  # its frozen towers rebuilt from their reference when left out
         state = source.state_dict()
         if source.config.head == "affine" and model.config.head == "residual":
             state = _affine_to_residual(model, state)
+        mismatch = state_mismatch(model.state_dict(), state)
+        if mismatch:
+            raise UserError(
+                f"cannot load {init}'s weights into this model: {mismatch}; {init}: {describe_model(source.config)},"
+                f" this run: {describe_model(model.config)}"
+            )
         model.load_state_dict(state)
     except UserError as err:
         raise UserError(f"--init: {err}") from None
@@ -592,10 +646,11 @@ def _source_exists(path: str) -> bool:
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
+def _check_out(run: Path, resume: bool, overwrite: bool) -> bool:
     """``--out`` must be a writable folder that is new, empty or a run (``retrieval.io.claim_output_dir``).
 
     A run killed before it trained anything (no weights, metrics or checkpoint) is taken as it is.
+    Returns whether the run is written in place (``retrieval.io.writing``'s ``reuse``).
     """
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
@@ -603,6 +658,9 @@ def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
         run.is_dir() and ckpt.has_checkpoint(run)
     )
     claim_output_dir(run, "run", overwrite=overwrite, reuse=resume or not trained)
+    if run.is_dir() and ckpt.has_checkpoint(run) and not (resume or overwrite):  # unfinished, yet worth keeping
+        raise UserError(f"{run} already holds a run; pass --resume to continue it, or --overwrite to replace it")
+    return resume or not trained
 
 
 def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:

@@ -16,7 +16,8 @@ For the trainer:
 
 from retrieval.losses.base import PairLoss
 from retrieval.losses.nested import NESTED_ORDERS, Nested
-from retrieval.losses.registry import LOSSES, LossConfigError, available_losses, build_loss, loss_options, register_loss
+from retrieval.losses.build import build_loss, loss_options
+from retrieval.losses.registry import LOSSES, LossConfigError, available_losses, register_loss
 
 # one module per family; importing them registers their losses
 from retrieval.losses import align_uniform, hard_negative, infonce, margin, sigmoid, spectral, tricl  # noqa: E402,F401

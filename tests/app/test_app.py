@@ -10,7 +10,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
-from app.gradio_app import ENDPOINTS
+from app.endpoints import ENDPOINTS
 
 
 @pytest.fixture(scope="module")
@@ -121,25 +121,11 @@ def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
     assert result.stderr.startswith("triclip: error:") and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_result_gallery_serialises_url_results_as_gradio_does():
-    import gradio as gr
-
-    from app.gradio_app import gallery_wire, result_gallery
-
-    with gr.Blocks():
-        ours, theirs = result_gallery(label="a"), gr.Gallery(label="b")
-    urls = [("http://127.0.0.1:7860/triclip/image/12", "0.512 · a cat"), ("http://127.0.0.1:7860/triclip/image/3", "x")]
-    assert ours.postprocess(urls).model_dump() == theirs.postprocess(urls).model_dump()
-    assert ours.postprocess([]).model_dump() == theirs.postprocess([]).model_dump() == []
-    assert ours.postprocess(None).model_dump() == []  # anything else: Gradio's own code
-    assert gallery_wire(urls) == theirs.postprocess(urls).model_dump()  # what the text search sends, built directly
-
-
 def test_set_threads_sets_torch_and_faiss_threads():
     import faiss
     import torch
 
-    from app.gradio_app import set_threads
+    from app.server import set_threads
 
     before = torch.get_num_threads()
     try:

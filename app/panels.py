@@ -1,0 +1,279 @@
+"""The page's panels: each a function from the live view (:class:`app.live.IndexView`) to its components.
+
+    with gr.Blocks() as blocks:
+        header(view)
+        q = query_panel(view); r = results_panel(); kn = knobs_panel(view, k=12); feature_selection_panel(view)
+
+Each is called inside the Blocks (and the row or column) where its components go, and
+returns them for the event wiring (``app.gradio_app.build_app``). The feature-selection
+panel plots the importance spectrum (S sorted, its cumulative share, the suggested m)
+and the recall-against-m curves the index build stored (run's order, first-m, random, PCA).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from app.endpoints import empty_rows
+from app.gradio_patches import loose, query_image, result_gallery
+from app.live import IndexView
+
+SUGGEST_SHARE = 0.9  # the suggested m keeps this share of the total importance
+SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]  # no web fonts: nothing fetched from outside
+MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "monospace"]
+CSS = """
+#results .grid-container, #full-results .grid-container { grid-auto-rows: auto !important; }
+#results button.thumbnail-item, #full-results button.thumbnail-item { height: auto !important; aspect-ratio: auto !important;
+  overflow: visible !important; display: flex; flex-direction: column; }
+#results button.thumbnail-item img, #full-results button.thumbnail-item img { aspect-ratio: 1 / 1; height: auto !important;
+  width: 100% !important; object-fit: contain !important; }
+#results .caption-label, #full-results .caption-label { position: static !important; white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; max-width: 100% !important; width: 100% !important;
+  font-size: 0.8em; line-height: 1.25; }
+"""  # gallery thumbnails whole (not cropped), captions wrapped instead of cut at one line
+
+
+def theme() -> gr.themes.Base:
+    """Gradio's default look with system fonts (the default theme loads Google fonts)."""
+    return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
+
+
+# ---------------------------------------------------------------------------- the panels
+
+
+@dataclass
+class QueryPanel:
+    """The query inputs: a text box, an uploaded image, and the captions image -> text finds."""
+
+    query: gr.Textbox
+    search: gr.Button
+    image: gr.Image
+    image_search: gr.Button
+    image_to_text: gr.Button
+    captions: gr.Dataframe
+
+
+@dataclass
+class ResultsPanel:
+    """The results at m, the same query at full D, and what the two share."""
+
+    status: gr.Markdown
+    gallery: gr.Gallery
+    overlap: gr.Markdown
+    full: gr.Gallery
+    clicked: gr.Textbox  # the clicked result's id (hidden)
+
+
+@dataclass
+class Knobs:
+    """m (the dimensions searched), the funnel, k."""
+
+    m: gr.Radio
+    funnel: gr.Checkbox
+    k: gr.Slider
+
+
+def header(view: IndexView) -> gr.Markdown:
+    """The title line: how many images, D, the run."""
+    searcher = view.searcher
+    run_name = Path(searcher.manifest.get("run", "")).name or "?"
+    return gr.Markdown(
+        f"## triclip search · {len(searcher):,} images · D = {view.dim} · run `{run_name}`\n"
+        "Search by text or by image; click a result for more like it. "
+        "Pick m to search a pruned index (its measured text→image recall@10 is shown)."
+    )
+
+
+def query_panel(view: IndexView) -> QueryPanel:
+    """Text -> image and image -> image / text tabs (captions only when the index holds them)."""
+    has_text = bool(view.searcher.has_text)
+    with gr.Tab("Text → image"):
+        with gr.Row():
+            query = gr.Textbox(label="query", placeholder="e.g. a red apple", scale=5, max_lines=2, elem_id="query")
+            search = gr.Button("Search", variant="primary", scale=1, elem_id="search")
+    with gr.Tab("Image → image / text"):
+        with gr.Row():
+            image = query_image(label="query image", sources=["upload", "clipboard"], height=180, elem_id="query-image")
+            with gr.Column():
+                image_search = gr.Button("Similar images", variant="primary", elem_id="image-search")
+                image_to_text = gr.Button("Captions (image → text)", visible=has_text, elem_id="image-to-text")
+        captions = gr.Dataframe(
+            value=empty_rows(), label="nearest captions", visible=has_text, interactive=False, elem_id="captions",
+        )
+    return QueryPanel(query, search, image, image_search, image_to_text, captions)
+
+
+def results_panel() -> ResultsPanel:
+    """The status line, the results at m, the overlap note, the results at full D."""
+    status = gr.Markdown("Results appear below.", elem_id="status")
+    gallery = result_gallery(
+        label="results at m (click one: more like this)", columns=6, height="auto", allow_preview=False,
+        object_fit="contain", elem_id="results",
+    )
+    overlap = gr.Markdown("", elem_id="overlap")
+    full = result_gallery(
+        label="the same query at full D", columns=6, height="auto", allow_preview=False,
+        object_fit="contain", elem_id="full-results", visible=False,
+    )
+    clicked = gr.Textbox(visible=False, label="image id", elem_id="clicked-id")  # the clicked result's id
+    return ResultsPanel(status, gallery, overlap, full, clicked)
+
+
+def knobs_panel(view: IndexView, k: int) -> Knobs:
+    """m among the index's pruned sizes (each with its measured recall), the funnel, and k."""
+    m = loose(gr.Radio(m_choices(view), value=view.dim, label="m: dimensions searched", elem_id="m"))
+    funnel = gr.Checkbox(False, label="funnel: shortlist at m, re-rank at full D", elem_id="funnel")
+    k = loose(gr.Slider(1, 100, value=k, step=1, label="results k", elem_id="k"))
+    return Knobs(m, funnel, k)
+
+
+def m_choices(view: IndexView) -> list[tuple[str, int]]:
+    """Radio choices: (label with the measured recall, m)."""
+    out = []
+    for m in view.dims:
+        label = f"{m} = D" if m == view.dim else str(m)
+        if view.recall.get(m) is not None:
+            label += f" · R@10 {view.recall[m]:.3f}"
+        out.append((label, m))
+    return out
+
+
+def feature_selection_panel(view: IndexView) -> None:
+    """The importance spectrum (words and plot) beside the recall-against-m chart."""
+    importance = list(view.searcher.manifest.get("importance") or [])
+    words, suggested, power = spectrum_text(importance, view.curves)
+    with gr.Column():
+        gr.Markdown(words, elem_id="spectrum")
+        spectrum = spectrum_figure(importance, suggested, power)
+        if spectrum is not None:
+            gr.Plot(spectrum, show_label=False, elem_id="spectrum-plot")
+    with gr.Column():
+        gr.Markdown(recall_text(view.curves, view.dims), elem_id="recall-text")
+        chart = recall_figure(view.curves, view.dims)
+        if chart is not None:
+            gr.Plot(chart, show_label=False, elem_id="recall-chart")
+
+
+# ---------------------------------------------------------------------------- the feature-selection panel's content
+
+
+def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[str, int | None, float]:
+    """The words beside the spectrum plot, the suggested m (None when there is nothing to suggest),
+    and the power p of S whose cumulative share ``retrieval.compact.suggest_m`` reads (the plot draws it)."""
+    w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]  # S, sorted (D,)
+    if len(w) == 0:
+        return "This index records no importance spectrum.", None, 1.0
+    if w[0] - w[-1] <= 1e-6 * max(abs(w[0]), 1e-12):
+        return (
+            f"**No learned importance**: this run's importance is the same for all {len(w)} dimensions"
+            f" (w = {w[0]:.3g}; objectives such as `mrl` and `infonce` learn none), so there is no spectrum to"
+            " read and no m to suggest from it. Its order is the embedding's own; the recall chart shows what"
+            " each ordering keeps at each m.",
+            None,
+            1.0,
+        )
+    half = int(np.searchsorted(np.cumsum(w) / w.sum(), 0.5) + 1)
+    words = (
+        f"**Importance S** of {len(w)} dimensions, sorted: {w[0]:.3g} down to {w[-1]:.3g}; the top {half} hold"
+        " half of its total."
+    )
+    suggested, power, why = _suggest(w)
+    if suggested is None:
+        return words + f" No suggested m: {why}.", None, power
+    held = "S" if power == 1 else f"S^{power:g}"
+    words += (
+        f" **Suggested m = {suggested}**: predicted to keep {SUGGEST_SHARE:.0%} of full-D recall (the top"
+        f" {suggested} dimensions hold {SUGGEST_SHARE:.0%} of the total {held}; `retrieval.compact.suggest_m`)."
+    )
+    own = (curves or {}).get("curves", {}).get((curves or {}).get("ordering"), {})
+    full = own.get(str(len(w)))
+    measured = sorted(int(m) for m, v in own.items() if v is not None and int(m) >= suggested)
+    if measured and full:
+        at = own[str(measured[0])]
+        where = "there" if measured[0] == suggested else f"at m = {measured[0]}, the nearest measured m above it"
+        words += f" Measured {where}: recall@10 {at:.3f}, {at / full:.0%} of full D's {full:.3f}."
+    return words, suggested, power
+
+
+def _suggest(w: np.ndarray) -> tuple[int | None, float, str]:
+    """``retrieval.compact.suggest_m`` on the spectrum: (m, the power of S it reads, "") or (None, power, why not)."""
+    import torch
+
+    from retrieval import compact
+
+    power = compact.SUGGEST_POWER
+    suggest_m = compact.suggest_m  # looked up at call time (a test replaces it)
+    try:
+        m = suggest_m(torch.as_tensor(w.copy(), dtype=torch.float32), share=SUGGEST_SHARE)
+    except Exception as err:  # noqa: BLE001 (the panel shows the rest)
+        return None, power, f"suggest_m failed ({type(err).__name__}: {err})"
+    return int(m), power, ""
+
+
+def spectrum_figure(importance: list[float], suggested: int | None, power: float = 1.0):
+    """S sorted (left axis) and the cumulative share of S^power (right axis) against rank (log 2); None when flat."""
+    from matplotlib.figure import Figure
+
+    w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]
+    if len(w) == 0 or w[0] - w[-1] <= 1e-6 * max(abs(w[0]), 1e-12):
+        return None
+    ranks = np.arange(1, len(w) + 1)
+    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(ranks, w, color="tab:blue", label="S (sorted)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rank (dimensions kept, m)")
+    ax.set_ylabel("importance S", color="tab:blue")
+    share = ax.twinx()
+    held = "S" if power == 1 else f"S$^{{{power:g}}}$"
+    share.plot(ranks, np.cumsum(w**power) / (w**power).sum(), color="tab:orange", label=f"cumulative share of {held}")
+    share.set_ylim(0, 1.02)
+    share.set_ylabel(f"cumulative share of {held}", color="tab:orange")
+    if suggested is not None:
+        ax.axvline(suggested, color="tab:green", linestyle="--", label=f"suggested m = {suggested}")
+        ax.legend(loc="lower left", fontsize=7)
+    ax.set_title("importance spectrum", fontsize=9)
+    return fig
+
+
+ORDERING_LABELS = {"importance": "run's own order", "first": "first-m", "random": "random-m", "pca": "PCA-m"}
+
+
+def recall_text(curves: dict | None, dims: list[int]) -> str:
+    """The words under the recall chart."""
+    if not curves:
+        return (
+            "This index records no recall-against-m curves (built before they were stored, or from embeddings):"
+            " rebuild it with `triclip index build ... --val-data VAL` to see them."
+        )
+    where = "the validation data" if curves.get("split") == "validation" else "the indexed data"
+    return (
+        f"Text→image recall@10 against m on {where} ({curves.get('queries', '?')} distinct captions,"
+        f" {curves.get('images', '?')} images); the index holds m = {', '.join(map(str, dims))}."
+    )
+
+
+def recall_figure(curves: dict | None, dims: list[int]):
+    """t2i recall@10 against m for each ordering (log-2 m), the index's m's marked; None without curves."""
+    from matplotlib.figure import Figure
+
+    if not curves or not isinstance(curves.get("curves"), dict):
+        return None
+    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for name, by_m in curves["curves"].items():
+        points = sorted((int(m), v) for m, v in by_m.items() if v is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=ORDERING_LABELS.get(name, name))
+    for m in dims:
+        ax.axvline(m, color="0.85", linewidth=0.8, zorder=0)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("m (dimensions kept)")
+    ax.set_ylabel("t2i recall@10")
+    ax.legend(fontsize=7)
+    ax.set_title("recall against m", fontsize=9)
+    return fig
