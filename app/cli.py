@@ -293,6 +293,10 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     ns.memory_budget = _memory_budget(ns.memory_budget)
     summary = build_index(to_config(IndexBuildConfig, ns))
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
+        if summary.get("budgets"):  # the codes kept per budget, for a person (stdout stays one JSON object)
+            from index.budgets import table
+
+            print(table(summary["budgets"]), file=sys.stderr)
         _print_json(summary)
     return 0
 
@@ -360,7 +364,9 @@ def cmd_search(ns: argparse.Namespace) -> int:
     parts = ([searcher.embed_texts(texts)] if texts else []) + ([searcher.embed_images(images)] if images else [])
     queries = np.concatenate(parts)  # (Q, D)
     embedded = time.perf_counter()
-    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel)
+    rescore = ns.rescore if ns.rescore in (None, "float") else _int_option("--rescore", ns.rescore)
+    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
+                                      rescore=rescore)
     searched = time.perf_counter()
     labels = texts + images
     if ns.json:
@@ -385,6 +391,13 @@ def cmd_search(ns: argparse.Namespace) -> int:
         }
         print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
+
+
+def _int_option(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{name} takes float or a number of bytes, got {text!r}") from None
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
@@ -527,6 +540,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--target", choices=["image", "text"], default="image", help="search images (default) or captions")
     p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
     p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
+    p.add_argument("--bytes", type=int, default=None, metavar="B",
+                   help="search the image codes of B bytes per image (index build --bytes; default: none, float at m)")
+    p.add_argument("--rescore", default=None, metavar="float|B2",
+                   help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")
     p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
     p.add_argument("-k", type=int, default=10, help="hits per query (default: 10)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")

@@ -24,6 +24,7 @@ from retrieval.errors import UserError
 from retrieval.progress import progress
 
 FIT_ROWS = 20_000  # collection vectors a code is fitted on (a seeded sample beyond)
+EVAL_MAX_IMAGES = 5000  # without --val-data: the indexed data's first this many images
 K = 10  # recall@K
 
 
@@ -61,7 +62,7 @@ def measure(codec: codecs.Codec, evaluation: EvalSet) -> float:
     gallery = codec.empty_copy()
     gallery.add(evaluation.image)
     _, ids = gallery.search(evaluation.queries, K)
-    return round(recall_at_k(ids, evaluation.positives), 4)
+    return recall_at_k(ids, evaluation.positives)
 
 
 @dataclass
@@ -111,6 +112,40 @@ def _sample(train: np.ndarray, seed: int) -> np.ndarray:
     return np.ascontiguousarray(train[rows], dtype=np.float32)
 
 
+def choose_all(budgets: list[int], image, evaluation: EvalSet, force: str | None = None, seed: int = 0) -> list[Choice]:
+    """:func:`choose` for every budget, fitted on a sample of ``image`` (``index.vectors.ShardVectors``)."""
+    rows = np.arange(image.count)
+    if len(rows) > FIT_ROWS:
+        rows = np.sort(np.random.default_rng(seed).choice(image.count, size=FIT_ROWS, replace=False))
+    train = image.rows(rows, image.dim)  # (n, D) unit rows, as stored
+    return [choose(b, train, evaluation, force, seed) for b in budgets]
+
+
+def fill(codec: codecs.Codec, image) -> codecs.Codec:
+    """A copy of the trained ``codec`` holding every row of ``image`` (shards), in order."""
+    full = codec.empty_copy()
+    for part in image.parts:
+        if len(part):
+            full.add(np.asarray(part, np.float32))
+    return full
+
+
+def indexed_evaluation(image, text, text_rows: np.ndarray, meta: list[dict], max_images: int, data: str) -> EvalSet:
+    """The evaluation set from the indexed collection itself: its first ``max_images`` images and their captions."""
+    n = min(image.count, max_images)
+    keep = np.flatnonzero(text_rows[:, 0] < n)  # caption vectors of those images
+    texts = [meta[int(r)]["captions"][int(c)] for r, c in text_rows[keep]]
+    return EvalSet.of(image.rows(np.arange(n), image.dim), text.rows(keep, text.dim), text_rows[keep, 0], texts,
+                      "indexed", data)
+
+
+def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, file: str) -> dict:
+    """The manifest's ``budgets[str(B)]``: the stored code, its measured recall and its size."""
+    size = stored.spec.bytes_per_vector * len(stored)  # the codes (FAISS's files add a header)
+    return {"spec": stored.spec.to_json(), "file": file, "recall": choice.recall, "split": evaluation.split,
+            "index_bytes": int(size), "bytes_per_vector": stored.spec.bytes_per_vector}
+
+
 def parse_budgets(values) -> list[int]:
     """``--bytes`` values as sorted unique positive ints."""
     budgets = sorted(set(int(b) for b in ([values] if isinstance(values, int) else values)))
@@ -138,15 +173,13 @@ def _entry(spec: codecs.CodecSpec) -> dict:
     return {"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector}
 
 
-def table(manifest: dict) -> str:
-    """The lines ``index build`` prints: bytes / codec / m / recall / index size per budget."""
-    budgets = manifest.get("budgets") or {}
-    lines = [f"{'bytes':>6}  {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>12}"]
+def table(budgets: dict) -> str:
+    """The lines ``index build`` prints: bytes / code / m / recall / index size per budget (summary["budgets"])."""
+    lines = [f"{'bytes':>6}  {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>11}"]
     for b, entry in sorted(budgets.items(), key=lambda kv: int(kv[0])):
-        spec = entry["spec"]
+        spec = codecs.CodecSpec.from_json(entry["code"])
         recall = "-" if entry.get("recall") is None else f"{entry['recall']:.4f}"
-        lines.append(f"{b:>6}  {codecs.CodecSpec.from_json(spec).label():<20} {spec['m']:>5}  {recall:>9}"
-                     f"  {_size(entry['index_bytes']):>12}")
+        lines.append(f"{b:>6}  {spec.label():<20} {spec.m:>5}  {recall:>9}  {_size(entry['index_bytes']):>11}")
     return "\n".join(lines)
 
 

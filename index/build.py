@@ -111,10 +111,13 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         origin,
     )
 
-    def curves(m_values: list[int]) -> dict | None:
-        return _curves(cfg, model, device, m_values, transform.ordering, (image_emb, text_emb, text_to_image, records))
+    held_out = _held_out(cfg, model, device, (image_emb, text_emb, text_to_image, records))
 
-    return {**build_and_write(cfg, coll, all_dims, curves), "already_indexed": already}
+    def curves(m_values: list[int]) -> dict | None:
+        return _curves(cfg, model, held_out, m_values, transform.ordering)
+
+    evaluation = _evaluation(held_out, transform) if cfg.bytes and held_out and held_out[4] == "validation" else None
+    return {**build_and_write(cfg, coll, all_dims, curves, evaluation), "already_indexed": already}
 
 
 def open_embeddings(cfg: IndexBuildConfig) -> Collection:
@@ -271,13 +274,15 @@ def _add(cfg, base: IndexContents, origin: Origin, vectors, text_vectors, record
         added = _extend(live, vectors, text_vectors, records)
         origin.source["added"] = added
         decided = {k: live.manifest.get(k) for k in ("factories", "text_factories", "memory_budget", "nprobe",
-                                                     "text_nprobe", "nprobe_tuning")}
+                                                     "text_nprobe", "nprobe_tuning", "budgets")}
         live.manifest = make_manifest(cfg, live, origin, decided, live.manifest)
+        for budget, codec in live.codes.items():  # same code and measured recall; more rows
+            live.manifest["budgets"][str(budget)]["index_bytes"] = codec.spec.bytes_per_vector * len(codec)
         curves = read_curves(cfg.out, live.version)  # the same run and ordering: the curve carries over
         if curves is None and cfg.val_data:
             device = pick_device(cfg.device)
             model, _ = load_run(cfg.run, device, which=cfg.weights)
-            curves = _curves(cfg, model, device, live.dims, origin.transform["ordering"], None)
+            curves = _curves(cfg, model, _held_out(cfg, model, device, None), live.dims, origin.transform["ordering"])
         attach_curves(cfg.out, live, curves)
         write_version(cfg.out, live)
     return summary(live.manifest, cfg.out, started, added=added, already_indexed=already + len(records) - added)
@@ -293,6 +298,8 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
     vectors = vectors[rows]  # (n, D)
     for m, index in live.image_indexes.items():
         fi.add_vectors(index, prefix(vectors, m), progress=True)
+    for codec in live.codes.values():  # the codes of --bytes: same trained code, more rows
+        codec.add(vectors)
     offset = len(live.meta)
     live.vectors = np.concatenate([live.vectors, vectors])
     live.meta = live.meta + meta
@@ -309,13 +316,13 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
 # ---------------------------------------------------------------------------- the recall-against-m curves
 
 
-def _curves(cfg, model, device, dims: list[int], ordering: str, indexed) -> dict | None:
-    """t2i recall@10 (distinct texts) against m for the four orderings (``retrieval.compact.compact_curve``).
+def _held_out(cfg, model, device, indexed) -> tuple | None:
+    """What the curves (and the codes of ``--bytes``) are measured on: ``(image (n, D), text (T, D),
+    text_to_image (T,), records, split, source)`` of raw embeddings.
 
-    On ``cfg.val_data`` when given, else on ``indexed`` = (image (N, D), text (T, D), text_to_image,
-    records) just embedded, its first ``CURVE_MAX_IMAGES`` images. None when neither is usable.
+    ``cfg.val_data`` embedded when given, else ``indexed`` (what was just embedded for the
+    index, cut to its first ``CURVE_MAX_IMAGES`` images); None when neither is usable.
     """
-    started = time.perf_counter()
     if cfg.val_data:
         pairs = load_pairs(cfg.val_data, cfg.data_config or DataConfig())
         cache = locked_tower_outputs(model, pairs, device, workers=cfg.workers)
@@ -332,14 +339,32 @@ def _curves(cfg, model, device, dims: list[int], ordering: str, indexed) -> dict
     texts = [c for r in records[:n] for c in r.captions]
     if n < 2 or len(rows) != len(texts):
         return None
+    return image[:n], text[rows], owner[rows], texts, split, source
+
+
+def _evaluation(held_out: tuple, transform: CompactTransform):
+    """The held-out embeddings as served vectors: what ``index.budgets`` measures codes on."""
+    from index.budgets import EvalSet
+
+    image, text, owner, texts, split, source = held_out
+    return EvalSet.of(transform(image).numpy(), transform(text).numpy(), owner.numpy(), texts, split, source)
+
+
+def _curves(cfg, model, held_out: tuple | None, dims: list[int], ordering: str) -> dict | None:
+    """t2i recall@10 (distinct texts) against m for the four orderings (``retrieval.compact.compact_curve``),
+    on the held-out embeddings of :func:`_held_out`; None without them."""
+    if held_out is None:
+        return None
+    started = time.perf_counter()
+    image, text, owner, texts, split, source = held_out
     w = model.importance().detach().float().cpu()  # (D,)
     m_values = curve_dims(dims, int(image.shape[1]))
-    curve = compact_curve(image[:n], text[rows], owner[rows], w, m_values, seed=cfg.seed, texts=texts)
+    curve = compact_curve(image, text, owner, w, m_values, seed=cfg.seed, texts=texts)
     return {
         "metric": "t2i_r10",  # text->image recall@10 over distinct caption texts (retrieval.metrics)
         "split": split,  # validation: --val-data; indexed: the indexed data (no --val-data given)
         "data": source,
-        "images": n,
+        "images": int(len(image)),
         "queries": len(set(texts)),
         "ordering": ordering,  # the index's own ordering: its recall per m is curves[ordering]
         "dims": m_values,

@@ -88,11 +88,15 @@ class Collection:
     distributed: bool = False  # the shards may be shared between torchrun ranks
 
 
-def build_and_write(cfg, coll: Collection, dims: list[int], curves: Callable[[list[int]], dict | None] | None = None) -> dict:
+def build_and_write(
+    cfg, coll: Collection, dims: list[int], curves: Callable[[list[int]], dict | None] | None = None, evaluation=None
+) -> dict:
     """Build one index per m of ``dims`` (D included) over ``coll`` and write them as a new version of ``cfg.out``.
 
     ``cfg``: an ``index.config.IndexBuildConfig``. ``curves(dims)``: the recall-against-m
-    curves to keep with the version (rank 0, before the lock), or None. Under ``torchrun``
+    curves to keep with the version (rank 0, before the lock), or None. ``evaluation``: the
+    ``index.budgets.EvalSet`` the codes of ``cfg.bytes`` are measured on (None: the indexed
+    data's first images). Under ``torchrun``
     every rank must call it; rank 0 writes the folder and returns the summary, the others
     return ``{"rank": r, ...}``.
     """
@@ -129,6 +133,8 @@ def build_and_write(cfg, coll: Collection, dims: list[int], curves: Callable[[li
         contents = _contents(coll, image_indexes, text_indexes, work)
         kept = curves(contents.dims) if curves is not None else None
         decided = _decisions(factories, text_factories if coll.text else None, tuning, budget, cfg.recall_target)
+        if cfg.bytes:
+            decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation)
         with writer_lock(cfg.out, cfg.lock_timeout):
             contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
             attach_curves(cfg.out, contents, kept)
@@ -143,6 +149,30 @@ def build_and_write(cfg, coll: Collection, dims: list[int], curves: Callable[[li
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, evaluation) -> tuple[dict, dict]:
+    """The codes of every ``--bytes`` budget, chosen by measured recall (``index.budgets``), put in
+    ``contents.codes``; returns the manifest's ``budgets`` and the curves with their frontier."""
+    from index import budgets as bud
+    from index.store import code_name
+
+    if evaluation is None:
+        if coll.text is None:
+            raise UserError("--bytes measures text->image recall: it needs the caption vectors (no --no-text-index)"
+                            " or --val-data")
+        evaluation = bud.indexed_evaluation(coll.image, coll.text, coll.text_rows, coll.meta, bud.EVAL_MAX_IMAGES,
+                                            str(coll.origin.source.get("data") or coll.origin.embeddings))
+    choices = bud.choose_all(bud.parse_budgets(cfg.bytes), coll.image, evaluation, cfg.codec, cfg.seed)
+    entries = {}
+    for choice in choices:
+        contents.codes[choice.budget] = stored = bud.fill(choice.codec, coll.image)
+        entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, code_name(choice.budget))
+    own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
+    curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
+                      "ordering": coll.origin.transform["ordering"], "curves": {}}
+    curves["bytes"] = bud.frontier(choices, own, evaluation)
+    return entries, curves
 
 
 def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budget: int, target: float) -> dict:

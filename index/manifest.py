@@ -95,6 +95,9 @@ def summary(manifest: dict, index: str, started: float, **extra) -> dict:
             "skipped", "embeddings")
     out = {"index": os.path.abspath(index), **{k: manifest.get(k) for k in keys}}
     out["on_disk"] = out["on_disk"] or {}
+    if manifest.get("budgets"):
+        out["budgets"] = {b: {k: e[k] for k in ("recall", "index_bytes", "bytes_per_vector")} | {"code": e["spec"]}
+                          for b, e in manifest["budgets"].items()}
     return {**out, **extra, "seconds": round(time.perf_counter() - started, 2)}
 
 
@@ -162,8 +165,9 @@ def attach_curves(out, contents: IndexContents, curves: dict | None) -> None:
         fh.write(json.dumps(curves, indent=1) + "\n")
     contents.files[CURVES] = Path(tmp)
     own = curves["curves"].get(curves["ordering"], {})
-    contents.manifest["recall"] = {str(m): own.get(str(m)) for m in contents.dims}
-    contents.manifest["recall_source"] = f"{CURVES} ({curves['split']} data {curves['data']})"
+    if own:  # curves of a build by --bytes alone may hold only the codes' frontier
+        contents.manifest["recall"] = {str(m): own.get(str(m)) for m in contents.dims}
+        contents.manifest["recall_source"] = f"{CURVES} ({curves['split']} data {curves['data']})"
 
 
 def run_recall(run: str, ordering: str, dims: list[int], weights: str = "best") -> dict[str, float | None]:
