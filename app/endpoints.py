@@ -173,10 +173,10 @@ class SearchApp:
             return gr.update(value=[], visible=False), ""
         view = self.live.view()
         try:
-            m = self._check_m(view, m)
+            m, funnel = self._check_m(view, m), self._check_funnel(funnel)
         except UserError:
             return gr.update(value=[], visible=False), ""
-        if m == view.dim or as_bool(funnel):
+        if m == view.dim or funnel:
             note = "the results above are at full D" if m == view.dim else "funnel: the results above are re-ranked at D"
             return gr.update(value=[], visible=False), note
         kind, value = previous
@@ -198,9 +198,24 @@ class SearchApp:
             return self._fail(str(err))
         ms += extra_ms
         base = self._base(request)
+        hits, left_out = self.servable(view, hits)
         items = [(self.image_url(base, view, h["id"]), f"{h['score']:.3f} · {_short(h['caption'])}") for h in hits]
-        status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}"
+        status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}{_left_out(left_out)}"
         return items, status, [h["id"] for h in hits]
+
+    @staticmethod
+    def servable(view: IndexView, hits: list[dict]) -> tuple[list[dict], int]:
+        """The hits whose image the image route serves now, and how many were left out: a file moved or
+        replaced since it was indexed would fail a client that fetches every result (gradio_client's
+        default), so its row is dropped from the answer and logged."""
+        kept = []
+        for hit in hits:
+            why = view.files.refused(view.rows[hit["id"]])
+            if why is None:
+                kept.append(hit)
+            else:
+                log.warning("left result %s out of the answer: %s", hit["id"], why)
+        return kept, len(hits) - len(kept)
 
     @staticmethod
     def image_url(base: str, view: IndexView, image_id: str) -> str:
@@ -210,7 +225,7 @@ class SearchApp:
     def _run(self, view, search, m, funnel, k) -> tuple[list[dict], float, str]:
         """Call ``search(k=, m=, funnel=)``; returns (hits of the one query, milliseconds, a description)."""
         m, k = self._check_m(view, m), self._check_k(k)
-        use_funnel = as_bool(funnel) and m < view.dim
+        use_funnel = self._check_funnel(funnel) and m < view.dim
         kwargs = search_kwargs(view, m, k, use_funnel)
         started = time.perf_counter()
         try:
@@ -295,6 +310,17 @@ class SearchApp:
             raise UserError(f"k must be between 1 and 100, got {k}")
         return k
 
+    @staticmethod
+    def _check_funnel(funnel) -> bool:
+        """A checkbox value from the API: a bool, 0 / 1, or true / false, yes / no, on / off (any case);
+        anything else is refused like a bad m or k (it was read as false)."""
+        if funnel is None or isinstance(funnel, bool):
+            return bool(funnel)
+        word = str(funnel).strip().lower() if isinstance(funnel, (str, int)) else None
+        if word in FUNNEL_WORDS:
+            return FUNNEL_WORDS[word]
+        raise UserError(f"funnel must be 0 or 1 (or true / false), got {str(funnel)[:40]!r}")
+
     def _fail(self, message: str):
         return [], self._message(message), []
 
@@ -309,11 +335,14 @@ def search_kwargs(view, m: int, k: int, funnel: bool) -> dict:
     return {"k": k, "m": None if (funnel or m == view.dim) else m, "funnel": m if funnel else None}
 
 
-def as_bool(value) -> bool:
-    """A checkbox value from the API: a bool, 0/1, or a word such as "true" / "false"."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+def _left_out(n: int) -> str:
+    """The status's note on results dropped because their file changed since indexing."""
+    if not n:
+        return ""
+    return f" · {n} result{'s' if n > 1 else ''} left out: {'their files' if n > 1 else 'its file'} changed since indexing"
+
+
+FUNNEL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False, "": False}
 
 
 BAD_IMAGE = {  # the data layer's reasons, for people

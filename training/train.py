@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 from retrieval.progress import progress
 
-from retrieval.split import eval_caches, partly_lock
+from retrieval.unlock import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
 from retrieval.data.sources import check_source
 from retrieval.errors import UserError, first_line
@@ -129,7 +129,7 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
         _load_init(model, cfg.init, init_source)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
-    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
+    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
     if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
