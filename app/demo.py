@@ -35,7 +35,7 @@ from pathlib import Path
 
 from retrieval.data.builtin import prepare
 from retrieval.errors import UserError
-from retrieval.io import folder_done, folder_kind, read_json, write_json_atomic, writing
+from retrieval.io import folder_done, folder_kind, read_json, write_json_atomic, write_mark, writing
 from retrieval.run import METRICS, read_config
 from training.config import recipe_for
 
@@ -68,6 +68,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     work = Path(cfg.workdir).absolute()  # the index records the run's path: absolute, so it opens from anywhere
     finished = folder_done(work, "demo")  # the last build got to its end (before this one marks it unfinished)
     with writing(work, "demo", reuse=True, option="--workdir", stage=False):
+        write_mark(work, "demo", done=False)  # until this build gets to its end (a kill: the next one checks)
         result = _build(cfg, work, finished)
     print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
     if cfg.serve:
