@@ -462,3 +462,15 @@ def test_an_image_url_of_a_version_not_served_is_404(tmp_path, built_index):
             assert "max-age" not in answer.headers.get("cache-control", "")
         plain = httpx.get(f"{url}triclip/image/0", timeout=30)  # no version: the live one, not to be kept
         assert plain.status_code == 200 and "max-age" not in plain.headers.get("cache-control", "")
+
+
+def test_a_split_that_filled_the_disk_runs_again(cli, tmp_path, shapes, small_disk):
+    disk = small_disk(leave=8 << 10)
+    out = disk / "out"
+    status, _, err = cli("data", "split", shapes / "train.jsonl", "--out", out)
+    line = one_line_error(status, err)
+    assert "disk full" in line or "No space left" in line
+    (disk / "filler").unlink()
+    status, _, err = cli("data", "split", shapes / "train.jsonl", "--out", out)  # no "files triclip did not write"
+    assert status == 0, err
+    assert (out / "train.jsonl").is_file() and json.loads((out / ".triclip.json").read_text())["done"] is True
