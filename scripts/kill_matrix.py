@@ -210,11 +210,13 @@ def main(argv: list[str] | None = None) -> int:
         spec = commands(work)[name]
         reference = work / "reference" / name.replace(" ", "_")
         shutil.rmtree(reference, ignore_errors=True)
+        started = time.monotonic()
         check(triclip([a.replace("{out}", str(reference)) for a in spec["args"]], work), f"{name} (reference)")
+        first = time.monotonic() - started
         started = time.monotonic()  # timed again with the caches the first run filled (what the kills meet)
         again = [a.replace("{out}", str(reference)) for a in spec["args"]]
         check(triclip(again + ([] if spec.get("no_overwrite") else ["--overwrite"]), work), f"{name} (reference, again)")
-        seconds = time.monotonic() - started
+        seconds = first if spec.get("no_overwrite") else time.monotonic() - started  # the demo's second run: a no-op
         cases = kill_cases(name, spec, work, seconds, reference)
         if not ns.no_disk:
             case, why, how = disk_case(name, spec, work)
