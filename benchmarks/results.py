@@ -50,10 +50,12 @@ from pathlib import Path
 
 import torch
 
-# name -> TrainConfig overrides. Options are spelled out (not left to the trainer's defaults).
+from training.config import MRL_STEP, TUNE_STEP
+
+# name -> TrainConfig overrides. Objective options beyond the objective's own defaults (retrieval.losses) are spelled out.
 VARIANTS: dict[str, dict] = {
     "infonce": dict(loss="infonce", loss_options={"nested": 0}),  # plain CLIP, whatever the trainer defaults
-    "mrl": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}),
+    "mrl": dict(MRL_STEP),  # the demo's first step (training.config)
     # MRL with the closed form's head kind (affine, not MLP): separates the heads from the order in solve vs mrl
     "mrl_affine": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="affine"),
     "tricl": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}),
@@ -102,10 +104,7 @@ VARIANTS: dict[str, dict] = {
     "infonce_solved": dict(solve_on="infonce"),
     # and trained on from there (train --init: heads and maps train, S starts at the canonical correlations) under
     # the tri-factor InfoNCE nested on S's order: a short, gentle pass (10 epochs at lr 1e-4, whatever --steps says)
-    "mrl_solved_tricl": dict(
-        init_from="mrl_solved", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10,
-        lr=1e-4, max_steps=None,
-    ),
+    "mrl_solved_tricl": dict(init_from="mrl_solved", **TUNE_STEP, max_steps=None),  # the demo's third step
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],

@@ -47,6 +47,15 @@ OPEN_CLIP_RECIPE = Recipe(
 LOCKED_CHECKPOINT_EVERY = 20  # epochs between checkpoints when both towers are locked (an epoch takes seconds: a kill loses about a minute)
 
 
+# The demo's recipe, defined once: app/demo.py runs it, benchmarks.results names its steps (variants mrl,
+# mrl_solved, mrl_solved_tricl) and tests/test_readme.py checks the README's commands against it. Each step's
+# TrainConfig fields beside the lite preset's recipe (the objectives' own defaults: retrieval.losses).
+MRL_STEP = {"loss": "mrl"}  # 1. train: InfoNCE nested on the first m of D (the default objective)
+# 2. solve --run (step 1's run): Eq. 6 solved on the embeddings it serves (training.solve; no options)
+# 3. train --init (step 2's run): tricl nested on S's order, spelled out (the same as tricl's own defaults)
+TUNE_STEP = {"loss": "tricl", "loss_options": {"nested": 4, "nested_order": "importance"}, "epochs": 10, "lr": 1e-4}
+
+
 def recipe_for(model: str) -> Recipe:
     """The recipe of preset ``model`` (an open_clip architecture name gets OPEN_CLIP_RECIPE)."""
     return RECIPES.get(model, OPEN_CLIP_RECIPE)

@@ -16,7 +16,7 @@ For the trainer:
 
 from retrieval.losses.base import PairLoss
 from retrieval.losses.nested import NESTED_ORDERS, Nested
-from retrieval.losses.build import build_loss, loss_options
+from retrieval.losses.build import build_loss, loss_options, with_defaults
 from retrieval.losses.registry import LOSSES, LossConfigError, available_losses, register_loss
 
 # one module per family; importing them registers their losses
@@ -32,4 +32,5 @@ __all__ = [
     "build_loss",
     "loss_options",
     "register_loss",
+    "with_defaults",
 ]

@@ -109,6 +109,7 @@ class TriCLSpectralLoss(PairLoss):
     Config = TriCLSpectralConfig
     needs_importance = True
     uses_logit_scale = False
+    importance_defaults = {"importance": "softplus", "importance_spread": 1.0}  # Eq. 6's free scale: S = Id at the start
 
     def terms(self, image, text, scale, importance):
         out = {"spectral_loss": spectral_terms(image, text, importance)}

@@ -98,11 +98,14 @@ class TriCLLoss(PairLoss):
         top-m embedding, what a compact index serves); ``nested_order=prefix`` for MRL's prefix.
 
     ``importance`` (``w``, shape (D,)) is required; gradients reach it through the logits.
+    Nested by default (``nested=4`` on the importance order): the trained top-m scores are
+    what a compact index serves (docs/results.md).
     The trainer must put the model's importance parameter ``theta`` in the optimizer
     without weight decay. Shape: features (B, D).
     """
 
     Config = TriCLConfig
+    nesting_defaults = {"nested": 4}  # on the importance order: the nesting default of an objective that reads w
     needs_importance = True
 
     def terms(self, image, text, scale, importance):

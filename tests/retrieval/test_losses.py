@@ -34,7 +34,7 @@ def test_registry_has_the_eight_objectives():
     assert sorted(ALL + ["mrl"] + spectral) == available_losses()  # mrl: infonce with prefix nesting on by default
     nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None}  # every loss takes these
     assert loss_options("debiased") == {"tau_plus": 0.1, **nesting}
-    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting}
+    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting, "nested": 4}
     assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard", **nesting}
 
 
@@ -63,7 +63,7 @@ def test_bad_name_or_option_is_one_clear_line(name, opts, match):
 
 
 def test_options_from_the_cli_parse_to_typed_values():
-    loss = build_loss("tricl", dec_weight=2, tau_plus=0)  # ints as json gives them
+    loss = build_loss("tricl", dec_weight=2, tau_plus=0, nested=0)  # ints as json gives them
     assert loss.config.dec_weight == 2.0 and isinstance(loss.config.dec_weight, float)
     assert build_loss("triplet", mining="hardest", margin=0.5).config.mining == "hardest"
 
@@ -157,7 +157,8 @@ def test_tricl_nested_term_scores_what_the_compact_index_serves():
     torch.testing.assert_close(got, sum(terms), rtol=1e-12, atol=1e-12)
     got.backward()
     assert w.grad is not None and w.grad.abs().sum() > 0
-    assert "nested_loss" not in build_loss("tricl")(image, text, 20.0, w)
+    assert "nested_loss" not in build_loss("tricl", nested=0)(image, text, 20.0, w)
+    assert "nested_loss" in build_loss("tricl")(image, text, 20.0, w)  # tricl nests by default (its own default)
 
 
 @pytest.mark.parametrize("opts", [{"nested": -1}, {"nested": 1.5}, {"nested": True}, {"nested_weight": -1.0}])
