@@ -115,7 +115,7 @@ class TrainConfig:
     tower_lr_scale: float | None = field(default=None, metadata={"help": _per_preset("tower_lr_scale", "a tower that trains: lr * this")})
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
-    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1 (default: the trainer's: mrl and tricl nested=4, mrl nested_order=prefix; others none)
+    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1 (default: the objective's own, retrieval.losses: mrl and tricl nested=4, mrl nested_order=prefix; others none)
     fixed_logit_scale: float | None = None  # hold the logit scale s at this value, 1-100 (not trained); None: learned, clamped to 100
     epochs: int | None = field(default=None, metadata={"help": _per_preset("epochs", "passes over the training data")})
     batch_size: int | None = field(default=None, metadata={"help": _per_preset("batch_size", "pairs per step, per rank")})

@@ -114,7 +114,6 @@ class PairLoss(nn.Module):
 
     Config: ClassVar[type] = NoOptions  # the options dataclass
     name: ClassVar[str] = ""  # set by @register_loss
-    uses_logit_scale: ClassVar[bool] = True  # False: logit_scale is ignored (the trainer may freeze it)
     needs_importance: ClassVar[bool] = False  # True: importance must be given (D,)
     # The loss's own defaults, the one place they live: ``build_loss(name)`` and ``train --loss name`` both apply
     # them (config.json records them). nesting_defaults: nesting options unless given (mrl: nested=4, prefix);

@@ -71,7 +71,6 @@ class SpectralLoss(PairLoss):
     scale and the importance are not used. Shape: features (B, D).
     """
 
-    uses_logit_scale = False
 
     def terms(self, image, text, scale, importance):
         return {"spectral_loss": spectral_terms(image, text)}
@@ -108,7 +107,6 @@ class TriCLSpectralLoss(PairLoss):
 
     Config = TriCLSpectralConfig
     needs_importance = True
-    uses_logit_scale = False
     importance_defaults = {"importance": "softplus", "importance_spread": 1.0}  # Eq. 6's free scale: S = Id at the start
 
     def terms(self, image, text, scale, importance):

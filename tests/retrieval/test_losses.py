@@ -12,6 +12,7 @@ from retrieval.losses import LossConfigError, available_losses, build_loss, loss
 from retrieval.losses.tricl import decorrelation
 
 ALL = ["infonce", "debiased", "tricl", "align_uniform", "contrastive", "triplet", "sigmoid", "hard_negative"]
+SCALE_FREE = {"align_uniform", "contrastive", "triplet", "spectral", "tricl_spectral"}  # plain: s gets no gradient
 
 
 def _features(batch: int, dim: int, seed: int = 0, dtype=torch.float32, noise: float = 0.8):
@@ -32,7 +33,7 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_registry_has_the_eight_objectives():
     spectral = ["spectral", "tricl_spectral"]  # Eq. 6 + 8: tests/retrieval/test_losses_spectral.py
     assert sorted(ALL + ["mrl"] + spectral) == available_losses()  # mrl: infonce with prefix nesting on by default
-    nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None}  # every loss takes these
+    nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None, "nested_by": "infonce"}  # every loss takes these
     assert loss_options("debiased") == {"tau_plus": 0.1, **nesting}
     assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting, "nested": 4}
     assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard", **nesting}
@@ -42,8 +43,8 @@ def test_registry_has_the_eight_objectives():
     "name,opts,match",
     [
         ("nope", {}, "unknown loss 'nope'; choose from align_uniform"),
-        ("debiased", {"tau": 0.1}, "has no option tau .its options: nested, nested_order, nested_weight, tau_plus"),
-        ("infonce", {"tau_plus": 0.1}, "has no option tau_plus .its options: nested, nested_order, nested_weight"),
+        ("debiased", {"tau": 0.1}, "has no option tau .its options: nested, nested_by, nested_order, nested_weight, tau_plus"),
+        ("infonce", {"tau_plus": 0.1}, "has no option tau_plus .its options: nested, nested_by, nested_order, nested_weight"),
         ("debiased", {"tau_plus": 1.0}, r"tau_plus must be in \[0, 1\)"),
         ("debiased", {"tau_plus": -0.1}, r"tau_plus must be in \[0, 1\)"),
         ("tricl", {"tau_plus": "0.1"}, "tau_plus must be a number"),
@@ -188,7 +189,7 @@ def test_gradients_reach_features_scale_and_importance(name):
     _total(loss(image, text, s, w)).backward()
     for x in (image, text):
         assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
-    if loss.uses_logit_scale:
+    if name not in SCALE_FREE:
         assert s.grad is not None and torch.isfinite(s.grad) and s.grad != 0
     else:
         assert s.grad is None
