@@ -1,4 +1,4 @@
-"""The experiments of docs/results.md: one command each, mean ± sd over seeds, PNG plots.
+"""The experiments of docs/results.md and docs/results_archive.md: one command each, mean ± sd over seeds, PNG plots.
 
     .venv/bin/python -m benchmarks.results EXPERIMENT --data DIR --seeds 0,1,2 [--out runs/results/NAME] [--png P]
 
@@ -6,7 +6,7 @@ EXPERIMENT:
 
 - ``compact``: one model per variant and seed (``lite``, both towers locked and cached, MLP
   heads: only the heads, the logit scale and ``w`` train), evaluated on ``DIR/val.jsonl``:
-  full recall (over distinct texts, SPEC "Metrics") and the compact curve (t2i R@10 against
+  full recall (over distinct texts, docs/CONTRACT.md "Metrics") and the compact curve (t2i R@10 against
   m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting; prefix and PCA), ``tricl``
   with and without nesting, ``tricl`` started flat, and the ``contrastive`` / ``triplet`` /
   ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``. ``--curve-metric t2i_r1`` or
@@ -68,7 +68,7 @@ VARIANTS: dict[str, dict] = {
     "debiased_0.1": dict(loss="debiased", loss_options={"tau_plus": 0.1}),
     "debiased_0.2": dict(loss="debiased", loss_options={"tau_plus": 0.2}),
     "hard_negative": dict(loss="hard_negative", loss_options={}),
-    # Eq. 6 (docs/results.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
+    # Eq. 6 (docs/results_archive.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
     "spectral": dict(loss="spectral", loss_options={}),
     "tricl_spectral": dict(loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0),
     "tricl_spectral_mean1": dict(

@@ -31,9 +31,9 @@ class Recipe:
     patience: int  # with validation data: stop after this many epochs without a gain beyond noise (0: never)
 
 
-# lite*: the measured recipe (docs/results.md set-up and section 7; the demo): pretrained towers locked and
-# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (docs/results.md §9, partly unlocked);
-# stops after 5 epochs without a validation gain beyond noise (docs/results.md, "Early stopping": recall unchanged).
+# lite*: the measured recipe (docs/results_archive.md set-up and section 7; the demo): pretrained towers locked and
+# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (docs/results_archive.md §9, partly unlocked);
+# stops after 5 epochs without a validation gain beyond noise (docs/results.md, "Early stopping").
 _LITE = Recipe(epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1, patience=5)
 RECIPES: dict[str, Recipe] = {
     "tiny": Recipe(epochs=1, batch_size=64, lr=1e-3, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0, patience=0),

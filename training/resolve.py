@@ -23,7 +23,7 @@ from retrieval.losses import LOSSES, build_loss, with_defaults
 from training.checkpoint import abs_source
 from training.config import TrainConfig, resolve_recipe
 
-DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results.md appendix: the importance ablation)
+DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results_archive.md appendix: the importance ablation)
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
 RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget",
            "checkpoint_every", "select_factor", "patience")  # --resume: as given

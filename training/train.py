@@ -116,7 +116,7 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
-    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
+    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results_archive.md, section 5)
         with torch.no_grad():
             model.logit_scale_param.fill_(math.log(cfg.fixed_logit_scale))
         model.logit_scale_param.requires_grad_(False)

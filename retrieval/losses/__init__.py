@@ -1,4 +1,4 @@
-"""Objectives (SPEC, "Objectives"): ``build_loss(name, **options)`` and the registered losses.
+"""Objectives (docs/CONTRACT.md, "Objectives"): ``build_loss(name, **options)`` and the registered losses.
 
 A loss is called as ``loss(image_features, text_features, logit_scale, importance=None)``
 and returns ``{"<term>_loss": scalar}``; the training objective is the sum of the terms.

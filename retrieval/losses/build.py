@@ -24,7 +24,7 @@ def with_defaults(name: str, options: dict) -> dict:
 
 
 def build_loss(name: str, **options) -> nn.Module:
-    """Make the objective ``name`` with its options (SPEC, "Objectives").
+    """Make the objective ``name`` with its options (docs/CONTRACT.md, "Objectives").
 
     Args:
         name: a registered name, e.g. ``"infonce"``, ``"debiased"``, ``"tricl"``.
