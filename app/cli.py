@@ -216,7 +216,7 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
 
     add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
     p._option_string_actions["--no-text-index"].help = "index the images only: no caption vectors (no image->text search)"
-    p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
+    p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
 
 
 def _loss_names() -> list[str]:
@@ -288,13 +288,15 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     from index.build import build_index
     from index.config import IndexBuildConfig
 
-    if ns.embeddings is not None and (ns.run is not None or ns.data is not None):
-        raise UserError("--embeddings replaces --run and --data: give one or the other")
     if ns.embeddings is None and (ns.run is None or ns.data is None):
         raise UserError("give --run RUN --data P, or --embeddings EMB (from triclip embed)")
     ns.memory_budget = _memory_budget(ns.memory_budget)
     summary = build_index(to_config(IndexBuildConfig, ns))
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
+        if summary.get("budgets"):  # the codes kept per budget, for a person (stdout stays one JSON object)
+            from index.budgets import table
+
+            print(table(summary["budgets"]), file=sys.stderr)
         _print_json(summary)
     return 0
 
@@ -308,7 +310,7 @@ def cmd_index_rollback(ns: argparse.Namespace) -> int:
 
 
 def _memory_budget(text: str | None) -> int | None:
-    from index.from_embeddings import parse_bytes
+    from index.config import parse_bytes
 
     return None if text is None else parse_bytes(text)
 
@@ -362,7 +364,9 @@ def cmd_search(ns: argparse.Namespace) -> int:
     parts = ([searcher.embed_texts(texts)] if texts else []) + ([searcher.embed_images(images)] if images else [])
     queries = np.concatenate(parts)  # (Q, D)
     embedded = time.perf_counter()
-    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel)
+    rescore = ns.rescore if ns.rescore in (None, "float") else _int_option("--rescore", ns.rescore)
+    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
+                                      rescore=rescore)
     searched = time.perf_counter()
     labels = texts + images
     if ns.json:
@@ -387,6 +391,13 @@ def cmd_search(ns: argparse.Namespace) -> int:
         }
         print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
+
+
+def _int_option(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{name} takes float or a number of bytes, got {text!r}") from None
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
@@ -439,6 +450,8 @@ def _needs_options(argv: Sequence[str] | None) -> Callable[[str], bool]:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``triclip`` parser. Given ``argv``, only its command's dataclass options are built
     (importing a command's config costs ~0.2 s: a text search must not pay for ``train``'s)."""
+    from app.options import positive_int  # the one check of batch sizes (app.options.POSITIVE_SUFFIX)
+
     full = _needs_options(argv)
     parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -499,7 +512,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk (default: float32)")
     p.add_argument("--no-text", action="store_true", help="embed the images only, not the captions")
-    p.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 64 on the CPU")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default: 256 on a GPU, 64 on the CPU")
     p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
     p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
     p.add_argument("--overwrite", action="store_true", help="start --out over when it holds other embeddings")
@@ -529,6 +542,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--target", choices=["image", "text"], default="image", help="search images (default) or captions")
     p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
     p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
+    p.add_argument("--bytes", type=int, default=None, metavar="B",
+                   help="search the image codes of B bytes per image (index build --bytes; default: none, float at m)")
+    p.add_argument("--rescore", default=None, metavar="float|B2",
+                   help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")
     p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
     p.add_argument("-k", type=int, default=10, help="hits per query (default: 10)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")

@@ -261,14 +261,18 @@ class SearchApp:
         return self._serve_row(int(match.group(1)), match.group(2) or request.query_params.get("v"))
 
     def _serve_row(self, row: int, version: str | None):
-        files = self.live.files_of.get(version) if version else None
-        if files is None:  # no version named, or one no longer kept: the version served now
-            files = self.live.view().files
+        """A row of the version named (404 for one not served: never another version's picture), or
+        of the live version when none is named (then not to be cached: the next version may differ)."""
+        files = self.live.files_of.get(version) if version else self.live.view().files
+        if files is None:
+            log.warning("image route: refused row %s of %s: a version not served", row, str(version)[:40])
+            return PlainTextResponse("no such version", status_code=404)
         content, why = files.read(row)
         if content is None:
             log.warning("image route: refused row %s%s: %s", row, f" of {version}" if version else "", why)
             return PlainTextResponse("no such image", status_code=404)
-        return Response(content, media_type=why, headers={"Cache-Control": "public, max-age=86400"})
+        cache = "public, max-age=86400" if version else "no-cache"
+        return Response(content, media_type=why, headers={"Cache-Control": cache})
 
     def _describe(self, view, m: int, funnel: bool) -> str:
         recall = view.recall.get(m)

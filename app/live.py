@@ -45,7 +45,7 @@ class ImageFiles:
 
     @classmethod
     def of(cls, meta: list[dict]) -> "ImageFiles":
-        from index.build import file_identity
+        from index.manifest import file_identity
 
         folders: dict[str, str] = {}
         paths, identity, at_load = [], [], 0
@@ -119,7 +119,7 @@ class IndexView:
 
     @classmethod
     def of(cls, searcher, index_dir) -> "IndexView":
-        from index.build import read_curves
+        from index.manifest import read_curves
 
         manifest, meta = searcher.manifest, searcher.contents.meta
         version = searcher.contents.version or "?"

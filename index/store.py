@@ -9,7 +9,7 @@
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
 
-An index on disk (``index.from_embeddings`` beyond the memory budget) is an IVF index
+An index on disk (``index.builder`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
 them (``on_disk``: {"image": {"64": "image.m64.ivfdata"}, "text": {...}}). They are read
 memory-mapped (``index.faiss_index.load(on_disk=True)``: looked up beside the ``.faiss``
@@ -48,7 +48,7 @@ import numpy as np
 
 from index import faiss_index as fi
 from retrieval.errors import UserError
-from retrieval.io import LOCK, MARK, current_umask, folder_lock, read_mark, write_mark
+from retrieval.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 
 CURRENT = "CURRENT"
 TMP_PREFIX = ".tmp-"
@@ -61,6 +61,11 @@ FORMAT = 2  # manifest["format"]; 1 was one m per folder, manifest at the top
 OLD_FILES = ("manifest.json", "index.faiss", "text.faiss", "text_rows.npy", "meta.jsonl")  # format 1
 VERSION_RE = re.compile(r"^v(\d{6,})$")
 READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
+
+
+def code_name(budget: int) -> str:
+    """The file of the image codes of ``budget`` bytes per vector (``index build --bytes``)."""
+    return f"image.b{budget}.codec"
 
 
 def image_index_name(m: int) -> str:
@@ -87,6 +92,7 @@ class IndexContents:
     text_vectors: np.ndarray | None = None  # (T, D) caption vectors, or None without a caption index
     text_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (T, 2) image row, caption no.
     text_indexes: dict[int, faiss.Index] = field(default_factory=dict)  # m -> caption index (empty: none)
+    codes: dict = field(default_factory=dict)  # budget (bytes per vector) -> index.codecs.Codec over the image rows
     version: str | None = None  # the folder it was read from, e.g. "v000003"
     files: dict[str, Path] = field(default_factory=dict)  # name in the version -> a file written elsewhere (same
     # filesystem) that the writer moves in: the .ivfdata lists of on-disk indexes, vectors written in pieces
@@ -244,7 +250,10 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
     try:
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a version folder follows the umask
-        _write_files(tmp, contents)
+        with write_errors(root):  # a full disk or no permission: one line, not faiss' or numpy's own
+            _write_files(tmp, contents)
+        for file in tmp.iterdir():  # files made by mkstemp elsewhere and moved in (curves.json, lists) are 0600
+            fix_mode(file)
         numbers = [int(n[1:]) for n in _versions(root)]
         pointer = _read_pointer(root)
         name = f"v{max(numbers + [int(pointer[1:]) if pointer else 0]) + 1:06d}"
@@ -276,6 +285,8 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         if TEXT_VECTORS not in c.files:
             np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
+    for budget, codec in c.codes.items():
+        codec.save(folder / code_name(budget))
     with open(folder / META, "w", encoding="utf-8") as fh:
         for row in c.meta:
             fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
@@ -368,7 +379,8 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
     meta = _read_meta(folder / META, folder)
     if len(meta) != count:
         raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
-    mmap = bool(on_disk)  # an index too big for memory: its vectors are mapped, not read
+    budgets = _check_budgets(manifest, folder)
+    mmap = bool(on_disk) or bool(budgets)  # too big for memory, or codes in memory: the float vectors are mapped
     vectors = _read_vectors(folder / VECTORS, (count, dim), folder, mmap)
     contents = IndexContents(manifest, meta, vectors, {})
     if text_count is not None:
@@ -388,7 +400,33 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
             contents.text_indexes[m] = (
                 _read_index(folder / text_index_name(m), m, text_count, folder, lists) if indexes else None
             )
+    for budget in budgets if indexes else ():
+        contents.codes[budget] = _read_codes(folder / code_name(budget), dim, count, folder)
     return contents
+
+
+def _check_budgets(manifest: dict, folder: Path) -> list[int]:
+    """The byte budgets the manifest's ``budgets`` names (``index build --bytes``), ascending."""
+    entry = manifest.get("budgets") or {}
+    if not isinstance(entry, dict) or not all(isinstance(b, str) and b.isdigit() and isinstance(v, dict)
+                                              and v.get("file") == code_name(int(b)) for b, v in entry.items()):
+        raise _damaged(folder, f"{MANIFEST} garbles budgets (the codes of index build --bytes)")
+    return sorted(int(b) for b in entry)
+
+
+def _read_codes(file: Path, dim: int, count: int, folder: Path):
+    """The codes of one budget (``index.codecs``), checked to hold ``count`` vectors of width ``dim``."""
+    from index import codecs
+
+    if not file.is_file():
+        raise FileNotFoundError(file)
+    try:
+        codec = codecs.load(file, dim)
+    except UserError:
+        raise _damaged(folder, f"{file.name} is not a readable codec file") from None
+    if len(codec) != count or codec.dim != dim:
+        raise _damaged(folder, f"{file.name} holds {len(codec)} vectors of width {codec.dim}, expected {count} of {dim}")
+    return codec
 
 
 def _check_on_disk(manifest: dict, dims: list[int], has_text: bool, folder: Path) -> dict[tuple[str, int], Path]:

@@ -33,10 +33,8 @@ SERVING = (
 
 
 # circles known and being removed elsewhere; each entry must still be a circle (test below), so the entry
-# goes once the circle does. index.build <-> index.from_embeddings: removed by the single index build path.
-KNOWN_CIRCLES = [
-    ["index.build", "index.from_embeddings"],
-]
+# goes once the circle does. (index.build <-> index.from_embeddings went with the single index build path.)
+KNOWN_CIRCLES: list[list[str]] = []
 
 
 def _imported_packages(path: Path) -> set[str]:
