@@ -382,8 +382,8 @@ def _final_summary(
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        unless = " unless given --weights last" if decision.kept == "best" else " (the last weights)"
-        text += f" {decision.reason()} Eval and index use {where}{unless} ({run / ckpt.SELECTION})."
+        which = "unless given --weights last" if decision.kept == "best" else "the last weights"
+        text += f" {decision.reason()} Eval and index use {where} ({which}; {run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
