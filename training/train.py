@@ -520,6 +520,7 @@ def _validate(cfg: TrainConfig) -> None:
         "unlock_text_layers": 0,
         "cached_views": 1,
         "cache_budget": 0,
+        "patience": 0,
     }
     for name, low in at_least.items():
         value = getattr(cfg, name)
