@@ -366,8 +366,8 @@ def _final_summary(
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        unless = " unless given --weights last" if decision.kept == "best" else " (the last weights)"
-        text += f" {decision.reason()} Eval and index use {where}{unless} ({run / ckpt.SELECTION})."
+        which = "unless given --weights last" if decision.kept == "best" else "the last weights"
+        text += f" {decision.reason()} Eval and index use {where} ({which}; {run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
@@ -504,6 +504,7 @@ def _validate(cfg: TrainConfig) -> None:
         "unlock_text_layers": 0,
         "cached_views": 1,
         "cache_budget": 0,
+        "patience": 0,
     }
     for name, low in at_least.items():
         value = getattr(cfg, name)
