@@ -171,7 +171,8 @@ def pca_pq(train, gallery, q, budget):
     return codec_ids(codec, gallery @ rot, q @ rot)
 
 
-def st_binary(train, gallery, q, budget):
+def st_binary(train, gallery, q, budget, k=K, rescore=True):
+    """sentence-transformers' binary search of the first 8B coordinates (its own float re-scoring when asked)."""
     from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
 
     m = 8 * budget
@@ -179,8 +180,8 @@ def st_binary(train, gallery, q, budget):
         return None
     corpus = quantize_embeddings(prefix(gallery, m), precision="ubinary")
     hits, _ = semantic_search_faiss(np.ascontiguousarray(q[:, :m]), corpus_embeddings=corpus, corpus_precision="ubinary",
-                                    top_k=K, rescore=True, rescore_multiplier=SHORTLIST // K)  # fmt: skip
-    return _hit_ids(hits, K)
+                                    top_k=k, rescore=rescore, rescore_multiplier=SHORTLIST // K)  # fmt: skip
+    return _hit_ids(hits, k)
 
 
 def st_int8(train, gallery, q, budget):
@@ -197,16 +198,13 @@ def st_int8(train, gallery, q, budget):
 
 def st_binary_int8(train, gallery, q, budget):
     """sentence-transformers' recipe: binary shortlist in memory, int8 re-scoring of the full vectors from disk."""
-    from sentence_transformers.util.quantization import quantize_embeddings, semantic_search_faiss
+    from sentence_transformers.util.quantization import quantize_embeddings
 
-    m = 8 * budget
-    if m > gallery.shape[1]:
+    shortlist = st_binary(train, gallery, q, budget, SHORTLIST, rescore=False)
+    if shortlist is None:
         return None
-    corpus = quantize_embeddings(prefix(gallery, m), precision="ubinary")
-    hits, _ = semantic_search_faiss(np.ascontiguousarray(q[:, :m]), corpus_embeddings=corpus, corpus_precision="ubinary",
-                                    top_k=SHORTLIST, rescore=False)  # fmt: skip
     int8 = quantize_embeddings(gallery, precision="int8", calibration_embeddings=train)  # on disk: D bytes
-    return rescore(_hit_ids(hits, SHORTLIST), q, int8)
+    return rescore(shortlist, q, int8)
 
 
 def _hit_ids(hits: list[list[dict]], k: int) -> np.ndarray:
