@@ -276,6 +276,27 @@ def table(per_seed: list[dict], metric: str = "r10") -> str:
     return "\n".join(lines)
 
 
+PEER_ROWS = ["int8", "binary", "PQ", "OPQ+PQ", "PCA+PQ", "ST binary+rescore", "ST int8+rescore"]  # in-memory peers
+
+
+def paired(per_seed: list[dict], ours: str, budgets: list[int]) -> str:
+    """Per budget: ``ours`` minus the best peer (the peer with the best mean), paired by seed, and the share of
+    full-D recall ``ours`` keeps."""
+    full = [next(iter(r["float32 full D"].values()))["r10"] for r in per_seed]
+    lines = [f"| B | {ours} | best peer | {ours} − best peer (paired) | share of full D |", "|---:|---:|---|---:|---:|"]
+    for b in budgets:
+        key = str(b)
+        peers = [p for p in PEER_ROWS if all(key in r.get(p, {}) for r in per_seed)]
+        if key not in per_seed[0].get(ours, {}) or not peers:
+            continue
+        mine = [r[ours][key]["r10"] for r in per_seed]
+        best = max(peers, key=lambda p: statistics.mean(r[p][key]["r10"] for r in per_seed))
+        diffs = [a - r[best][key]["r10"] for a, r in zip(mine, per_seed)]
+        share = statistics.mean(a / f for a, f in zip(mine, full))
+        lines.append(f"| {b} | {mean_sd(mine)} | {best} | {mean_sd(diffs)} | {100 * share:.0f}% |")
+    return "\n".join(lines)
+
+
 SHOWN = ["float32 top-m (today)", "int8", "binary", "OPQ+PQ", "PCA+PQ", "mixed", "triclip (chosen on val)",
          "ST binary+rescore", "ST int8+rescore", "ST binary->int8 (rescore)", "triclip rescore (float32 on disk)"]  # fmt: skip
 
@@ -329,10 +350,20 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--budgets", default="8,16,32,64,128")
     p.add_argument("--json", required=True, help="write every number here")
+    p = sub.add_parser("report", help="the tables of saved measurements")
+    p.add_argument("files", nargs="+")
     p = sub.add_parser("plot")
     p.add_argument("files", nargs="+")
     p.add_argument("--png", required=True)
     ns = parser.parse_args(argv)
+    if ns.cmd == "report":
+        for path in ns.files:
+            saved = json.loads(Path(path).read_text())
+            runs = saved["per_seed"]
+            print(f"\n### {saved['name']} ({saved['variant']}, {len(runs)} seeds): test t2i R@10\n\n{table(runs)}\n")
+            for ours in ("triclip (chosen on val)", "mixed", "triclip rescore (float32 on disk)"):
+                print(paired(runs, ours, saved["budgets"]) + "\n")
+        return 0
     if ns.cmd == "plot":
         plot(ns.files, ns.png)
         print(f"plot: {ns.png}")
