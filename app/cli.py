@@ -452,6 +452,8 @@ def _needs_options(argv: Sequence[str] | None) -> Callable[[str], bool]:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``triclip`` parser. Given ``argv``, only its command's dataclass options are built
     (importing a command's config costs ~0.2 s: a text search must not pay for ``train``'s)."""
+    from app.options import positive_int  # the one check of batch sizes (app.options.POSITIVE_SUFFIX)
+
     full = _needs_options(argv)
     parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -512,7 +514,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
     p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk (default: float32)")
     p.add_argument("--no-text", action="store_true", help="embed the images only, not the captions")
-    p.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 64 on the CPU")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default: 256 on a GPU, 64 on the CPU")
     p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
     p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
     p.add_argument("--overwrite", action="store_true", help="start --out over when it holds other embeddings")

@@ -175,10 +175,10 @@ class SearchApp:
             return gr.update(value=[], visible=False), ""
         view = self.live.view()
         try:
-            m = self._check_m(view, m)
+            m, funnel = self._check_m(view, m), self._check_funnel(funnel)
         except UserError:
             return gr.update(value=[], visible=False), ""
-        if m == view.dim or as_bool(funnel):
+        if m == view.dim or funnel:
             note = "the results above are at full D" if m == view.dim else "funnel: the results above are re-ranked at D"
             return gr.update(value=[], visible=False), note
         kind, value = previous
@@ -201,9 +201,24 @@ class SearchApp:
             return self._fail(str(err))
         ms += extra_ms
         base = self._base(request)
+        hits, left_out = self.servable(view, hits)
         items = [(self.image_url(base, view, h["id"]), f"{h['score']:.3f} · {_short(h['caption'])}") for h in hits]
-        status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}"
+        status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}{_left_out(left_out)}"
         return items, status, [h["id"] for h in hits]
+
+    @staticmethod
+    def servable(view: IndexView, hits: list[dict]) -> tuple[list[dict], int]:
+        """The hits whose image the image route serves now, and how many were left out: a file moved or
+        replaced since it was indexed would fail a client that fetches every result (gradio_client's
+        default), so its row is dropped from the answer and logged."""
+        kept = []
+        for hit in hits:
+            why = view.files.refused(view.rows[hit["id"]])
+            if why is None:
+                kept.append(hit)
+            else:
+                log.warning("left result %s out of the answer: %s", hit["id"], why)
+        return kept, len(hits) - len(kept)
 
     @staticmethod
     def image_url(base: str, view: IndexView, image_id: str) -> str:
@@ -213,7 +228,7 @@ class SearchApp:
     def _run(self, view, search, m, funnel, k) -> tuple[list[dict], float, str]:
         """Call ``search(k=, m=, funnel=)``; returns (hits of the one query, milliseconds, a description)."""
         m, k = self._check_m(view, m), self._check_k(k)
-        use_funnel = as_bool(funnel) and m != view.dim
+        use_funnel = self._check_funnel(funnel) and m != view.dim
         kwargs = search_kwargs(view, m, k, use_funnel)
         started = time.perf_counter()
         try:
@@ -249,14 +264,18 @@ class SearchApp:
         return self._serve_row(int(match.group(1)), match.group(2) or request.query_params.get("v"))
 
     def _serve_row(self, row: int, version: str | None):
-        files = self.live.files_of.get(version) if version else None
-        if files is None:  # no version named, or one no longer kept: the version served now
-            files = self.live.view().files
+        """A row of the version named (404 for one not served: never another version's picture), or
+        of the live version when none is named (then not to be cached: the next version may differ)."""
+        files = self.live.files_of.get(version) if version else self.live.view().files
+        if files is None:
+            log.warning("image route: refused row %s of %s: a version not served", row, str(version)[:40])
+            return PlainTextResponse("no such version", status_code=404)
         content, why = files.read(row)
         if content is None:
             log.warning("image route: refused row %s%s: %s", row, f" of {version}" if version else "", why)
             return PlainTextResponse("no such image", status_code=404)
-        return Response(content, media_type=why, headers={"Cache-Control": "public, max-age=86400"})
+        cache = "public, max-age=86400" if version else "no-cache"
+        return Response(content, media_type=why, headers={"Cache-Control": cache})
 
     def _describe(self, view, m: int | str, funnel: bool) -> str:
         if isinstance(m, str):  # a budget's codes
@@ -302,6 +321,17 @@ class SearchApp:
             raise UserError(f"k must be between 1 and 100, got {k}")
         return k
 
+    @staticmethod
+    def _check_funnel(funnel) -> bool:
+        """A checkbox value from the API: a bool, 0 / 1, or true / false, yes / no, on / off (any case);
+        anything else is refused like a bad m or k (it was read as false)."""
+        if funnel is None or isinstance(funnel, bool):
+            return bool(funnel)
+        word = str(funnel).strip().lower() if isinstance(funnel, (str, int)) else None
+        if word in FUNNEL_WORDS:
+            return FUNNEL_WORDS[word]
+        raise UserError(f"funnel must be 0 or 1 (or true / false), got {str(funnel)[:40]!r}")
+
     def _fail(self, message: str):
         return [], self._message(message), []
 
@@ -342,11 +372,14 @@ def code_label(entry: dict) -> str:
     return CodecSpec.from_json(entry["spec"]).label()
 
 
-def as_bool(value) -> bool:
-    """A checkbox value from the API: a bool, 0/1, or a word such as "true" / "false"."""
-    if isinstance(value, str):
-        return value.strip().lower() in ("1", "true", "yes", "on")
-    return bool(value)
+def _left_out(n: int) -> str:
+    """The status's note on results dropped because their file changed since indexing."""
+    if not n:
+        return ""
+    return f" · {n} result{'s' if n > 1 else ''} left out: {'their files' if n > 1 else 'its file'} changed since indexing"
+
+
+FUNNEL_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False, "": False}
 
 
 BAD_IMAGE = {  # the data layer's reasons, for people

@@ -16,7 +16,7 @@ import time
 
 from starlette.routing import Route
 
-from app.endpoints import SearchApp, as_bool, check_budget, search_kwargs
+from app.endpoints import SearchApp, check_budget, search_kwargs
 from app.live import IndexView
 from retrieval.errors import UserError
 
@@ -62,19 +62,21 @@ class JsonSearch:
             else:
                 m = self.app._check_m(view, params.get("m"))
             k = self.app._check_k(params.get("k", self.app.cfg.k))
-            funnel = as_bool(params.get("funnel", "0")) and m != view.dim
+            funnel = self.app._check_funnel(params.get("funnel", "0")) and m != view.dim
             started = time.perf_counter()
             vector = await self._embed(view, text)  # (1, D)
             hits = view.searcher.search_vectors(vector, **search_kwargs(view, m, k, funnel))[0]
         except UserError as err:
             return JSONResponse({"error": str(err)}, status_code=400)
         base = str(request.base_url).rstrip("/")
+        hits, left_out = self.app.servable(view, hits)
         for hit in hits:
             hit["image"] = self.app.image_url(base, view, hit["id"])
         ms = round((time.perf_counter() - started) * 1000, 2)
         budget = int(m[:-1]) if isinstance(m, str) else None
-        return JSONResponse({"query": text, "m": view.budgets[budget]["spec"]["m"] if budget else m, "bytes": budget,
-                             "funnel": funnel, "ms": ms, "version": view.version, "hits": hits})
+        answer = {"query": text, "m": view.budgets[budget]["spec"]["m"] if budget else m, "bytes": budget,
+                  "funnel": funnel, "ms": ms, "version": view.version, "hits": hits}
+        return JSONResponse({**answer, "left_out": left_out} if left_out else answer)
 
     async def _embed(self, view: IndexView, text: str):
         future = asyncio.get_running_loop().create_future()

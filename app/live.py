@@ -68,6 +68,15 @@ class ImageFiles:
 
     def read(self, row: int) -> tuple[bytes | None, str]:
         """``(content, media type)`` of a row's file, or ``(None, why it is refused)``."""
+        return self._open(row, read=True)
+
+    def refused(self, row: int) -> str | None:
+        """Why the image route would refuse ``row`` now (None: it serves it); opens the file, reads nothing."""
+        content, why = self._open(row, read=False)
+        return None if content is not None else why
+
+    def _open(self, row: int, read: bool) -> tuple[bytes | None, str]:
+        """The checks of ``read`` (and the content when ``read``; else ``b""`` for a servable file)."""
         if not 0 <= row < len(self.paths):
             return None, "no such row"
         path, want = self.paths[row], self.identity[row]
@@ -83,7 +92,7 @@ class ImageFiles:
                 return None, f"{path} is not a regular file"
             if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns) != want:
                 return None, f"{path} is not the file that was indexed (device, inode, size or mtime changed)"
-            chunks, left = [], st.st_size
+            chunks, left = [], st.st_size if read else 0
             while left > 0:
                 chunk = os.read(fd, min(left, 1 << 20))
                 if not chunk:

@@ -52,7 +52,6 @@ from retrieval.cache import locked_tower_outputs
 from retrieval.compact import ORDERINGS, CompactTransform, compact_curve, make_transform
 from retrieval.data import DataConfig, PairSet, load_pairs
 from retrieval.data.split import load_collection, split_val
-from retrieval.data.split import load_collection, split_val
 from retrieval.embed import embed_pairs, pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir

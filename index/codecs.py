@@ -17,7 +17,9 @@ shape (N, D) float32; a code covers the leading ``m`` dimensions. Codecs (FAISS:
   quantiser with a different bit width per dimension (``ScalarQuantizer`` uses one width for all).
   It is searched exhaustively by decoding the packed codes in chunks.
 
-Every codec but ``binary`` scores float queries against the decoded codes (asymmetric distance).
+A code that keeps fewer than D dimensions stores them re-normalised to unit length (as today's top-m index
+does, ``index.build.prefix``), so scores are cosines over what is kept: at 8 B, float32 at m = 2 finds 2.5x
+more without that on synthetic data. Every codec but ``binary`` scores float queries against the decoded codes (asymmetric distance).
 Float FAISS codecs are wrapped in ``IndexPreTransform(RemapDimensionsTransform(D, m), ...)``, so they take
 full-width queries and record D in their file; :meth:`Codec.reconstruct` returns (n, D) with zeros beyond m.
 
@@ -39,6 +41,9 @@ from retrieval.io import atomic_path
 
 CODECS: tuple[str, ...] = ("float32", "int8", "binary", "pq", "opq", "mixed")
 METRIC = faiss.METRIC_INNER_PRODUCT
+PQ_DIMS_PER_CODE = 4  # fewest dimensions per PQ sub-quantiser among the candidates
+OPQ_DIMS_PER_CODE = 8  # and per OPQ sub-quantiser (OPQ64 on 5k x 256 vectors: 3.5 min of training at D/4)
+OPQ_ITERATIONS = 20  # OPQMatrix.niter (FAISS's default 50: 2.5x the training time; see docs/results_bytes.md)
 SEARCH_CHUNK = 65_536  # stored vectors decoded at once by the hand-written search
 
 
@@ -83,8 +88,10 @@ def candidates(budget: int, dim: int) -> list[CodecSpec]:
     """Every codec and m that fits in ``budget`` bytes per vector (what ``index build --bytes`` tries).
 
     For float32 / int8 / binary the largest m that fits and half of it; for PQ / OPQ one byte per
-    sub-quantiser (M = budget, 8 bits) on the largest multiple of M up to D and half of it; for mixed
-    the whole width (the allocation decides which dimensions get bits). Codes that cannot fit are left out.
+    sub-quantiser (M = budget, 8 bits) on the largest multiple of M up to D (PQ: and half of it), with at
+    least :data:`PQ_DIMS_PER_CODE` (OPQ: :data:`OPQ_DIMS_PER_CODE`) dimensions per sub-quantiser (PQ as
+    ``faiss_index.pq_subquantizers``; finer codes cost minutes of k-means for what int8 / mixed give there); for mixed the whole width (the
+    allocation decides which dimensions get bits). Codes that cannot fit are left out.
     """
     if budget < 1 or dim < 1:
         raise UserError(f"a budget needs >= 1 byte and a width >= 1, got {budget} B, D={dim}")
@@ -96,8 +103,8 @@ def candidates(budget: int, dim: int) -> list[CodecSpec]:
                 specs.append(CodecSpec(codec, m, math.ceil(m * per_dim)))
     top = dim // budget * budget
     for codec in ("pq", "opq"):
-        for m in sorted({top, top // 2 // budget * budget}, reverse=True):
-            if m >= budget:
+        for m in sorted({top, top // 2 // budget * budget} if codec == "pq" else {top}, reverse=True):
+            if m >= (PQ_DIMS_PER_CODE if codec == "pq" else OPQ_DIMS_PER_CODE) * budget:
                 specs.append(CodecSpec(codec, m, budget, {"M": budget, "nbits": 8}))
     specs.append(CodecSpec("mixed", dim, budget, {}))
     return specs
@@ -150,7 +157,7 @@ class FaissCodec(Codec):
         self.spec, self.index, self.dim = spec, index, dim
 
     def add(self, x):
-        self.index.add(self._check(x, "vectors"))
+        self.index.add(unit_prefix(self._check(x, "vectors"), self.spec.m))
 
     def search(self, q, k):
         q = self._check(q, "queries")
@@ -226,7 +233,7 @@ class MixedCodec(Codec):
         self.codes = codes if codes is not None else np.zeros((0, spec.bytes_per_vector), np.uint8)  # (n, B)
 
     def add(self, x):
-        x = self._check(x, "vectors")[:, : self.spec.m]
+        x = unit_prefix(self._check(x, "vectors")[:, : self.spec.m], self.bits > 0)
         cells = allocation.quantise(x, self.lo, self.hi, self.bits)
         self.codes = np.concatenate([self.codes, allocation.pack(cells, self.bits)])
 
@@ -269,6 +276,17 @@ class MixedCodec(Codec):
         return MixedCodec(self.spec, self.lo, self.hi, self.dim)
 
 
+def unit_prefix(x: np.ndarray, keep) -> np.ndarray:
+    """``x`` scaled per row so the kept dimensions have unit length (zero rows stay zero).
+
+    ``keep``: the number m of leading dimensions, or a boolean mask over the columns. Shape: (N, W) -> (N, W);
+    only the kept columns are meaningful afterwards (the codes read no others).
+    """
+    part = x[:, :keep] if isinstance(keep, (int, np.integer)) else np.where(keep, x, np.float32(0))  # (N, m) or (N, W)
+    norms = np.linalg.norm(part, axis=1, keepdims=True)  # (N, 1)
+    return np.ascontiguousarray(x / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
 # ---------------------------------------------------------------------------- fit and load
 
 
@@ -296,7 +314,7 @@ def fit(spec: CodecSpec, train: np.ndarray, importance: np.ndarray | None = None
     spec, inner, rotation = _faiss_parts(spec, n)
     index = faiss.IndexPreTransform(inner) if rotation is None else faiss.IndexPreTransform(rotation, inner)
     index.prepend_transform(faiss.RemapDimensionsTransform(dim, spec.m, False))
-    index.train(train)
+    index.train(unit_prefix(train, spec.m))
     index = faiss.deserialize_index(faiss.serialize_index(index))  # one object that owns all its parts
     return FaissCodec(spec, index, dim)
 
@@ -319,6 +337,7 @@ def _faiss_parts(spec: CodecSpec, n: int):
     if spec.codec == "pq":
         return spec, inner, None
     rotation = faiss.OPQMatrix(spec.m, sub)
+    rotation.niter = OPQ_ITERATIONS
     own_pq = faiss.ProductQuantizer(spec.m, sub, nbits)  # OPQ's own k-means at the nbits the data allows
     own_pq.cp.min_points_per_centroid = 1
     rotation.pq, rotation.referenced_objects = own_pq, [own_pq]  # keep it alive while the rotation trains
@@ -330,10 +349,11 @@ def _fit_mixed(spec: CodecSpec, train: np.ndarray, importance: np.ndarray | None
     weights = allocation.query_weights(top) if importance is None else np.asarray(importance, np.float64)[: spec.m]
     if weights.shape != (spec.m,) or (weights < 0).any():
         raise UserError(f"importance must be {spec.m} non-negative weights, got shape {np.shape(importance)}")
-    lo, hi, mse = allocation.quantiser_table(top)
+    mse = allocation.quantiser_table(top)[2]
     bits = allocation.allocate(weights[:, None] * mse, 8 * spec.bytes_per_vector)
     m = int(np.flatnonzero(bits)[-1]) + 1 if bits.any() else 1
     bits = bits[:m]
+    lo, hi, _ = allocation.quantiser_table(unit_prefix(top[:, :m], bits > 0))  # ranges of what is stored
     chosen = lo[np.arange(m), bits], hi[np.arange(m), bits]
     fitted = replace(spec, m=m, bytes_per_vector=max(1, math.ceil(bits.sum() / 8)), params={"bits": bits.tolist()})
     return MixedCodec(fitted, *chosen, dim=train.shape[1])

@@ -32,6 +32,7 @@ import numpy as np
 
 from index.store import FORMAT, TMP_PREFIX, IndexContents
 from retrieval.errors import UserError
+from retrieval.io import write_errors
 
 CURVES = "curves.json"  # in each version: recall@10 against m per ordering (written with the version)
 
@@ -161,7 +162,7 @@ def attach_curves(out, contents: IndexContents, curves: dict | None) -> None:
     if curves is None:
         return
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "curves-", dir=out)  # removed by recovery if the write dies
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+    with write_errors(out), os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(json.dumps(curves, indent=1) + "\n")
     contents.files[CURVES] = Path(tmp)
     own = curves["curves"].get(curves["ordering"], {})

@@ -48,7 +48,7 @@ import numpy as np
 
 from index import faiss_index as fi
 from retrieval.errors import UserError
-from retrieval.io import LOCK, MARK, current_umask, folder_lock, read_mark, write_mark
+from retrieval.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 
 CURRENT = "CURRENT"
 TMP_PREFIX = ".tmp-"
@@ -250,7 +250,10 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
     try:
         os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a version folder follows the umask
-        _write_files(tmp, contents)
+        with write_errors(root):  # a full disk or no permission: one line, not faiss' or numpy's own
+            _write_files(tmp, contents)
+        for file in tmp.iterdir():  # files made by mkstemp elsewhere and moved in (curves.json, lists) are 0600
+            fix_mode(file)
         numbers = [int(n[1:]) for n in _versions(root)]
         pointer = _read_pointer(root)
         name = f"v{max(numbers + [int(pointer[1:]) if pointer else 0]) + 1:06d}"

@@ -88,7 +88,7 @@ def image_module_features(module: nn.Module, images: torch.Tensor, key: str | No
     """``module(images)`` (or its ``[key]`` where it returns a dict) through the fast path where it applies.
 
     For frozen parts of image towers, e.g. the bottom of a partly unlocked tower
-    (``retrieval.split``), whose one pass over a data set is the expensive part of unlocking.
+    (``retrieval.unlock``), whose one pass over a data set is the expensive part of unlocking.
     Shape: (B, 3, S, S) -> (B, ...).
     """
     if _fast_ok(module) and images.device.type == "cpu" and images.dim() == 4 and images.shape[2] == images.shape[3]:

@@ -75,16 +75,63 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     left as it was. The file ends with the umask's mode.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     try:
-        yield Path(tmp)
-        fix_mode(tmp)
-        os.replace(tmp, path)
+        with write_errors(path):
+            yield Path(tmp)
+            fix_mode(tmp)
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike) -> Iterator[None]:
+    """A write of ``path`` that fails for want of space or permission: one true line (UserError).
+
+    Libraries report these in their own ways (safetensors' ``SafetensorError ... No space left on
+    device``, faiss' ``RuntimeError ... write error``, numpy's ``OSError: 51200 requested and 19424
+    written``): the error's errno, its text, or the disk itself (no space left) tells; anything
+    else is raised as it was.
+    """
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  any library's error type
+        why = _why_write_failed(err, Path(path))
+        if why is None:
+            raise
+        raise UserError(f"{why} while writing {path}") from None
+
+
+_WRITE_ERRNO = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large",
+                errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only filesystem"}  # fmt: skip
+
+
+def _why_write_failed(err: Exception, path: Path) -> str | None:
+    code = getattr(err, "errno", None)
+    if code in _WRITE_ERRNO:
+        return _WRITE_ERRNO[code]
+    text = str(err)
+    for code, why in _WRITE_ERRNO.items():
+        if os.strerror(code) in text:
+            return why
+    return "disk full" if _disk_full(path) else None
+
+
+def _disk_full(path: Path) -> bool:
+    """Whether the filesystem of ``path`` has (about) no space left for this process."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (256 << 10)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -245,6 +292,8 @@ def claim_output_dir(
     try:
         st = os.stat(root)
     except FileNotFoundError:
+        if os.path.islink(root):
+            raise UserError(f"{option} {root} is a symbolic link to {os.readlink(root)}, which does not exist") from None
         st = None
     except NotADirectoryError as err:  # a file on the way
         raise UserError(f"{option} {root}: {_existing_parent(root)} is a file, not a folder ({err.strerror})") from None
@@ -373,21 +422,39 @@ def writing(
     root = Path(path)
     _swap_back(root)
     claim_output_dir(root, kind, overwrite, reuse, option)
-    with folder_lock(root, timeout):
+    made = not root.exists()
+    with folder_lock(root, timeout), _unmade_on_error(root, made):
         found = claim_output_dir(root, kind, overwrite, reuse, option)  # what the writer before us left
         for leftover in root.parent.glob(f".{glob_escape(root.name)}.new-*"):  # killed replacements
             if read_mark(leftover) is not None:
                 _rmtree(leftover)
         target = temp_dir(root.parent, f".{root.name}.new-") if stage and found and not reuse else root
         try:
-            write_mark(target, kind, done=False)
+            if not (reuse and found):  # a folder being continued keeps its mark until it is done again
+                write_mark(target, kind, done=False)
             yield target
-            write_mark(target, kind, done=True)
+            if read_mark(target) != {"kind": kind, "done": True}:
+                write_mark(target, kind, done=True)
             if target != root:
                 swap_dir(target, root)
         finally:
             if target != root and target.exists():
                 _rmtree(target)
+
+
+@contextlib.contextmanager
+def _unmade_on_error(root: Path, made: bool) -> Iterator[None]:
+    """A command that fails before it wrote anything but its mark leaves the folder as it found it."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if {p.name for p in root.iterdir()} <= {MARK, LOCK}:
+                (root / MARK).unlink(missing_ok=True)
+                if made:
+                    (root / LOCK).unlink(missing_ok=True)
+                    root.rmdir()
+        raise
 
 
 def glob_escape(name: str) -> str:
@@ -442,6 +509,15 @@ def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict | No
         save_file(tensors, str(tmp), metadata={**(metadata or {}), WEIGHTS_SHA256: tensors_sha256(tensors)})
 
 
+def check_readable(path: str | os.PathLike) -> None:
+    """UserError with the OS's own reason unless ``path`` can be opened for reading (safetensors
+    says "No such file or directory" for a file it may not read)."""
+    try:
+        open(path, "rb").close()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+
+
 def load_safetensors(path: str | os.PathLike) -> dict:
     """The tensors of a safetensors file, checked against the sha256 recorded when it was saved.
 
@@ -453,6 +529,7 @@ def load_safetensors(path: str | os.PathLike) -> dict:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as fh:
             recorded = (fh.metadata() or {}).get(WEIGHTS_SHA256)

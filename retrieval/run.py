@@ -37,7 +37,7 @@ import torch
 from safetensors import safe_open
 
 from retrieval.errors import UserError, first_line
-from retrieval.io import file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
+from retrieval.io import check_readable, file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
 CONFIG = "config.json"
@@ -220,6 +220,7 @@ def tower_packages(preset: str) -> dict[str, str]:
 
 def weights_reference(path: str | os.PathLike) -> dict | None:
     """The tower reference a weights file carries (None: the file holds every tensor)."""
+    check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

@@ -46,7 +46,7 @@ import numpy as np
 from retrieval.progress import progress
 
 from retrieval.errors import UserError, first_line
-from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_json_atomic, writing
+from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_errors, write_json_atomic, writing
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -459,28 +459,29 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
     text_rows = np.stack([text_to_image.long().numpy(), np.array(caption_no, dtype=np.int64)], 1).reshape(-1, 2)
     tmp = temp_dir(out, prefix=f".{shard_name(s)}.tmp-")  # the umask's mode, not mkdtemp's 0700
     try:
-        np.save(tmp / IMAGE, transform(image).numpy().astype(cfg.dtype))  # (n, D)
-        if cfg.text:
-            np.save(tmp / TEXT, transform(text).numpy().astype(cfg.dtype))  # (T, D)
-            np.save(tmp / TEXT_ROWS, text_rows.astype(np.int64))  # (T, 2)
-        with open(tmp / META, "w", encoding="utf-8") as fh:
-            for r in records:
-                row = {"id": r.key, "image": r.path, "captions": list(r.captions), "label": r.label}
-                fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        info = {
-            "shard": s,
-            "records": [lo, hi],
-            "count": len(records),
-            "text_count": len(caption_no) if cfg.text else None,
-            "skipped": dict(skipped),
-            "rank": rank,
-            "seconds": round(time.perf_counter() - started, 2),
-        }
-        info["files"] = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
-        (tmp / SHARD_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        if (out / shard_name(s)).exists():  # a folder without shard.json: not ours to keep
-            shutil.rmtree(out / shard_name(s))
-        os.replace(tmp, out / shard_name(s))
+        with write_errors(out / shard_name(s)):
+            np.save(tmp / IMAGE, transform(image).numpy().astype(cfg.dtype))  # (n, D)
+            if cfg.text:
+                np.save(tmp / TEXT, transform(text).numpy().astype(cfg.dtype))  # (T, D)
+                np.save(tmp / TEXT_ROWS, text_rows.astype(np.int64))  # (T, 2)
+            with open(tmp / META, "w", encoding="utf-8") as fh:
+                for r in records:
+                    row = {"id": r.key, "image": r.path, "captions": list(r.captions), "label": r.label}
+                    fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            info = {
+                "shard": s,
+                "records": [lo, hi],
+                "count": len(records),
+                "text_count": len(caption_no) if cfg.text else None,
+                "skipped": dict(skipped),
+                "rank": rank,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+            info["files"] = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
+            (tmp / SHARD_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+            if (out / shard_name(s)).exists():  # a folder without shard.json: not ours to keep
+                shutil.rmtree(out / shard_name(s))
+            os.replace(tmp, out / shard_name(s))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -13,8 +13,9 @@ bash scripts/setup.sh >/dev/null  # the Debian packages and the pinned .venv the
 PY=${PYTHON:-python3}
 [ -x .venv-latest/bin/python ] || "$PY" -m venv .venv-latest
 echo "test-latest: installing the newest allowed versions into .venv-latest"
-.venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade pip
-.venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade --upgrade-strategy eager -e ".[test,fast]"
+quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }  # this machine's pip.conf noise
+.venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade pip 2>&1 | quiet
+.venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade --upgrade-strategy eager -e ".[test,fast]" 2>&1 | quiet
 
 .venv-latest/bin/python - <<'PY'
 """Print each package whose installed version differs from constraints.txt, and the bounds that hold one back."""
@@ -22,6 +23,8 @@ import re
 import subprocess
 from importlib.metadata import distributions
 from pathlib import Path
+
+from packaging.version import Version
 
 norm = lambda name: re.sub(r"[-_.]+", "-", name).lower()
 pins = {}
@@ -42,8 +45,16 @@ for name, bound in re.findall(r'"([A-Za-z0-9_.-]+)[^"]*?<\s*([0-9][0-9.]*)', tom
     out = subprocess.run([".venv-latest/bin/python", "-m", "pip", "index", "versions", name],
                          capture_output=True, text=True).stdout
     newest = re.search(r"\(([^)]+)\)", out)
-    if newest:
-        print(f"  upper bound: {name} <{bound} (installed {now.get(norm(name), '-')}; newest released {newest.group(1)})")
+    if not newest:
+        continue
+    newest, installed = newest.group(1), now.get(norm(name), "-")
+    if Version(newest) >= Version(bound):
+        why = f"held back by the bound <{bound}"
+    elif installed != newest:
+        why = "within the bound, held back by another requirement or a pip constraint file on this machine"
+    else:
+        why = "the newest release is installed"
+    print(f"  {name}: installed {installed}, newest released {newest}: {why}")
 PY
 
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1 CUDA_VISIBLE_DEVICES=""

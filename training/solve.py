@@ -39,6 +39,7 @@ from retrieval.progress import progress
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import sign_flips, topm_embed
 from retrieval.data import load_pairs
+from retrieval.data.sources import check_source
 from retrieval.embed import _project_rows, pick_device
 from retrieval.errors import UserError
 from retrieval.io import claim_output_dir, write_json_atomic, writing
@@ -149,6 +150,7 @@ def _solve(cfg: SolveConfig, folder: Path) -> dict:
                 break
     solution, result = best[:2]
     set_heads(model, solution, cfg.weighting)
+    _check_not_degenerate(model, solution)
     with torch.no_grad():
         model.logit_scale_param.fill_(math.log(fit_logit_scale(model, x, y, owner)))
     seconds = time.perf_counter() - start
@@ -395,6 +397,21 @@ def _write_run(cfg, run: Path, model, model_cfg, solution: CCA, grids, result, t
     ckpt.write_config(run, config)  # last: a folder with config.json is a whole run
 
 
+def _check_not_degenerate(model: DualEncoder, solution: CCA) -> None:
+    """UserError for a solution that serves nothing: canonical correlations all (about) 0, or heads
+    that are all zero in the model's precision (a ridge that swamps the covariances)."""
+    heads = (model.image_head, model.text_head)
+    if model.config.post_affine:
+        heads = (model.image_head.post, model.text_head.post)
+    zero_head = any(not bool(head.weight.detach().abs().amax() > 0) for head in heads)
+    if float(solution.rho.max()) <= MIN_RHO or zero_head:
+        raise UserError(
+            f"the solution at ridge {solution.ridge:g} x mean variance is degenerate (canonical correlations up to"
+            f" {float(solution.rho.max()):.2g}{', heads all zero' if zero_head else ''}): the ridge swamps the"
+            " covariances; choose a smaller --ridge (or auto)"
+        )
+
+
 def _validate(cfg: SolveConfig) -> None:
     if cfg.ridge != "auto":
         try:
@@ -408,8 +425,8 @@ def _validate(cfg: SolveConfig) -> None:
     if not math.isfinite(cfg.weighting):
         raise UserError(f"--weighting must be a finite number, got {cfg.weighting}")
     for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
-        if path and not path.startswith("hf:") and not Path(path).exists():
-            raise UserError(f"{option}: no such data source: {path}")
+        if path:
+            check_source(path, option)
     if cfg.run:
         if not (Path(cfg.run) / ckpt.CONFIG).is_file():
             raise UserError(f"--run {cfg.run}: not a run folder (no {ckpt.CONFIG})")

@@ -34,8 +34,9 @@ import torch
 import torch.distributed as dist
 from retrieval.progress import progress
 
-from retrieval.split import eval_caches, partly_lock
+from retrieval.unlock import eval_caches, partly_lock
 from retrieval.data import DataConfig, load_pairs
+from retrieval.data.sources import check_source
 from retrieval.errors import UserError, first_line
 from retrieval.io import claim_output_dir, write_json_atomic, writing
 from retrieval.losses import build_loss
@@ -123,11 +124,12 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     torch.manual_seed(cfg.seed)  # the towers as the seed makes them: a run leaves frozen ones out (training.checkpoint)
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
     ckpt.mark_built(model, cfg.seed)
-    if cfg.init and saved is None:  # a resumed run restores its checkpoint instead
-        _load_init(model, cfg.init)
+    init_source = _init_source(cfg.init, saved)  # what config.json records of the init
+    if cfg.init and not (cfg.resume and ckpt.has_checkpoint(run)):  # a checkpoint holds what the init started
+        _load_init(model, cfg.init, init_source)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
-    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
+    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
     if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
@@ -163,7 +165,7 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     if rank == 0:
         (run / ckpt.SELECTION).unlink(missing_ok=True)  # undecided until the end (eval / index: RUN/best meanwhile)
     if rank == 0:
-        ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs))
+        ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs, init_source))
 
     step_module = _StepModule(model, loss_fn)
     if world > 1:
@@ -539,9 +541,9 @@ def _validate(cfg: TrainConfig) -> None:
             kind = None
         if kind not in ("cpu", "cuda", "mps"):
             raise UserError(f"--device {cfg.device!r}: choose cpu, cuda or cuda:N")
-    for path in (cfg.train_data, cfg.val_data):
-        if path and not path.startswith("hf:") and not _source_exists(path):
-            raise UserError(f"no such data source: {path}")
+    for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
+        if path:
+            check_source(path, option)
 
 
 def _flag(name: str) -> str:
@@ -601,8 +603,44 @@ def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
     return replace(cfg, head=cfg.head or head, embed_dim=dim, post_affine=bool(model.get("post_affine")), **taken)
 
 
-def _load_init(model: DualEncoder, init: str) -> None:
-    """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
+def _init_source(init: str | None, saved: dict | None) -> dict | None:
+    """``{"path", "fingerprint"}`` of the ``--init`` run: as the run's config.json recorded it when
+    it started (a resume), else read now."""
+    if not init:
+        return None
+    recorded = ((saved or {}).get("sources") or {}).get("init")
+    if saved is not None:
+        return recorded if isinstance(recorded, dict) else None  # None: a run from before the record
+    return {"path": ckpt.abs_source(init), "fingerprint": _fingerprint(init)}
+
+
+def _fingerprint(init: str) -> str:
+    from retrieval.run import run_fingerprint
+
+    try:
+        return run_fingerprint(init)
+    except OSError as err:
+        raise UserError(f"--init {init}: cannot read its weights ({err.strerror or err})") from None
+
+
+def _load_init(model: DualEncoder, init: str, recorded: dict | None = None) -> None:
+    """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale.
+
+    ``recorded``: the init as the run recorded it when it started; a resume that starts again from
+    the init (killed before its first checkpoint) refuses an init that is gone or changed since.
+    """
+    if recorded is not None:
+        if not (Path(init) / ckpt.CONFIG).is_file():
+            raise UserError(
+                f"--resume: this run starts from --init {init}, which is gone; restore it, or start the run again"
+                " with --overwrite"
+            )
+        now = _fingerprint(init)
+        if now != recorded.get("fingerprint"):
+            raise UserError(
+                f"--resume: --init {init} changed since this run started (weights {now}, the run recorded"
+                f" {recorded.get('fingerprint')}); restore it, or start the run again with --overwrite"
+            )
     from retrieval.run import describe_model, load_run, state_mismatch
 
     try:
@@ -637,10 +675,6 @@ def _affine_to_residual(model: DualEncoder, state: dict) -> dict:
 def _loss_options(loss: str, options: dict) -> dict:
     """The objective's options with the trainer's defaults filled in (what config.json records)."""
     return {**DEFAULT_LOSS_OPTIONS.get(loss, {}), **options}
-
-
-def _source_exists(path: str) -> bool:
-    return Path(path).exists() or "{" in path
 
 
 # ---------------------------------------------------------------------------- the run folder
@@ -735,12 +769,14 @@ def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:
             )
 
 
-def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pairs, val_pairs) -> dict:
-    """What config.json records: the values used, and the data they were used on."""
+def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pairs, val_pairs, init: dict | None) -> dict:
+    """What config.json records: the values used, and the data (and ``--init`` run) they were used on."""
     train_cfg = asdict(replace(cfg, train_data=ckpt.abs_source(cfg.train_data), val_data=ckpt.abs_source(cfg.val_data), device=device))
     sources = {"train": _source(cfg.train_data, train_pairs)}
     if val_pairs is not None:
         sources["val"] = _source(cfg.val_data, val_pairs)
+    if init is not None:
+        sources["init"] = init
     return {
         "model": model_cfg.to_dict(),
         "loss": cfg.loss,

@@ -50,14 +50,27 @@ def register_source(name: str, detect: Callable[[str], bool], describe: str) -> 
     return wrap
 
 
+def check_source(path: str, option: str = "") -> None:
+    """UserError (one true line) unless the local source ``path`` can be looked at: missing, or behind
+    a folder this process may not search, are told apart (``hf:`` names and shard patterns pass)."""
+    if path.startswith("hf:") or _is_pattern(path):
+        return
+    where = f"{option}: " if option else ""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{where}data source not found: {path}") from None
+    except OSError as err:  # EACCES on a folder on the way, ELOOP, ...
+        raise UserError(f"{where}data source {path}: {err.strerror or err}") from None
+
+
 def detect_source(path: str) -> Source:
     """The registered format that accepts ``path``.
 
     Raises:
         UserError: the path does not exist, or no format accepts it.
     """
-    if not _is_pattern(path) and not os.path.exists(path):
-        raise UserError(f"data source not found: {path}")
+    check_source(path)
     for source in SOURCES.values():
         if source.detect(path):
             return source

@@ -153,11 +153,20 @@ def test_json_route_answers_as_the_searcher_does(app_url, app_index):
 
 @pytest.mark.parametrize(
     "params, needle",
-    [({"q": "  "}, "empty query"), ({"q": "x", "m": 7}, "m must be one of"), ({"q": "x", "k": 0}, "k must be between")],
+    [({"q": "  "}, "empty query"), ({"q": "x", "m": 7}, "m must be one of"), ({"q": "x", "k": 0}, "k must be between"),
+     ({"q": "x", "funnel": "abc"}, "funnel must be 0 or 1"), ({"q": "x", "funnel": 2}, "funnel must be 0 or 1"),
+     ({"q": "x", "funnel": -1}, "funnel must be 0 or 1")],  # issue 26 item 5: these were read as false
 )
 def test_json_route_refuses_bad_input_with_a_400(app_url, params, needle):
     answer = httpx.get(app_url + "triclip/api/search_text", params=params)
     assert answer.status_code == 400 and needle in answer.json()["error"]
+
+
+@pytest.mark.parametrize("funnel", ["abc", "2", "-1"])
+def test_an_endpoint_refuses_a_funnel_that_is_not_a_yes_or_no(client, funnel):
+    gallery, status = _search(client, "two red circles", funnel=funnel)
+    assert gallery == [] and "funnel must be 0 or 1" in status
+    assert len(_search(client, "two red circles", funnel="true")[0]) == 5  # the words still work
 
 
 def test_json_route_batches_concurrent_queries_and_answers_each_its_own(app_url):

@@ -368,7 +368,7 @@ def test_user_errors_are_one_line_exit_2_and_lose_nothing(trained, tmp_path, cap
     "argv, message",
     [
         (["eval", "--run", "/no/such/run", "--data", "x.jsonl", "--json"], "not a triclip run"),
-        (["train", "--train-data", "/no/such.jsonl", "--out", "/tmp/x"], "no such data source"),
+        (["train", "--train-data", "/no/such.jsonl", "--out", "/tmp/x"], "data source not found"),
         (["train", "--train-data", "x", "--out", "y", "--epochs", "zero"], "invalid int value"),
         (["eval", "--run", "r", "--data", "d", "--dims", "4,a"], "--dims"),
         (["train", "--train-data", "x", "--out", "y", "--text-max-length", "1"], "--text-max-length must be >= 2"),

@@ -130,7 +130,7 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     mean1 = json.loads((R.run_dir(cfg, "tricl_spectral_mean1", 0) / "config.json").read_text())
     assert mean1["model"]["importance"] == "softplus_mean1"  # a variant's setting wins over the objective's default
     test = json.loads((run / "result.test.json").read_text())
-    val = R.evaluate_run(run, str(data / "val.jsonl"))
+    val = R.run_results(run, str(data / "val.jsonl"))
     assert (run / "result.json").exists() and val["t2i_r10"] == test["t2i_r10"]
     assert len(set(test["w"])) > 1  # S moved from flat
 

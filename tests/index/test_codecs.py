@@ -121,6 +121,21 @@ def test_load_refuses_a_file_that_is_not_a_codec(tmp_path):
         codecs.load(tmp_path / "missing")
 
 
+def test_a_pruned_code_stores_the_prefix_at_unit_length(data):
+    """float32 at m < D holds the first m coordinates re-normalised (today's top-m index), so mixed keeps theirs too."""
+    x, _ = data
+    codec = codecs.fit(codecs.CodecSpec("float32", 8, 32), x)
+    codec.add(x)
+    expected = x[:, :8] / np.linalg.norm(x[:, :8], axis=1, keepdims=True)
+    np.testing.assert_allclose(codec.reconstruct()[:, :8], expected, rtol=1e-6)
+    mixed = codecs.fit(codecs.CodecSpec("mixed", D, 2), x)
+    mixed.add(x)
+    kept = np.array(mixed.spec.params["bits"]) > 0
+    raw = np.linalg.norm(x[:, : mixed.spec.m][:, kept], axis=1)  # ~0.8: what the kept dimensions hold
+    assert mixed.spec.m < D and raw.mean() < 0.85
+    assert abs(np.linalg.norm(mixed.reconstruct(), axis=1).mean() - 1) < 0.06  # unit up to the 1-2 bit quantisation
+
+
 def test_codes_get_closer_with_more_bytes(data):
     """Recall of each family against the float vectors' own top 10 grows with the budget."""
     x, q = data
@@ -141,9 +156,11 @@ def test_candidates_fit_the_budget(budget):
     specs = codecs.candidates(budget, 256)
     assert specs and all(s.bytes_per_vector <= budget and 1 <= s.m <= 256 for s in specs)
     assert {s.codec for s in specs} >= {"int8", "binary", "mixed"}
+    assert ("opq" in {s.codec for s in specs}) == (budget <= 32)  # OPQ up to D/8 sub-quantisers
     for s in specs:
         if s.codec in ("pq", "opq"):
             assert s.m % s.params["M"] == 0 and s.params["M"] * s.params["nbits"] // 8 == s.bytes_per_vector
+            assert s.m // s.params["M"] >= (codecs.PQ_DIMS_PER_CODE if s.codec == "pq" else codecs.OPQ_DIMS_PER_CODE)
         if s.codec == "binary":
             assert s.m % 8 == 0 and s.bytes_per_vector == s.m // 8
     float_m = [s.m for s in specs if s.codec == "float32"]

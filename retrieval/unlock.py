@@ -134,7 +134,7 @@ def _bert_mask(mask: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
 
     The project's own few lines rather than ``BertModel``'s private mask builder (renamed in transformers
     5.24): an additive float mask is what both the eager and the SDPA attention of ``BertLayer`` take.
-    ``tests/retrieval/test_split_towers.py`` checks the split tower against the tower's own forward.
+    ``tests/retrieval/test_unlock_towers.py`` checks the split tower against the tower's own forward.
     """
     keep = mask[:, None, None, :].to(hidden.dtype)  # (B, 1, 1, L)
     return (1.0 - keep) * torch.finfo(hidden.dtype).min

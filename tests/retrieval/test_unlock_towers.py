@@ -6,7 +6,7 @@ from PIL import Image
 
 from retrieval.errors import UserError
 from retrieval.model import ModelConfig, build_model
-from retrieval.split import augment, epoch_views, partly_lock, split_tower, tower_groups
+from retrieval.unlock import augment, epoch_views, partly_lock, split_tower, tower_groups
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +114,7 @@ def test_lite_image_bottom_cache_is_computed_fast_and_matches_eager(lite, tmp_pa
 
     from retrieval import accel
     from retrieval.data import load_pairs
-    from retrieval.split import image_bottom_outputs, splits
+    from retrieval.unlock import image_bottom_outputs, splits
 
     monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
     lines = []
