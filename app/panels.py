@@ -170,7 +170,9 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
             label += f" · R@10 {view.recall[m]:.3f}"
         out.append((label, m))
     for budget, entry in sorted(view.budgets.items()):
-        label = f"{budget} B: {code_label(entry)} · {human_bytes(entry['index_bytes'])}"
+        used = entry.get("bytes_per_vector", budget)  # a smaller code may measure best within the budget
+        label = f"{budget} B: {code_label(entry)}{f' ({used} B/image)' if used != budget else ''}"
+        label += f" · {human_bytes(entry['index_bytes'])}"
         if entry.get("recall") is not None:
             label += f" · R@10 {entry['recall']:.3f}"
         out.append((label, f"{budget}B"))

@@ -160,7 +160,8 @@ def _whole_thumbnails_and_captions(page) -> bool:
 
 
 def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
-    """Search ``query`` on a running app (then pick ``m``: full D shown beside) and save a screenshot to ``out``."""
+    """Search ``query`` on a running app (then pick ``m``, e.g. "32" or a budget "8B": full D shown beside) and save
+    a screenshot to ``out``."""
     from playwright.sync_api import sync_playwright
 
     requests: list[str] = []
@@ -170,7 +171,7 @@ def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
         text_search(page, query)
         if m is not None:
             page.locator(f'#m input[value="{m}"]').click()
-            _wait_status(page, f"m = {m}")
+            _wait_status(page, f"{m[:-1]} B per image" if m.endswith("B") else f"m = {m}")  # a budget's codes, or an m
             page.wait_for_function(
                 "() => (document.querySelector('#overlap')?.innerText || '').includes('shared')", timeout=TIMEOUT_MS
             )
