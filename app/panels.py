@@ -326,11 +326,16 @@ def recall_figure(curves: dict | None, dims: list[int]):
             ax.plot(*zip(*points), marker="o", markersize=3, label=ORDERING_LABELS.get(name, name))
     for m in dims:
         ax.axvline(m, color="0.85", linewidth=0.8, zorder=0)
+    return _recall_axes(fig, ax, "m (dimensions kept)", "recall against m", 7)
+
+
+def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int):
+    """Label a recall chart: log-2 x axis, recall@10 up, the legend and the title; returns the figure."""
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("m (dimensions kept)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("t2i recall@10")
-    ax.legend(fontsize=7)
-    ax.set_title("recall against m", fontsize=9)
+    ax.legend(fontsize=legend_size)
+    ax.set_title(title, fontsize=9)
     return fig
 
 # ---------------------------------------------------------------------------- the bytes frontier
@@ -375,9 +380,4 @@ def frontier_figure(view: IndexView):
         ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")
     chosen = sorted((int(c["bytes"]), c["recall"]) for c in front["chosen"].values())
     ax.plot(*zip(*chosen), color="black", marker="o", linewidth=2, label="this index's codes")
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("bytes per image")
-    ax.set_ylabel("t2i recall@10")
-    ax.legend(fontsize=6)
-    ax.set_title("recall against bytes", fontsize=9)
-    return fig
+    return _recall_axes(fig, ax, "bytes per image", "recall against bytes", 6)
