@@ -33,15 +33,15 @@ def _print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def _parse_dims(text: str | None) -> list[int]:
+def _parse_dims(text: str | None, option: str = "--dims") -> list[int]:
     if not text:
         return []
     try:
         dims = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--dims expects comma-separated integers, got {text!r}") from None
+        raise UserError(f"{option} expects comma-separated integers, got {text!r}") from None
     if any(d <= 0 for d in dims):
-        raise UserError(f"--dims must be positive, got {text!r}")
+        raise UserError(f"{option} must be positive, got {text!r}")
     return dims
 
 
@@ -431,6 +431,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         cfg.epochs = ns.epochs
     if ns.dims:
         cfg.dims = _parse_dims(ns.dims)
+    if ns.bytes is not None:
+        cfg.bytes = _parse_dims(ns.bytes, "--bytes") if ns.bytes.strip() else []
     run_demo(cfg)
     if cfg.serve:  # served until stopped
         _leave_after_serving(0)
@@ -572,6 +574,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--num", type=int, default=None, help="use at most N openclipart records (a quick look)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: 40)")
     p.add_argument("--dims", default=None, help="m's of the index folder, e.g. 16,32,64,256 (the default)")
+    p.add_argument("--bytes", default=None,
+                   help="byte budgets of the index's codes, e.g. 8,16,32 (the default, provisional); '' for none")
     p.set_defaults(func=cmd_demo)
     return parser
 
