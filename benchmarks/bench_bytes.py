@@ -265,7 +265,8 @@ def table(per_seed: list[dict], metric: str = "r10") -> str:
     budgets = sorted({int(b) for r in per_seed for name, row in r.items() if name != "float32 full D" for b in row})
     full = [next(iter(r["float32 full D"].values()))[metric] for r in per_seed]
     lines = ["| method | " + " | ".join(f"{b} B" for b in budgets) + " |", "|---|" + "---:|" * len(budgets)]
-    for name in dict.fromkeys(n for r in per_seed for n in r if n != "float32 full D"):
+    names = {n for r in per_seed for n in r if n != "float32 full D"}
+    for name in [n for n in SHOWN if n in names] + sorted(names - set(SHOWN)):
         cells = []
         for b in budgets:
             vals = [r[name][str(b)][metric] for r in per_seed if str(b) in r.get(name, {})]
