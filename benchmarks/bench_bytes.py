@@ -322,7 +322,7 @@ def plot(files: list[str], png: str) -> None:
             sd = [statistics.stdev(v) if len(v) > 1 else 0 for v in vals]
             ls = "--" if name.startswith(("ST", "PCA")) else ":" if "rescore" in name else "-"
             ax.errorbar(budgets, [statistics.mean(v) for v in vals], yerr=sd, marker="o", ms=3, capsize=2, ls=ls,
-                        label=name, color=plt.get_cmap("tab20")(n))  # fmt: skip
+                        label=name, color=plt.get_cmap("tab20")(2 * n % 20 + (n >= 10)))  # fmt: skip
         full = [next(iter(r["float32 full D"].values()))["r10"] for r in per_seed]
         ax.axhline(statistics.mean(full), color="k", lw=0.8, label=f"float32 full D ({saved['dim'] * 4} B)")
         ax.set_xscale("log", base=2)
