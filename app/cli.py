@@ -33,15 +33,15 @@ def _print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def _parse_dims(text: str | None) -> list[int]:
+def _parse_dims(text: str | None, option: str = "--dims") -> list[int]:
     if not text:
         return []
     try:
         dims = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--dims expects comma-separated integers, got {text!r}") from None
+        raise UserError(f"{option} expects comma-separated integers, got {text!r}") from None
     if any(d <= 0 for d in dims):
-        raise UserError(f"--dims must be positive, got {text!r}")
+        raise UserError(f"{option} must be positive, got {text!r}")
     return dims
 
 
@@ -99,6 +99,10 @@ def cmd_train(ns: argparse.Namespace) -> int:
     from app.options import given_fields, to_config
     from training.train import TrainConfig, train
 
+    if ns.train_data is None:
+        if not ns.resume:
+            raise UserError("train needs --train-data (or --resume --out RUN, which continues with the run's own)")
+        ns.train_data = ""  # the run's config.json says (training.train)
     train(to_config(TrainConfig, ns), given=given_fields(ns))
     return 0
 
@@ -192,6 +196,7 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
     choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
     add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"])  # from --init
+    p._option_string_actions["--train-data"].required = False  # --resume reads it from the run (training.train)
     p.epilog = recipe_table()
     p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 
@@ -211,7 +216,7 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
 
     add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
     p._option_string_actions["--no-text-index"].help = "index the images only: no caption vectors (no image->text search)"
-    p.add_argument("--memory-budget", default=None, help="with --embeddings: in-memory index limit, e.g. 8G")
+    p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
 
 
 def _loss_names() -> list[str]:
@@ -283,13 +288,15 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     from index.build import build_index
     from index.config import IndexBuildConfig
 
-    if ns.embeddings is not None and (ns.run is not None or ns.data is not None):
-        raise UserError("--embeddings replaces --run and --data: give one or the other")
     if ns.embeddings is None and (ns.run is None or ns.data is None):
         raise UserError("give --run RUN --data P, or --embeddings EMB (from triclip embed)")
     ns.memory_budget = _memory_budget(ns.memory_budget)
     summary = build_index(to_config(IndexBuildConfig, ns))
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
+        if summary.get("budgets"):  # the codes kept per budget, for a person (stdout stays one JSON object)
+            from index.budgets import table
+
+            print(table(summary["budgets"]), file=sys.stderr)
         _print_json(summary)
     return 0
 
@@ -303,7 +310,7 @@ def cmd_index_rollback(ns: argparse.Namespace) -> int:
 
 
 def _memory_budget(text: str | None) -> int | None:
-    from index.from_embeddings import parse_bytes
+    from index.config import parse_bytes
 
     return None if text is None else parse_bytes(text)
 
@@ -357,7 +364,9 @@ def cmd_search(ns: argparse.Namespace) -> int:
     parts = ([searcher.embed_texts(texts)] if texts else []) + ([searcher.embed_images(images)] if images else [])
     queries = np.concatenate(parts)  # (Q, D)
     embedded = time.perf_counter()
-    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel)
+    rescore = ns.rescore if ns.rescore in (None, "float") else _int_option("--rescore", ns.rescore)
+    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
+                                      rescore=rescore)
     searched = time.perf_counter()
     labels = texts + images
     if ns.json:
@@ -382,6 +391,13 @@ def cmd_search(ns: argparse.Namespace) -> int:
         }
         print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
+
+
+def _int_option(name: str, text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise UserError(f"{name} takes float or a number of bytes, got {text!r}") from None
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
@@ -415,6 +431,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         cfg.epochs = ns.epochs
     if ns.dims:
         cfg.dims = _parse_dims(ns.dims)
+    if ns.bytes is not None:
+        cfg.bytes = _parse_dims(ns.bytes, "--bytes") if ns.bytes.strip() else []
     run_demo(cfg)
     if cfg.serve:  # served until stopped
         _leave_after_serving(0)
@@ -434,6 +452,8 @@ def _needs_options(argv: Sequence[str] | None) -> Callable[[str], bool]:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The ``triclip`` parser. Given ``argv``, only its command's dataclass options are built
     (importing a command's config costs ~0.2 s: a text search must not pay for ``train``'s)."""
+    from app.options import positive_int  # the one check of batch sizes (app.options.POSITIVE_SUFFIX)
+
     full = _needs_options(argv)
     parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -441,10 +461,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     data = sub.add_parser("data", help="prepare built-in datasets, split or inspect any data source")
     dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
     p = dsub.add_parser("prepare", help="write a built-in dataset as JSONL manifests")
-    p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"])
-    p.add_argument("--out", required=True)
-    p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"], help="the data set: %(choices)s")
+    p.add_argument("--out", required=True, help="output folder DIR: DIR/train.jsonl, val.jsonl (and test.jsonl), DIR/images/")
+    p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap; default: all)")
+    p.add_argument("--seed", type=int, default=0, help="which records go where (default: 0)")
     p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
     p.set_defaults(func=cmd_data_prepare)
     p = dsub.add_parser(
@@ -462,8 +482,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     _data_args(p)
     p.set_defaults(func=cmd_data_split)
     p = dsub.add_parser("inspect", help="count usable and skipped records of a data source")
-    p.add_argument("path")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("path", help="a .jsonl manifest, .csv/.tsv, datasets.save_to_disk folder, or WebDataset shards")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     _data_args(p)
     p.set_defaults(func=cmd_data_inspect)
 
@@ -489,12 +509,12 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     sub.add_parser("launch", add_help=False, help="torchrun for a triclip command: launch --nproc-per-node K embed --run RUN ...")
     p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
     p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run (under plain torchrun: --run-dir)")
-    p.add_argument("--data", required=True)
+    p.add_argument("--data", required=True, help="data source to embed (any format retrieval.data accepts)")
     p.add_argument("--out", required=True, help="embeddings folder; a re-run resumes it")
     p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk")
+    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk (default: float32)")
     p.add_argument("--no-text", action="store_true", help="embed the images only, not the captions")
-    p.add_argument("--batch-size", type=int, default=None, help="default: 256 on a GPU, 64 on the CPU")
+    p.add_argument("--batch-size", type=positive_int, default=None, help="default: 256 on a GPU, 64 on the CPU")
     p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
     p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
     p.add_argument("--overwrite", action="store_true", help="start --out over when it holds other embeddings")
@@ -513,31 +533,35 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         _index_build_options(p)
     p.set_defaults(func=cmd_index_build)
     p = isub.add_parser("rollback", help="go back to the version an index build --overwrite replaced")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="index folder (index build --out)")
     p.set_defaults(func=cmd_index_rollback)
 
     p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")
-    p.add_argument("--index", required=True)
+    p.add_argument("--index", required=True, help="index folder (index build --out)")
     p.add_argument("--text", action="append", default=None, help="a text query (repeat for several)")
     p.add_argument("--text-file", default=None, help="a file of text queries, one per line")
     p.add_argument("--image", action="append", default=None, help="an image query file (repeat for several)")
     p.add_argument("--target", choices=["image", "text"], default="image", help="search images (default) or captions")
     p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
     p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
+    p.add_argument("--bytes", type=int, default=None, metavar="B",
+                   help="search the image codes of B bytes per image (index build --bytes; default: none, float at m)")
+    p.add_argument("--rescore", default=None, metavar="float|B2",
+                   help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")
     p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
-    p.add_argument("-k", type=int, default=10)
+    p.add_argument("-k", type=int, default=10, help="hits per query (default: 10)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
     p.add_argument("--json", action="store_true", help="a list of hits (one query) or of hit lists (several)")
     p.add_argument("--timing", action="store_true", help="print where the time went on stderr")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 for the query model (default: cuda when available, else cpu)")
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("app", help="serve a search app")
-    p.add_argument("--index", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--index", required=True, help="index folder to serve (index build --out); the app follows its updates")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=int, default=7860, help="port to listen on (default: 7860)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
-    p.add_argument("--device", default=None)
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 for the query model (default: cuda when available, else cpu)")
     p.set_defaults(func=cmd_app)
 
     p = sub.add_parser(
@@ -550,6 +574,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--num", type=int, default=None, help="use at most N openclipart records (a quick look)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: 40)")
     p.add_argument("--dims", default=None, help="m's of the index folder, e.g. 16,32,64,256 (the default)")
+    p.add_argument("--bytes", default=None,
+                   help="byte budgets of the index's codes, e.g. 8,16,32 (the default, provisional); '' for none")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -209,7 +209,8 @@ def _argument(spec: _Spec, choices: Iterable | None, force_required: bool) -> di
             literal = typing.get_args(base)
             choices = literal if choices is None else choices
             base = type(literal[0])
-        kwargs.update(action=_Store, type=_parser(base), help=_help(spec.help, spec.default))
+        parse = positive_int if base is int and spec.dest.endswith(POSITIVE_SUFFIX) else _parser(base)
+        kwargs.update(action=_Store, type=parse, help=_help(spec.help, spec.default))
         if choices is not None:
             kwargs["choices"] = choices
         if isinstance(choices, LazyChoices):  # argparse lists choices in the metavar eagerly: not these
@@ -248,6 +249,20 @@ def _parser(kind) -> Callable[[str], Any]:
     if kind in (int, str):
         return kind
     return str
+
+
+POSITIVE_SUFFIX = "batch_size"  # int fields whose value must be >= 1, in every command (--batch-size, --eval-batch-size)
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be >= 1 (a batch size): the one check every command shares."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None  # argparse's own words for int
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
 
 
 def _finite_float(text: str) -> float:

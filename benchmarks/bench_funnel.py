@@ -60,6 +60,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_index import prune, synthetic  # noqa: E402
 from index import faiss_index as fi  # noqa: E402
 from index.search import matmul_shortlist, rerank, shortlist_flat  # noqa: E402
+from index.vectors import exact_topk  # noqa: E402
 
 K = 10
 TIE_TOL = 1e-5  # scores this close to the 10th count as tied (float32 sums differ by ~1e-7)
@@ -117,7 +118,7 @@ def blas_exact(base: np.ndarray, chunk: int = BLAS_CHUNK):
     """Exact full-D search batched like the funnel: one numpy matmul per chunk of queries + top-K ``argpartition``."""
 
     def run(q: np.ndarray) -> np.ndarray:
-        return np.concatenate([fi.exact_topk(base, q[s : s + chunk], K) for s in range(0, len(q), chunk)])  # (Q, K)
+        return np.concatenate([exact_topk(base, q[s : s + chunk], K) for s in range(0, len(q), chunk)])  # (Q, K)
 
     return run
 

@@ -22,7 +22,7 @@ drops those under pressure). ``base_mb`` is the peak after the imports; the tabl
 searched twice: as triclip opens it (``index.faiss_index.PREFETCH_THREADS`` = 32 threads
 prefetching the lists of each batch, FAISS's default) and without them (``prefetch 0``).
 
-- ``shards``: ``index.from_embeddings`` (IVF trained once on a sample drawn across the
+- ``shards``: ``index.builder`` (IVF trained once on a sample drawn across the
   shards, each shard added to a copy of the trained index, merged in memory with id
   offsets), ``nprobe`` tuned to ``--recall-target`` on held-out queries.
 - ``ondisk``: the same, merged on disk (``on_disk="always"``: parts with global ids,
@@ -127,7 +127,8 @@ def _build(pipeline: str, files: list[str], queries_file: str, m: int, factory: 
     import faiss
 
     from index import faiss_index as fi
-    from index.from_embeddings import ShardedBuilder, ShardFile, ShardVectors, choose_factory, prefix, tune_nprobe
+    from index.builder import ShardedBuilder, choose_factory, tune_nprobe
+    from index.vectors import ShardFile, ShardVectors, prefix
 
     base_mb = _peak_mb()
     anon = PeakAnon()
@@ -263,9 +264,9 @@ def run_child(target, *args) -> dict:
 
 def exact_truth(files: list[Path], queries: np.ndarray, m: int) -> np.ndarray:
     """Exact top-K ids of the held-out queries at m over all shards, a shard at a time. Shape: (Q, K)."""
-    from index.from_embeddings import ShardFile, ShardVectors, exact_topk
+    from index.vectors import ShardFile, ShardVectors, exact_topk
 
-    return exact_topk(ShardVectors.of([ShardFile(f) for f in files]), queries, m, K)
+    return exact_topk(ShardVectors.of([ShardFile(f) for f in files]), queries, K, m)
 
 
 def main(argv=None) -> None:
@@ -284,7 +285,8 @@ def main(argv=None) -> None:
     args = p.parse_args(argv)
 
     from index import faiss_index as fi
-    from index.from_embeddings import parse_bytes, prefix
+    from index.config import parse_bytes
+    from index.vectors import prefix
 
     pipelines = [x for x in args.pipelines.split(",") if x and not (args.no_single and x == "single")]
     if not set(pipelines) <= {"shards", "ondisk", "single"}:

@@ -1,4 +1,4 @@
-"""The experiments of docs/results.md: one command each, mean ± sd over seeds, PNG plots.
+"""The experiments of docs/results.md and docs/results_archive.md: one command each, mean ± sd over seeds, PNG plots.
 
     .venv/bin/python -m benchmarks.results EXPERIMENT --data DIR --seeds 0,1,2 [--out runs/results/NAME] [--png P]
 
@@ -6,7 +6,7 @@ EXPERIMENT:
 
 - ``compact``: one model per variant and seed (``lite``, both towers locked and cached, MLP
   heads: only the heads, the logit scale and ``w`` train), evaluated on ``DIR/val.jsonl``:
-  full recall (over distinct texts, SPEC "Metrics") and the compact curve (t2i R@10 against
+  full recall (over distinct texts, docs/CONTRACT.md "Metrics") and the compact curve (t2i R@10 against
   m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting; prefix and PCA), ``tricl``
   with and without nesting, ``tricl`` started flat, and the ``contrastive`` / ``triplet`` /
   ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``. ``--curve-metric t2i_r1`` or
@@ -50,10 +50,12 @@ from pathlib import Path
 
 import torch
 
-# name -> TrainConfig overrides. Options are spelled out (not left to the trainer's defaults).
+from training.config import MRL_STEP, TUNE_STEP
+
+# name -> TrainConfig overrides. Objective options beyond the objective's own defaults (retrieval.losses) are spelled out.
 VARIANTS: dict[str, dict] = {
     "infonce": dict(loss="infonce", loss_options={"nested": 0}),  # plain CLIP, whatever the trainer defaults
-    "mrl": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}),
+    "mrl": dict(MRL_STEP),  # the demo's first step (training.config)
     # MRL with the closed form's head kind (affine, not MLP): separates the heads from the order in solve vs mrl
     "mrl_affine": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="affine"),
     "tricl": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}),
@@ -66,7 +68,7 @@ VARIANTS: dict[str, dict] = {
     "debiased_0.1": dict(loss="debiased", loss_options={"tau_plus": 0.1}),
     "debiased_0.2": dict(loss="debiased", loss_options={"tau_plus": 0.2}),
     "hard_negative": dict(loss="hard_negative", loss_options={}),
-    # Eq. 6 (docs/results.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
+    # Eq. 6 (docs/results_archive.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
     "spectral": dict(loss="spectral", loss_options={}),
     "tricl_spectral": dict(loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0),
     "tricl_spectral_mean1": dict(
@@ -102,10 +104,7 @@ VARIANTS: dict[str, dict] = {
     "infonce_solved": dict(solve_on="infonce"),
     # and trained on from there (train --init: heads and maps train, S starts at the canonical correlations) under
     # the tri-factor InfoNCE nested on S's order: a short, gentle pass (10 epochs at lr 1e-4, whatever --steps says)
-    "mrl_solved_tricl": dict(
-        init_from="mrl_solved", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10,
-        lr=1e-4, max_steps=None,
-    ),
+    "mrl_solved_tricl": dict(init_from="mrl_solved", **TUNE_STEP, max_steps=None),  # the demo's third step
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -218,6 +217,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         lock_image=cfg.lock,
         lock_text=cfg.lock,
         seed=seed,
+        patience=0,  # the measured runs train their given steps (docs/results.md predates early stopping)
     )
     config = TrainConfig(**{**common, **spec, **overrides})  # a variant's epochs / lr / max_steps win over --steps
     train(config, given={*common, *spec, *overrides})  # what a variant sets wins over per-objective defaults
@@ -252,19 +252,21 @@ def dims_for(dim: int) -> list[int]:
 
 
 @torch.no_grad()
-def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metric: str = "t2i_r10") -> dict:
-    """Every number the tables need, for one run (cached in ``run/result.json``).
+def run_results(run: Path, val: str, zero_shot: dict | None = None, curve_metric: str = "t2i_r10") -> dict:
+    """Every number the tables need, for one run (cached in ``run/result.json``): ``triclip eval``'s
+    metrics (:func:`training.evaluate.metrics`, its compact curve as ``curve``) and the tables' extras.
 
     Args:
         curve_metric: a cached result without this compact curve is evaluated again.
     """
     from retrieval.cache import locked_tower_outputs
-    from retrieval.compact import compact_curve, topm_embed
+    from retrieval.compact import topm_embed
     from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs, embed_texts
+    from retrieval.embed import embed_texts
     from retrieval.io import write_text_atomic
-    from retrieval.metrics import align_uniform, class_map, first_captions, retrieval_recall, zero_shot_accuracy
+    from retrieval.metrics import class_map, zero_shot_accuracy
     from retrieval.run import load_run, weights_path
+    from training.evaluate import embed_for_eval, metrics
 
     split = Path(val).stem
     saved = run / ("result.json" if split == "val" else f"result.{split}.json")  # one evaluation per split
@@ -275,35 +277,27 @@ def evaluate_run(run: Path, val: str, zero_shot: dict | None = None, curve_metri
     device = torch.device("cpu")
     model, _ = load_run(run, device)
     pairs = load_pairs(val)
-    image, text, owner, keep, _ = embed_pairs(model, pairs, device, 256, locked_tower_outputs(model, pairs, device))
-    texts = [c for i in keep.tolist() for c in pairs.records[i].captions]  # rows of text
-    w = model.importance().detach().float().cpu()
-    dim = image.shape[1]
-    every = torch.arange(dim)
-    scored_image, scored_text = topm_embed(image, w, every, dim), topm_embed(text, w, every, dim)  # the model's score
-    out: dict = dict(retrieval_recall(scored_image, scored_text, owner, texts=texts))
-    first = first_captions(owner)
-    out.update(align_uniform(image, text[first]))
-    out["curve"] = compact_curve(image, text, owner, w, dims_for(dim), texts=texts)
-    out["logit_scale"] = float(model.logit_scale())
+    e = embed_for_eval(model, pairs, device, 256, locked_tower_outputs(model, pairs, device))
+    w, dim = e.w, e.image.shape[1]
+    out = metrics(model, pairs, e, dims_for(dim))
+    out["curve"] = out.pop("compact")
     order = torch.argsort(w, descending=True, stable=True)
     out["w"] = w.tolist()
     out["w_mass"] = {m: float(w[order[:m]].sum() / w.sum()) for m in dims_for(dim)}  # share of w in the top m
     out["w_prefix_overlap"] = {m: len(set(order[:m].tolist()) & set(range(m))) / m for m in dims_for(dim)}
-    labels = [pairs.records[i].label for i in keep.tolist()]
-    ids = None  # class id of each val image, where the data has labels
-    if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
-        names = sorted(set(map(str, labels)))
-        ids = torch.tensor([names.index(str(label)) for label in labels])
-        out["class_map_i2i"] = class_map(scored_image, scored_image, ids, ids, exclude_self=True)
+    ids = e.labels(pairs)  # class id of each val image, where the data has labels
+    if ids is not None:
+        out["class_map_i2i"] = class_map(e.image_scored, e.image_scored, ids, ids, exclude_self=True)
         if zero_shot:
+            labels = [pairs.records[i].label for i in e.keep.tolist()]
             prompts = [t.format(noun) for noun in zero_shot["nouns"] for t in zero_shot["templates"]]
             emb = embed_texts(model, prompts, device)  # (C*T, D)
+            every = torch.arange(dim)
             emb = topm_embed(emb, w, every, dim).reshape(len(zero_shot["nouns"]), len(zero_shot["templates"]), dim)
             classes = torch.nn.functional.normalize(emb.mean(dim=1), dim=1)  # (C, D)
             target = torch.tensor([zero_shot["labels"].index(str(label)) for label in labels])
-            out["zero_shot"] = zero_shot_accuracy(scored_image, classes, target)
-    out["curves"] = metric_curves(image, text, owner, w, dims_for(dim), texts, ids)
+            out["zero_shot"] = zero_shot_accuracy(e.image_scored, classes, target)
+    out["curves"] = metric_curves(e.image, e.text, e.owner, w, dims_for(dim), e.texts, ids)
     seconds = run / "train_seconds.txt"
     out["train_seconds"] = float(seconds.read_text()) if seconds.exists() else None
     out["weights"] = "best" if weights_path(run).parent.name == "best" else "last"  # what load_run loaded (selection.json)
@@ -364,7 +358,7 @@ def collect(cfg: ResultsConfig, variants: list[str]) -> dict[str, list[dict]]:
                 run = train_run(cfg, variant, seed, run, val_data=picked_on)
             else:
                 run = train_run(cfg, variant, seed)
-            r = _with_best_epoch(evaluate_run(run, val, zero_shot, cfg.curve_metric), run)
+            r = _with_best_epoch(run_results(run, val, zero_shot, cfg.curve_metric), run)
             results.setdefault(variant, []).append(r)
             print(json.dumps({"variant": variant, "seed": seed, "t2i_r10": r["t2i_r10"], "train_s": r["train_seconds"]}))
     return results
@@ -634,7 +628,7 @@ def scales(cfg: ResultsConfig) -> None:
                 run = scale_dir(cfg, scale, variant, seed)
                 run = train_run(cfg, variant, seed, run, **extra, **({} if scale is None else {"fixed_logit_scale": scale}))
                 label = "learned" if scale is None else f"{scale:g}"
-                results.setdefault((variant, label), []).append(_with_best_epoch(evaluate_run(run, val), run))
+                results.setdefault((variant, label), []).append(_with_best_epoch(run_results(run, val), run))
         print(json.dumps({"variant": variant, "runs": len(cfg.scales) * len(cfg.seeds) + len(cfg.seeds)}))
     print(f"\nmean ± sd over seeds {cfg.seeds}:\n")
     print(scales_table(results))

@@ -120,16 +120,28 @@ def ivf_pq_factory(n: int, dim: int) -> str:
     return f"IVF{ivf_nlist(n)},PQ{pq_subquantizers(dim)}"
 
 
-def auto_factory(n: int, dim: int, memory_bytes: int | None = None, policy: AutoPolicy | None = None) -> str:
-    """Factory string for ``n`` vectors of dimension ``dim`` (thresholds: :class:`AutoPolicy`)."""
+def auto_factory(
+    n: int, dim: int, memory_bytes: int | None = None, policy: AutoPolicy | None = None, budget: int | None = None
+) -> str:
+    """The one ``auto`` policy: factory string for ``n`` vectors of dimension ``dim``.
+
+    ``Flat`` below ``flat_max`` vectors, ``HNSW32`` up to ``hnsw_max``, ``IVF{nlist},Flat``
+    (up to ``hnsw_max``) when HNSW's links do not fit but the float codes do, else
+    ``IVF{nlist},PQ{M}``; each only when it fits ``budget`` bytes (None:
+    ``memory_fraction`` of ``memory_bytes``, itself None: of the available memory).
+    """
     if n < 0 or dim < 1:
         raise ValueError(f"auto_factory needs n >= 0 and dim >= 1, got n={n}, dim={dim}")
     policy = policy or AutoPolicy()
-    if n < policy.flat_max:
+    if budget is None:
+        budget = (available_memory() if memory_bytes is None else memory_bytes) * policy.memory_fraction
+    flat = n * dim * 4  # float32 codes
+    if n < policy.flat_max and flat <= budget:
         return "Flat"
-    budget = (available_memory() if memory_bytes is None else memory_bytes) * policy.memory_fraction
     if n <= policy.hnsw_max and hnsw_bytes(n, dim, policy.hnsw_links) <= budget:
         return f"HNSW{policy.hnsw_links}"
+    if n <= policy.hnsw_max and flat + 8 * n <= budget:  # codes + ids of an IVF-Flat
+        return f"IVF{ivf_nlist(n)},Flat"
     return ivf_pq_factory(n, dim)
 
 
@@ -336,15 +348,6 @@ def search(
         return np.zeros((len(queries), 0), np.float32), np.zeros((len(queries), 0), np.int64)
     scores, ids = index.search(queries, k, params=search_parameters(index, k, params))
     return scores, ids
-
-
-def exact_topk(base: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
-    """Reference: ids of the k largest inner products by brute force (numpy). Shape: (Q, k)."""
-    scores = as_float32(queries) @ as_float32(base).T  # (Q, N)
-    k = min(k, scores.shape[1])
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]  # (Q, k) unordered
-    order = np.argsort(-np.take_along_axis(scores, part, axis=1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, axis=1)
 
 
 def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:

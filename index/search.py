@@ -4,6 +4,9 @@
     s.search_text(["a red circle", ...], k=10)          # list (per query) of hit lists, at m = D
     s.search_text(["a red circle"], k=10, m=32)         # the pruned index at m = 32
     s.search_text(["a red circle"], k=10, funnel=32)    # shortlist at m = 32, re-rank at D
+    s.search_text(["a red circle"], k=10, bytes=16)     # the codes of 16 bytes per image (index build --bytes)
+    s.search_text(["a red circle"], bytes=8, rescore="float")  # shortlist by the 8-byte codes, re-rank at full D
+    s.search_text(["a red circle"], bytes=8, rescore=32)       # ... or with the decoded 32-byte codes
     s.search_image(["query.png", pil_image], k=10)      # files or PIL images
     s.search_ids(["img_0007"], k=10)                    # "more like this": an indexed image's stored vector
     Searcher.load("INDEX", text_only=True)              # text queries without torch (lite runs, once exported)
@@ -16,7 +19,9 @@ prefix. ``target="image"`` (default) searches the image vectors (text->image,
 image->image); ``target="text"`` the caption vectors (image->text, text->text) when
 the index has them.
 
-Funnel search is the adaptive retrieval of Matryoshka Representation Learning
+Re-scoring generalises the funnel: a shortlist from a small code held in memory (``bytes``), re-ranked with
+a larger code or with the float vectors, which an index with codes keeps memory-mapped from disk
+(``index.store``), so only the candidates' rows are read. Funnel search is the adaptive retrieval of Matryoshka Representation Learning
 (Kusupati et al. 2022, https://arxiv.org/abs/2205.13147): the m-dimensional index
 returns ``k * shortlist_factor`` candidates, whose full-D stored vectors are then
 scored exactly.
@@ -44,12 +49,13 @@ import faiss
 import numpy as np
 
 from index import faiss_index as fi
-from index.from_embeddings import prefix, remove_stale_parts
 from index.store import IndexContents, load_contents
+from index.vectors import prefix
 from retrieval.errors import UserError
 from retrieval.text_onnx import TextEncoder, cached_text_encoder, export_for_run
 
 if TYPE_CHECKING:
+    from index.codecs import Codec
     from retrieval.compact import CompactTransform
 
 TARGETS = ("image", "text")
@@ -103,7 +109,6 @@ class Searcher:
         """
         t0 = time.perf_counter()
         contents = load_contents(index_dir)
-        remove_stale_parts(index_dir)  # parts of a killed `index build --embeddings` beside the folder
         manifest = contents.manifest
         t1 = time.perf_counter()
         run = os.fspath(run) if run is not None else manifest.get("run", "")
@@ -226,20 +231,24 @@ class Searcher:
 
     # -- searching
 
-    def search_text(self, texts, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None):
+    def search_text(self, texts, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None,
+                 *, bytes: int | None = None, rescore: int | str | None = None):
         """Top-k hits for each text query (text->image by default)."""
-        return self.search_vectors(self.embed_texts(texts), k, m, target, funnel)
+        return self.search_vectors(self.embed_texts(texts), k, m, target, funnel, bytes=bytes, rescore=rescore)
 
-    def search_image(self, images, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None):
+    def search_image(self, images, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None,
+                  *, bytes: int | None = None, rescore: int | str | None = None):
         """Top-k hits for each query image, a path or a PIL image (image->image; image->text with target="text")."""
-        return self.search_vectors(self.embed_images(images), k, m, target, funnel)
+        return self.search_vectors(self.embed_images(images), k, m, target, funnel, bytes=bytes, rescore=rescore)
 
-    def search_ids(self, ids, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None):
+    def search_ids(self, ids, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None,
+                *, bytes: int | None = None, rescore: int | str | None = None):
         """Top-k hits for indexed images given by id ("more like this"; the image itself ranks first)."""
-        return self.search_vectors(self.vectors_of(ids), k, m, target, funnel)
+        return self.search_vectors(self.vectors_of(ids), k, m, target, funnel, bytes=bytes, rescore=rescore)
 
     def search_vectors(
-        self, queries: np.ndarray, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None
+        self, queries: np.ndarray, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None,
+        *, bytes: int | None = None, rescore: int | str | None = None,
     ) -> list[list[dict]]:
         """Top-k hits for full-D compact query vectors.
 
@@ -249,6 +258,10 @@ class Searcher:
             m: the index searched (None: D); ignored with ``funnel``.
             target: ``image`` or ``text`` (the caption vectors).
             funnel: shortlist at m = ``funnel`` (``k * shortlist_factor`` candidates), re-rank at D.
+            bytes: search the image codes of this budget (``index build --bytes``) instead of an m.
+            rescore: with ``bytes``, re-rank a shortlist of ``k * shortlist_factor`` from the codes with
+                ``"float"`` (the full-D vectors, memory-mapped from disk) or with the codes of a larger
+                budget (their decoded vectors); None: the codes' own ranking.
 
         Returns:
             One list of hits per query, best first.
@@ -265,7 +278,20 @@ class Searcher:
             raise UserError(f"query vectors must have shape (Q, {self.dim}), got {queries.shape}")
         if len(queries) == 0 or len(vectors) == 0:
             return [[] for _ in queries]
-        if funnel is not None:
+        if rescore is not None and bytes is None:
+            raise UserError("rescore re-ranks the shortlist of a budget's codes: give bytes too")
+        if bytes is not None:
+            if target != "image" or funnel is not None:
+                raise UserError("bytes searches the image codes: not with target=text or funnel")
+            codes = self._check_bytes(bytes, "bytes")
+            if rescore is None:
+                scores, ids = self._search_codes(codes, queries, k)
+            else:
+                wanted = min(len(vectors), k * max(1, int(self.shortlist_factor)))
+                candidates = self._search_codes(codes, queries, wanted)[1]  # (Q, C)
+                fine = vectors if rescore == "float" else self._check_bytes(rescore, "rescore")
+                scores, ids = rerank_from(fine, queries, candidates, k)
+        elif funnel is not None:
             small = self._check_m(funnel, "funnel")
             wanted = min(len(vectors), k * max(1, int(self.shortlist_factor)))
             candidates = self._shortlist(indexes[small], prefix(queries, small), wanted, target, small)  # (Q, C)
@@ -274,6 +300,24 @@ class Searcher:
             m = self.dim if m is None else self._check_m(m, "m")
             scores, ids = self._search(indexes[m], prefix(queries, m), k, target, m)
         return [self._hits(s, i, target) for s, i in zip(scores, ids)]
+
+    @property
+    def budgets(self) -> list[int]:
+        """The byte budgets with image codes (``index build --bytes``), ascending."""
+        return sorted(self.contents.codes)
+
+    def _check_bytes(self, budget, what: str) -> "Codec":
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or int(budget) not in self.contents.codes:
+            built = self.budgets or "none (index build --bytes builds some)"
+            raise UserError(f"{what}={budget!r}: no codes of that many bytes here; choose from {built}")
+        return self.contents.codes[int(budget)]
+
+    def _search_codes(self, codes, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k by the codes of one budget (``index.codecs``; FAISS-backed ones under the GPU lock if any)."""
+        if self._faiss_lock is None:
+            return codes.search(queries, k)
+        with self._faiss_lock:
+            return codes.search(queries, k)
 
     def _check_m(self, m, what: str) -> int:
         if isinstance(m, bool) or not isinstance(m, numbers.Integral) or int(m) not in self.contents.image_indexes:
@@ -342,6 +386,19 @@ def rerank(vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray, k: 
         out_s[s : s + len(cand)] = np.take_along_axis(scores, top, axis=1)
         out_i[s : s + len(cand)] = np.where(np.take_along_axis(valid, top, axis=1), np.take_along_axis(cand, top, axis=1), -1)
     return out_s, out_i
+
+
+def rerank_from(source, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`rerank` against ``source``: stored vectors (N, D), memory-mapped or not, or a codec whose
+    decoded vectors (``index.codecs.Codec.reconstruct``) are scored; only the candidates are read."""
+    if isinstance(source, np.ndarray):
+        return rerank(source, queries, candidates, k)
+    valid = candidates >= 0
+    rows, inverse = np.unique(np.where(valid, candidates, 0), return_inverse=True)
+    decoded = source.reconstruct(rows)  # (U, D): each candidate decoded once
+    local = np.where(valid, inverse.reshape(candidates.shape), -1)  # (Q, C) rows of decoded
+    scores, ids = rerank(decoded, queries, local, k)
+    return scores, np.where(ids >= 0, rows[np.maximum(ids, 0)], -1)
 
 
 def matmul_shortlist(index) -> np.ndarray | None:

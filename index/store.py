@@ -8,8 +8,10 @@
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
+    INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``index.codecs``),
+                                  named by the manifest's ``budgets``; with codes the float vectors are memory-mapped
 
-An index on disk (``index.from_embeddings`` beyond the memory budget) is an IVF index
+An index on disk (``index.builder`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
 them (``on_disk``: {"image": {"64": "image.m64.ivfdata"}, "text": {...}}). They are read
 memory-mapped (``index.faiss_index.load(on_disk=True)``: looked up beside the ``.faiss``
@@ -22,11 +24,11 @@ and removes the other versions; a replacing build (``--overwrite``) keeps the ve
 replaced, so :func:`rollback` (``triclip index rollback INDEX``) can point back at it. A reader reads ``CURRENT`` once and loads that folder,
 so it sees one consistent version; if a writer removed it meanwhile, it reads again.
 
-Recovery after a crash, at the next read or write: staging folders are removed (by
-whoever gets the lock); a ``CURRENT`` that is missing or names a missing or incomplete
-folder falls back to the newest complete version (one with a manifest); a complete
-version that ``CURRENT`` never pointed to (a crash between the rename and the pointer)
-is dropped; of the older versions only the newest (the rollback) is kept. The first layout (format 1: ``manifest.json`` at the top, one m) is refused
+Recovery after a crash: a reader never writes or removes anything; a ``CURRENT`` that is
+missing or names a missing or incomplete folder reads the newest complete version (one with a
+manifest). The next writer, holding the lock, removes staging folders and incomplete versions
+and re-points such a ``CURRENT``; a complete version is removed only when a writer's new
+version replaces it (of the older versions only the newest, the rollback, is kept). The first layout (format 1: ``manifest.json`` at the top, one m) is refused
 with a "rebuild" message.
 """
 
@@ -34,14 +36,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import json
 import os
 import re
 import shutil
-import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -51,9 +50,9 @@ import numpy as np
 
 from index import faiss_index as fi
 from retrieval.errors import UserError
+from retrieval.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 
 CURRENT = "CURRENT"
-LOCK = ".lock"
 TMP_PREFIX = ".tmp-"
 MANIFEST = "manifest.json"
 META = "meta.jsonl"
@@ -64,6 +63,11 @@ FORMAT = 2  # manifest["format"]; 1 was one m per folder, manifest at the top
 OLD_FILES = ("manifest.json", "index.faiss", "text.faiss", "text_rows.npy", "meta.jsonl")  # format 1
 VERSION_RE = re.compile(r"^v(\d{6,})$")
 READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
+
+
+def code_name(budget: int) -> str:
+    """The file of the image codes of ``budget`` bytes per vector (``index build --bytes``)."""
+    return f"image.b{budget}.codec"
 
 
 def image_index_name(m: int) -> str:
@@ -90,6 +94,7 @@ class IndexContents:
     text_vectors: np.ndarray | None = None  # (T, D) caption vectors, or None without a caption index
     text_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (T, 2) image row, caption no.
     text_indexes: dict[int, faiss.Index] = field(default_factory=dict)  # m -> caption index (empty: none)
+    codes: dict = field(default_factory=dict)  # budget (bytes per vector) -> index.codecs.Codec over the image rows
     version: str | None = None  # the folder it was read from, e.g. "v000003"
     files: dict[str, Path] = field(default_factory=dict)  # name in the version -> a file written elsewhere (same
     # filesystem) that the writer moves in: the .ivfdata lists of on-disk indexes, vectors written in pieces
@@ -145,8 +150,8 @@ def is_index_dir(path: str | os.PathLike) -> bool:
 
 
 def is_empty_dir(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds nothing but what a failed writer may leave (the lock, staging folders)."""
-    return all(p.name == LOCK or p.name.startswith(TMP_PREFIX) for p in Path(path).iterdir())
+    """True when ``path`` holds nothing but what a failed writer may leave (the lock, its mark, staging folders)."""
+    return all(p.name in (LOCK, MARK) or p.name.startswith(TMP_PREFIX) for p in Path(path).iterdir())
 
 
 # ---------------------------------------------------------------------------- the writer lock
@@ -154,56 +159,38 @@ def is_empty_dir(path: str | os.PathLike) -> bool:
 
 @contextlib.contextmanager
 def writer_lock(root: str | os.PathLike, timeout: float = 600.0) -> Iterator[None]:
-    """Hold the exclusive writer lock of the index folder ``root`` (created if needed).
+    """Hold the exclusive writer lock of the index folder ``root`` (``retrieval.io.folder_lock``).
 
     Waits up to ``timeout`` seconds for another writer, then raises UserError. On entry
-    the folder is recovered (staging leftovers and stale versions removed).
+    the folder is marked an index (``retrieval.io.MARK``) and recovered (:func:`recover`).
     """
-    root = Path(root)
-    root.mkdir(parents=True, exist_ok=True)
-    fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        _acquire(fd, root, timeout)
-        recover(root)
+    with folder_lock(root, timeout):
+        if read_mark(root) is None:
+            write_mark(root, "index", done=is_index_dir(root))
+        recover(Path(root))
         yield
-    finally:
-        os.close(fd)  # releases the flock
-
-
-def _acquire(fd: int, root: Path, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    told = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                raise UserError(
-                    f"another triclip process is writing the index {root} (lock {root / LOCK} held for over"
-                    f" {timeout:.0f} s); try again when it has finished"
-                ) from None
-            if not told:
-                print(f"waiting for another writer of {root} to finish ...", file=sys.stderr, flush=True)
-                told = True
-            time.sleep(0.05)
 
 
 def recover(root: Path) -> None:
-    """Clean up after crashed writers; call only while holding the lock."""
+    """Clean up after crashed writers; call only while holding the lock.
+
+    Staging leftovers and version folders without a manifest go, and a ``CURRENT`` that names
+    no complete version is pointed at the newest complete one. A complete version (one a
+    manifest describes) is never removed here, whatever ``CURRENT`` says: only a writer's new
+    version replaces it (:func:`write_version`).
+    """
     for p in root.iterdir():
         if p.name.startswith(TMP_PREFIX):
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+    for name in _versions(root):
+        if not _complete(root, name):
+            shutil.rmtree(root / name, ignore_errors=True)
     try:
         live = current_version(root)
     except UserError:
         return  # nothing complete yet (or the old format)
     if _read_pointer(root) != live:
         _point_at(root, live)
-    keep = {live, previous_version(root, live)}
-    for name in _versions(root):
-        if name not in keep:
-            shutil.rmtree(root / name, ignore_errors=True)
 
 
 def previous_version(root: str | os.PathLike, live: str) -> str | None:
@@ -234,21 +221,6 @@ def rollback(root: str | os.PathLike, timeout: float = 600.0) -> tuple[str, str]
     return live, previous
 
 
-def _try_recover(root: Path) -> None:
-    """A reader's cleanup: only when no writer holds the lock, and only where it may write."""
-    try:
-        fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    except OSError:
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        recover(root)
-    except OSError:  # BlockingIOError: a writer is at work; PermissionError: read-only folder
-        pass
-    finally:
-        os.close(fd)
-
-
 def _point_at(root: Path, name: str) -> None:
     fd, tmp = tempfile.mkstemp(prefix=TMP_PREFIX + "current-", dir=root)
     try:
@@ -256,17 +228,11 @@ def _point_at(root: Path, name: str) -> None:
             fh.write(name + "\n")
             fh.flush()
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~current_umask())
         os.replace(tmp, root / CURRENT)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 # ---------------------------------------------------------------------------- writing
@@ -285,8 +251,11 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     root = Path(root).absolute()
     tmp = Path(tempfile.mkdtemp(prefix=TMP_PREFIX, dir=root))
     try:
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700; a version folder follows the umask
-        _write_files(tmp, contents)
+        os.chmod(tmp, 0o777 & ~current_umask())  # mkdtemp makes 0700; a version folder follows the umask
+        with write_errors(root):  # a full disk or no permission: one line, not faiss' or numpy's own
+            _write_files(tmp, contents)
+        for file in tmp.iterdir():  # files made by mkstemp elsewhere and moved in (curves.json, lists) are 0600
+            fix_mode(file)
         numbers = [int(n[1:]) for n in _versions(root)]
         pointer = _read_pointer(root)
         name = f"v{max(numbers + [int(pointer[1:]) if pointer else 0]) + 1:06d}"
@@ -294,6 +263,7 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     _point_at(root, name)
+    write_mark(root, "index", done=True)
     kept = pointer if keep_previous else (previous_version(root, pointer) if pointer else None)
     keep = {name, kept if kept and _complete(root, kept) else None}
     for old in _versions(root):
@@ -317,6 +287,8 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         if TEXT_VECTORS not in c.files:
             np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
+    for budget, codec in c.codes.items():
+        codec.save(folder / code_name(budget))
     with open(folder / META, "w", encoding="utf-8") as fh:
         for row in c.meta:
             fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
@@ -383,8 +355,6 @@ def load_contents(path: str | os.PathLike, indexes: bool = True) -> IndexContent
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"{root} is not a triclip index (no such folder)")
-    if is_index_dir(root):  # a reader writes nothing (not even the lock file) into a folder that is no index
-        _try_recover(root)
     for attempt in range(READ_TRIES):
         name = current_version(root)
         try:
@@ -411,7 +381,8 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
     meta = _read_meta(folder / META, folder)
     if len(meta) != count:
         raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
-    mmap = bool(on_disk)  # an index too big for memory: its vectors are mapped, not read
+    budgets = _check_budgets(manifest, folder)
+    mmap = bool(on_disk) or bool(budgets)  # too big for memory, or codes in memory: the float vectors are mapped
     vectors = _read_vectors(folder / VECTORS, (count, dim), folder, mmap)
     contents = IndexContents(manifest, meta, vectors, {})
     if text_count is not None:
@@ -431,7 +402,33 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
             contents.text_indexes[m] = (
                 _read_index(folder / text_index_name(m), m, text_count, folder, lists) if indexes else None
             )
+    for budget in budgets if indexes else ():
+        contents.codes[budget] = _read_codes(folder / code_name(budget), dim, count, folder)
     return contents
+
+
+def _check_budgets(manifest: dict, folder: Path) -> list[int]:
+    """The byte budgets the manifest's ``budgets`` names (``index build --bytes``), ascending."""
+    entry = manifest.get("budgets") or {}
+    if not isinstance(entry, dict) or not all(isinstance(b, str) and b.isdigit() and isinstance(v, dict)
+                                              and v.get("file") == code_name(int(b)) for b, v in entry.items()):
+        raise _damaged(folder, f"{MANIFEST} garbles budgets (the codes of index build --bytes)")
+    return sorted(int(b) for b in entry)
+
+
+def _read_codes(file: Path, dim: int, count: int, folder: Path):
+    """The codes of one budget (``index.codecs``), checked to hold ``count`` vectors of width ``dim``."""
+    from index import codecs
+
+    if not file.is_file():
+        raise FileNotFoundError(file)
+    try:
+        codec = codecs.load(file, dim)
+    except UserError:
+        raise _damaged(folder, f"{file.name} is not a readable codec file") from None
+    if len(codec) != count or codec.dim != dim:
+        raise _damaged(folder, f"{file.name} holds {len(codec)} vectors of width {codec.dim}, expected {count} of {dim}")
+    return codec
 
 
 def _check_on_disk(manifest: dict, dims: list[int], has_text: bool, folder: Path) -> dict[tuple[str, int], Path]:

@@ -23,7 +23,7 @@ runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
 parameters or buffers changes (PyTorch's in-place version counters), so a tower
 that trains between evaluations is never read stale. Outputs stay within cosine
 0.999 of the eager fp32 reference (tests/retrieval/test_accel.py). bf16 is never
-used: this CPU has no fast bf16 path (SPEC).
+used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def image_module_features(module: nn.Module, images: torch.Tensor, key: str | No
     """``module(images)`` (or its ``[key]`` where it returns a dict) through the fast path where it applies.
 
     For frozen parts of image towers, e.g. the bottom of a partly unlocked tower
-    (``retrieval.split``), whose one pass over a data set is the expensive part of unlocking.
+    (``retrieval.unlock``), whose one pass over a data set is the expensive part of unlocking.
     Shape: (B, 3, S, S) -> (B, ...).
     """
     if _fast_ok(module) and images.device.type == "cpu" and images.dim() == 4 and images.shape[2] == images.shape[3]:

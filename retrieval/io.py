@@ -11,16 +11,29 @@ folders that will be renamed into place.
 that is not empty and not the command's own kind (:func:`folder_kind`) is refused,
 its own kind needs ``--overwrite`` (or the command's resume: ``--resume``, ``--add``,
 an ``embed`` re-run), and the place must be writable, all before any work is done.
+
+:func:`writing` is the one way every command writes its folder: the claim, then the folder's
+lock (:func:`folder_lock`: two writers of one folder exclude each other), then the mark
+(:data:`MARK`, ``{"kind": ..., "done": false}``) written FIRST, so that a killed command's folder
+is recognised as its own and can be run again; the mark's ``"done": true`` is the LAST file the
+command writes. A finished folder that is written again without ``--resume`` / ``--add`` (an
+``--overwrite``, or a rerun over an unfinished one) is built beside it (``.NAME.new-*``) and
+swapped in by rename at the end, so a kill leaves the old folder whole.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
+import glob
 import json
 import os
 import re
 import stat
+import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -63,16 +76,63 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     left as it was. The file ends with the umask's mode.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
+    with write_errors(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        os.close(fd)
     try:
-        yield Path(tmp)
-        fix_mode(tmp)
-        os.replace(tmp, path)
+        with write_errors(path):
+            yield Path(tmp)
+            fix_mode(tmp)
+            os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+@contextlib.contextmanager
+def write_errors(path: str | os.PathLike) -> Iterator[None]:
+    """A write of ``path`` that fails for want of space or permission: one true line (UserError).
+
+    Libraries report these in their own ways (safetensors' ``SafetensorError ... No space left on
+    device``, faiss' ``RuntimeError ... write error``, numpy's ``OSError: 51200 requested and 19424
+    written``): the error's errno, its text, or the disk itself (no space left) tells; anything
+    else is raised as it was.
+    """
+    try:
+        yield
+    except UserError:
+        raise
+    except Exception as err:  # noqa: BLE001  any library's error type
+        why = _why_write_failed(err, Path(path))
+        if why is None:
+            raise
+        raise UserError(f"{why} while writing {path}") from None
+
+
+_WRITE_ERRNO = {errno.ENOSPC: "disk full", errno.EDQUOT: "disk quota exceeded", errno.EFBIG: "file too large",
+                errno.EACCES: "permission denied", errno.EPERM: "permission denied", errno.EROFS: "read-only filesystem"}  # fmt: skip
+
+
+def _why_write_failed(err: Exception, path: Path) -> str | None:
+    code = getattr(err, "errno", None)
+    if code in _WRITE_ERRNO:
+        return _WRITE_ERRNO[code]
+    text = str(err)
+    for code, why in _WRITE_ERRNO.items():
+        if os.strerror(code) in text:
+            return why
+    return "disk full" if _disk_full(path) else None
+
+
+def _disk_full(path: Path) -> bool:
+    """Whether the filesystem of ``path`` has (about) no space left for this process."""
+    folder = path if path.is_dir() else path.parent
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return False
+    return st.f_bavail * st.f_frsize < (256 << 10)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
@@ -124,22 +184,30 @@ def _rmtree(path: Path) -> None:
 
 # ---------------------------------------------------------------------------- output folders
 
-KINDS = ("run", "index", "data", "embeddings")  # what triclip commands write (train, index build, data prepare, embed)
-_WHAT = {"run": "a run", "index": "an index", "data": "a data set", "embeddings": "embedding shards"}
+KINDS = ("run", "index", "data", "embeddings", "demo")  # what triclip commands write (train / solve, index build,
+# data prepare / split, embed, demo)
+_WHAT = {"run": "a run", "index": "an index", "data": "a data set", "embeddings": "embedding shards",
+         "demo": "a demo's work folder"}  # fmt: skip
+MARK = ".triclip.json"  # {"kind": KIND, "done": bool}: the first file a writer writes, and (done) its last
+LOCK = ".lock"  # writers hold an exclusive fcntl.flock on it (index/store.py's lock too)
 _VERSION = re.compile(r"^v\d{6,}$")  # index/store.py's version folders
-_LEFTOVER = re.compile(r"^\.(lock$|tmp-|.*\.tmp(-|$)|.*\.old$|.*\.tmp\.)")  # what a killed writer leaves
+_LEFTOVER = re.compile(r"^\.(lock$|tmp-|.*\.tmp(-|$)|.*\.old$|.*\.tmp\.|.*\.new-)")  # what a killed writer leaves
 
 
 def folder_kind(path: str | os.PathLike) -> str | None:
     """Which triclip command wrote the folder ``path`` (one of :data:`KINDS`), or None.
 
-    Recognised by what each writes: ``embed`` a manifest of format ``triclip-embeddings/*``;
+    Its mark (:data:`MARK`) says so; a folder from a triclip before the mark is recognised
+    by what each writes: ``embed`` a manifest of format ``triclip-embeddings/*``;
     ``index build`` a ``CURRENT`` pointer or ``vNNNNNN/manifest.json`` (format 1: ``index.faiss``
     beside a manifest); ``train`` a ``config.json`` whose ``model`` section names a preset (or, damaged, beside
     ``checkpoint/state.json``);
     ``data prepare`` ``train.jsonl`` / ``val.jsonl``.
     """
     root = Path(path)
+    mark = read_mark(root)
+    if mark is not None:
+        return mark["kind"]
     manifest = _json_or_none(root / "manifest.json")
     if isinstance(manifest, dict) and str(manifest.get("format", "")).startswith("triclip-embeddings/"):
         return "embeddings"
@@ -165,13 +233,34 @@ def _json_or_none(path: Path):
         return None
 
 
+def read_mark(root: str | os.PathLike) -> dict | None:
+    """The folder's mark ``{"kind", "done"}``, or None (none, or not one of ours)."""
+    mark = _json_or_none(Path(root) / MARK)
+    ok = isinstance(mark, dict) and mark.get("kind") in KINDS and isinstance(mark.get("done"), bool)
+    return mark if ok else None
+
+
+def write_mark(root: str | os.PathLike, kind: str, done: bool) -> None:
+    write_json_atomic(Path(root) / MARK, {"kind": kind, "done": done})
+
+
+def folder_done(path: str | os.PathLike, kind: str) -> bool:
+    """True when ``path`` holds a finished ``kind``: its mark says done (a folder from before the
+    mark: it holds ``kind`` at all)."""
+    mark = read_mark(path)
+    if mark is not None:
+        return mark["kind"] == kind and mark["done"]
+    return Path(path).is_dir() and folder_kind(path) == kind
+
+
 def is_empty_output(path: str | os.PathLike) -> bool:
     """True when the folder holds nothing, or only what killed triclip writers leave (temp files, a lock)."""
     return all(_LEFTOVER.match(p.name) for p in Path(path).iterdir())
 
 
 def claim_output_dir(
-    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out"
+    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out",
+    hint: str | None = None,
 ) -> str | None:
     """Check, before any work, that the command writing ``kind`` may write into ``path``.
 
@@ -180,7 +269,8 @@ def claim_output_dir(
     on read-only mounts); an existing folder that is not empty must hold ``kind`` already
     (anything else, the user's own files included, is refused), and replacing it needs
     ``overwrite``, or ``reuse`` for commands that continue their own output (``train
-    --resume``, ``index build --add``, an ``embed`` re-run). Nothing is written or removed.
+    --resume``, ``index build --add``, an ``embed`` re-run); an unfinished one (its mark says
+    not done: a killed writer's) needs neither. Nothing is written or removed.
 
     Args:
         path: the output folder.
@@ -188,6 +278,8 @@ def claim_output_dir(
         overwrite: the user passed ``--overwrite``.
         reuse: the command continues what is there (its own kind only).
         option: the option's name in messages.
+        hint: what to do about an existing ``kind`` (None: the kind's usual advice, ``_HINT``), for a
+            command without the usual way to continue (``solve`` has no ``--resume``).
 
     Returns:
         The kind found in ``path`` (``kind``), or None for a new or empty folder.
@@ -201,6 +293,8 @@ def claim_output_dir(
     try:
         st = os.stat(root)
     except FileNotFoundError:
+        if os.path.islink(root):
+            raise UserError(f"{option} {root} is a symbolic link to {os.readlink(root)}, which does not exist") from None
         st = None
     except NotADirectoryError as err:  # a file on the way
         raise UserError(f"{option} {root}: {_existing_parent(root)} is a file, not a folder ({err.strerror})") from None
@@ -228,8 +322,8 @@ def claim_output_dir(
             f"{option} {root} is not empty and not a triclip {kind} folder ({holds}); refusing to overwrite it"
             f" (choose another {option})"
         )
-    if not (overwrite or reuse):
-        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {_HINT[kind]}")
+    if not (overwrite or reuse) and folder_done(root, kind):  # an unfinished one (a killed writer's) is run again
+        raise UserError(f"{option} {root} already holds {_WHAT[kind]}; {hint or _HINT[kind]}")
     return found
 
 
@@ -239,6 +333,7 @@ _HINT = {
     " `triclip index rollback`)",
     "data": "pass --overwrite to replace it (runs and indexes built on it would no longer match it)",
     "embeddings": "pass --overwrite to start it over",
+    "demo": "it resumes where it stopped",
 }
 
 
@@ -256,6 +351,119 @@ def check_writable(folder: str | os.PathLike, option: str = "--out", shown: str 
         tempfile.TemporaryFile(dir=folder).close()
     except OSError as err:
         raise UserError(f"{option} {shown or folder}: cannot write in {folder} ({err.strerror or err})") from None
+
+
+# ---------------------------------------------------------------------------- one writer per folder
+
+
+@contextlib.contextmanager
+def folder_lock(root: str | os.PathLike, timeout: float = 0.0) -> Iterator[None]:
+    """Hold the exclusive writer lock of the folder ``root`` (made if needed): an flock on ``root/.lock``.
+
+    Waits up to ``timeout`` seconds for another writer (0: not at all), then raises UserError.
+    """
+    root = Path(root)
+    while True:
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            fd = os.open(root / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+        except OSError as err:
+            raise UserError(f"cannot write in {root}: {err.strerror or err}") from None
+        try:
+            _acquire(fd, root, timeout)
+            with contextlib.suppress(OSError):
+                if os.fstat(fd).st_ino == os.stat(root / LOCK).st_ino:
+                    break  # else the folder was swapped (writing) while we waited: lock the new one
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        os.close(fd)  # releases the flock
+
+
+def _acquire(fd: int, root: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    told = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                held = f" for over {timeout:.0f} s" if timeout else ""
+                raise UserError(
+                    f"another triclip process is writing {root} (lock {root / LOCK} held{held}); try again when it"
+                    " has finished"
+                ) from None
+            if not told:
+                print(f"waiting for another writer of {root} to finish ...", file=sys.stderr, flush=True)
+                told = True
+            time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def writing(
+    path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out",
+    timeout: float = 0.0, stage: bool = True,
+) -> Iterator[Path]:  # fmt: skip
+    """Claim, lock and mark the folder ``path`` for the command writing ``kind``; yield where to write.
+
+    The rule of :func:`claim_output_dir` (checked again once the lock is held), the lock of
+    :func:`folder_lock` for the whole block, and the mark (:data:`MARK`) written first. Where it
+    writes: in ``path`` itself when it is new or empty, or with ``reuse`` (the command
+    continues it); otherwise (``--overwrite`` of a finished folder, or a rerun over an unfinished
+    one) in a new folder beside it that replaces it by rename when the block ends (``stage``
+    False: in place, for writers that keep versions of their own, like the index). When the
+    block ends without an error the mark says done; after an error or a kill it does not, and the
+    next run of the command takes the folder as its own.
+    """
+    root = Path(path)
+    _swap_back(root)
+    claim_output_dir(root, kind, overwrite, reuse, option)
+    made = not root.exists()
+    with folder_lock(root, timeout), _unmade_on_error(root, made):
+        found = claim_output_dir(root, kind, overwrite, reuse, option)  # what the writer before us left
+        for leftover in root.parent.glob(f".{glob.escape(root.name)}.new-*"):  # killed replacements
+            if read_mark(leftover) is not None or not any(leftover.iterdir()):
+                _rmtree(leftover)
+        target = temp_dir(root.parent, f".{root.name}.new-") if stage and found and not reuse else root
+        try:
+            if not (reuse and found):  # a folder being continued keeps its mark until it is done again
+                write_mark(target, kind, done=False)
+            yield target
+            if read_mark(target) != {"kind": kind, "done": True}:
+                write_mark(target, kind, done=True)
+            if target != root:
+                swap_dir(target, root)
+        finally:
+            if target != root and target.exists():
+                _rmtree(target)
+
+
+@contextlib.contextmanager
+def _unmade_on_error(root: Path, made: bool) -> Iterator[None]:
+    """A command that fails before it wrote anything but its mark leaves the folder as it found it."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            if {p.name for p in root.iterdir()} <= {MARK, LOCK}:
+                (root / MARK).unlink(missing_ok=True)
+                if made:
+                    (root / LOCK).unlink(missing_ok=True)
+                    root.rmdir()
+        raise
+
+
+def _swap_back(root: Path) -> None:
+    """A kill between :func:`swap_dir`'s two renames left ``.NAME.old`` and no ``NAME``: put it back."""
+    old = recover_dir(root)
+    if old != root and read_mark(old) is not None:
+        with contextlib.suppress(OSError):
+            os.replace(old, root)
 
 
 # ---------------------------------------------------------------------------- weights files with a checksum
@@ -296,6 +504,15 @@ def save_safetensors(tensors: dict, path: str | os.PathLike, metadata: dict | No
         save_file(tensors, str(tmp), metadata={**(metadata or {}), WEIGHTS_SHA256: tensors_sha256(tensors)})
 
 
+def check_readable(path: str | os.PathLike) -> None:
+    """UserError with the OS's own reason unless ``path`` can be opened for reading (safetensors
+    says "No such file or directory" for a file it may not read)."""
+    try:
+        open(path, "rb").close()
+    except OSError as err:
+        raise UserError(f"cannot read {path}: {err.strerror or err}") from None
+
+
 def load_safetensors(path: str | os.PathLike) -> dict:
     """The tensors of a safetensors file, checked against the sha256 recorded when it was saved.
 
@@ -307,6 +524,7 @@ def load_safetensors(path: str | os.PathLike) -> dict:
     from safetensors import safe_open
     from safetensors.torch import load_file
 
+    check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as fh:
             recorded = (fh.metadata() or {}).get(WEIGHTS_SHA256)

@@ -193,7 +193,7 @@ class DualEncoder(nn.Module):
             self.image_tower.eval()  # frozen BN statistics too
         if text_locked:
             self.text_tower.eval()
-        for bottom, _ in getattr(self, "_split", {}).values():  # partly locked (retrieval.split)
+        for bottom, _ in getattr(self, "_split", {}).values():  # partly locked (retrieval.unlock)
             bottom.eval()
         return self
 

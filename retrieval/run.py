@@ -37,7 +37,7 @@ import torch
 from safetensors import safe_open
 
 from retrieval.errors import UserError, first_line
-from retrieval.io import file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
+from retrieval.io import check_readable, file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
 from retrieval.model import DualEncoder, ModelConfig, build_model
 
 CONFIG = "config.json"
@@ -182,9 +182,8 @@ def frozen_tower_keys(model: torch.nn.Module) -> list[str]:
             keys += [prefix + n for n, p in module.named_parameters(recurse=False) if not p.requires_grad]
             below = list(module.parameters())
             if not any(p.requires_grad for p in below) if below else not tower_trains:
-                skip = module._non_persistent_buffers_set
-                keys += [prefix + n for n, _ in module.named_buffers(recurse=False) if n not in skip]
-    present = set(model.state_dict(keep_vars=True))
+                keys += [prefix + n for n, _ in module.named_buffers(recurse=False)]
+    present = set(model.state_dict(keep_vars=True))  # drops non-persistent buffers (never saved)
     return sorted(k for k in dict.fromkeys(keys) if k in present)
 
 
@@ -201,7 +200,7 @@ def tower_reference(model: DualEncoder, frozen: Iterable[str], seed: int) -> dic
             keys = [k for k in frozen if k.startswith(tower + ".")]
             if keys:
                 towers[tower] = {"tensors": len(keys), "sha256": tensors_hash(state, keys)}
-        cache[frozen] = {"format": 1, "towers": towers, "packages": tower_packages(model.config.preset)}
+        cache[frozen] = {"format": 1, "towers": towers, "packages": tower_packages(model.config.preset), "preset": model.config.preset}
     return {**cache[frozen], "seed": int(seed)}
 
 
@@ -221,6 +220,7 @@ def tower_packages(preset: str) -> dict[str, str]:
 
 def weights_reference(path: str | os.PathLike) -> dict | None:
     """The tower reference a weights file carries (None: the file holds every tensor)."""
+    check_readable(path)
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -248,19 +248,22 @@ def load_weights(model: DualEncoder, path: str | os.PathLike, reference: dict | 
     """
     reference = weights_reference(path) if reference is None else reference
     state = load_safetensors(path)  # checked against the sha256 recorded when it was saved
+    own = model.state_dict()
+    towers = (reference or {}).get("towers", {})
+    mismatch = state_mismatch(own, state, left_out=tuple(t + "." for t in towers))
+    if mismatch:
+        theirs = (reference or {}).get("preset") or "not recorded in the file"
+        raise UserError(
+            f"cannot load {path}: {mismatch}; another model's weights? (the run's config.json: {describe_model(model.config)};"
+            f" the file's preset: {theirs})"
+        )
     if reference is None:
         try:
             model.load_state_dict(state)
         except Exception as err:  # load_state_dict raises many types for foreign files
             raise UserError(f"cannot load {path}: {first_line(err)}") from None
         return
-    own = model.state_dict()
     left_out = sorted(set(own) - set(state))
-    unexpected = sorted(set(state) - set(own))
-    towers = reference["towers"]
-    stray = [k for k in left_out if not any(k.startswith(t + ".") for t in towers)]
-    if unexpected or stray:
-        raise UserError(f"cannot load {path}: {'unexpected' if unexpected else 'missing'} tensor {(unexpected or stray)[0]}")
     for tower, ref in towers.items():
         keys = [k for k in left_out if k.startswith(tower + ".")]
         digest = tensors_hash(own, keys)
@@ -277,6 +280,30 @@ def load_weights(model: DualEncoder, path: str | os.PathLike, reference: dict | 
         model.load_state_dict(state, strict=False)
     except Exception as err:
         raise UserError(f"cannot load {path}: {first_line(err)}") from None
+
+
+def state_mismatch(own: dict, state: dict, left_out: tuple[str, ...] = ()) -> str | None:
+    """The first tensor that keeps ``state`` from loading into a model whose state dict is ``own``: missing
+    (not counting keys under the ``left_out`` prefixes: towers a run rebuilds), unexpected, or of another
+    shape; None when it loads."""
+    missing = sorted(k for k in set(own) - set(state) if not k.startswith(left_out))
+    unexpected = sorted(set(state) - set(own))
+    shaped = [k for k in own if k in state and tuple(own[k].shape) != tuple(state[k].shape)]
+    counts = f" ({len(missing)} missing, {len(unexpected)} unexpected, {len(shaped)} of another shape)"
+    if missing:
+        return f"missing tensor {missing[0]}{counts}"
+    if unexpected:
+        return f"unexpected tensor {unexpected[0]}{counts}"
+    if shaped:
+        k = shaped[0]
+        return f"tensor {k} is {tuple(state[k].shape)} in the weights, {tuple(own[k].shape)} in the model{counts}"
+    return None
+
+
+def describe_model(config) -> str:
+    """A model by what decides its tensors: preset, D and head kind (a ModelConfig or its dict)."""
+    get = config.get if isinstance(config, dict) else lambda k, d=None: getattr(config, k, d)
+    return f"preset {get('preset')}, D={get('embed_dim')}, {get('head') or 'linear'} heads"
 
 
 def tensors_hash(state: dict, keys: Iterable[str]) -> str:

@@ -1,6 +1,6 @@
 """``triclip embed``: a data source embedded into numbered shards, resumable, one rank per shard.
 
-The folder (SPEC "Embeddings")::
+The folder (docs/CONTRACT.md "Embeddings")::
 
     EMB/manifest.json              run, fingerprint, data fingerprint, shard size, D, dtype, the
                                    compact transform (importance order, sqrt(w), sign fix)
@@ -31,6 +31,7 @@ at scale the tower outputs would dwarf the embeddings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -45,7 +46,7 @@ import numpy as np
 from retrieval.progress import progress
 
 from retrieval.errors import UserError, first_line
-from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_json_atomic
+from retrieval.io import claim_output_dir, file_sha256, read_json, temp_dir, write_errors, write_json_atomic, writing
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -95,14 +96,22 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     _validate(cfg)
     rank, world, owned = init_distributed()
     together = False  # every rank stands at the same point, so leaving the group can wait for the others
+    held = contextlib.ExitStack()  # rank 0: the folder's lock and mark (retrieval.io.writing), for the whole run
     try:
+        where = [Path(cfg.out)]  # alone, an --overwrite is written beside and swapped in at the end
+
+        def claim() -> None:
+            where[0] = held.enter_context(writing(cfg.out, "embeddings", overwrite=cfg.overwrite,
+                                                  reuse=not cfg.overwrite, stage=world == 1))  # fmt: skip
+
+        on_rank0(world, rank, claim)
         pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
         device = _device(cfg.device)
         model, run_config = load_run(cfg.run, device)
         fingerprint = run_fingerprint(cfg.run)
         cache = existing_locked_outputs(model, pairs)  # a locked tower's outputs, if training cached this data
         num_shards = math.ceil(len(pairs.records) / cfg.shard_size)
-        out = Path(cfg.out)
+        out = where[0]
         on_rank0(world, rank, _prepare_folder, cfg, out, model, run_config, fingerprint, pairs, num_shards, device, cache)
         manifest = read_manifest(out)
         transform = CompactTransform.from_dict(manifest["transform"])
@@ -120,11 +129,15 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
         summary["seconds"] = round(time.perf_counter() - started, 2)
         together = True
+        held.close()  # every shard written: the mark says done (and a replacement is swapped in)
+        summary["embeddings"] = str(Path(cfg.out).absolute())
         return summary
     except EveryRankError:
         together = True
         raise
     finally:
+        stopped = UserError("embed stopped")  # after an error (or with none, after close): the mark stays unfinished
+        held.__exit__(UserError, stopped, None)
         if owned:
             leave_group(together)
 
@@ -452,28 +465,29 @@ def _write_shard(out: Path, s: int, pairs: PairSet, cfg, model, transform, devic
     text_rows = np.stack([text_to_image.long().numpy(), np.array(caption_no, dtype=np.int64)], 1).reshape(-1, 2)
     tmp = temp_dir(out, prefix=f".{shard_name(s)}.tmp-")  # the umask's mode, not mkdtemp's 0700
     try:
-        np.save(tmp / IMAGE, transform(image).numpy().astype(cfg.dtype))  # (n, D)
-        if cfg.text:
-            np.save(tmp / TEXT, transform(text).numpy().astype(cfg.dtype))  # (T, D)
-            np.save(tmp / TEXT_ROWS, text_rows.astype(np.int64))  # (T, 2)
-        with open(tmp / META, "w", encoding="utf-8") as fh:
-            for r in records:
-                row = {"id": r.key, "image": r.path, "captions": list(r.captions), "label": r.label}
-                fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-        info = {
-            "shard": s,
-            "records": [lo, hi],
-            "count": len(records),
-            "text_count": len(caption_no) if cfg.text else None,
-            "skipped": dict(skipped),
-            "rank": rank,
-            "seconds": round(time.perf_counter() - started, 2),
-        }
-        info["files"] = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
-        (tmp / SHARD_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
-        if (out / shard_name(s)).exists():  # a folder without shard.json: not ours to keep
-            shutil.rmtree(out / shard_name(s))
-        os.replace(tmp, out / shard_name(s))
+        with write_errors(out / shard_name(s)):
+            np.save(tmp / IMAGE, transform(image).numpy().astype(cfg.dtype))  # (n, D)
+            if cfg.text:
+                np.save(tmp / TEXT, transform(text).numpy().astype(cfg.dtype))  # (T, D)
+                np.save(tmp / TEXT_ROWS, text_rows.astype(np.int64))  # (T, 2)
+            with open(tmp / META, "w", encoding="utf-8") as fh:
+                for r in records:
+                    row = {"id": r.key, "image": r.path, "captions": list(r.captions), "label": r.label}
+                    fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+            info = {
+                "shard": s,
+                "records": [lo, hi],
+                "count": len(records),
+                "text_count": len(caption_no) if cfg.text else None,
+                "skipped": dict(skipped),
+                "rank": rank,
+                "seconds": round(time.perf_counter() - started, 2),
+            }
+            info["files"] = {p.name: {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in sorted(tmp.iterdir())}
+            (tmp / SHARD_INFO).write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+            if (out / shard_name(s)).exists():  # a folder without shard.json: not ours to keep
+                shutil.rmtree(out / shard_name(s))
+            os.replace(tmp, out / shard_name(s))
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything triclip needs on a fresh Debian machine: system packages
 # (built-in datasets, Chromium for browser tests) and a virtual environment in
-# .venv with triclip and its test extras. Safe to run again: each step is
-# skipped when already done.
+# .venv with triclip and its test extras, at the exact versions of constraints.txt
+# (the last green test run's). Safe to run again: each step is skipped when
+# already done; a changed pyproject.toml or constraints.txt reinstalls.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,13 +26,13 @@ fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=".venv/.triclip-installed"
-want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+want=$(cat pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   free_gb=$(df -Pk . | awk 'NR==2 {print int($4 / 1048576)}')
   echo "setup: installing Python packages into .venv (first time: a few minutes, ~8 GB; ${free_gb} GB free here)"
   [ "$free_gb" -ge 10 ] || echo "setup: warning: less than 10 GB free; the install (torch with its CUDA libraries) may run out of disk" >&2
   # --no-cache-dir: no second copy of every wheel in ~/.cache/pip
-  .venv/bin/python -m pip install -q --no-cache-dir --upgrade pip
-  .venv/bin/python -m pip install -q --no-cache-dir -e ".[test,fast]"
+  .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt pip
+  .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e ".[test,fast]"
   echo "$want" > "$stamp"
 fi

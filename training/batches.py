@@ -5,7 +5,7 @@ in a fixed order drawn from ``(seed, e)`` (captions: ``retrieval.data.pick_capti
 ``perm[b*G:(b+1)*G]`` and rank r takes slice r of it, so K ranks see exactly the
 batches of one process with a K times larger batch. A locked tower's input is
 replaced by its cached output (``retrieval.cache``): no image is decoded when the
-image tower is locked. A partly locked tower (``retrieval.split``) gets the cached
+image tower is locked. A partly locked tower (``retrieval.unlock``) gets the cached
 output of its frozen bottom instead (images: view ``epoch_views(seed, e)[i]`` of record i).
 """
 
@@ -18,7 +18,7 @@ import torch
 
 from retrieval.data import PairDataset, collate_pairs
 from retrieval.cache import locked_tower_outputs, skipped_images
-from retrieval.split import epoch_views, image_bottom_outputs, select_rows, splits, text_bottom_outputs
+from retrieval.unlock import epoch_views, image_bottom_outputs, select_rows, splits, text_bottom_outputs
 
 
 @dataclass

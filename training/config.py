@@ -28,19 +28,32 @@ class Recipe:
     lock_image: bool  # image tower frozen, its outputs cached
     lock_text: bool  # text tower frozen, its outputs cached
     tower_lr_scale: float  # a tower that trains: lr * this
+    patience: int  # with validation data: stop after this many epochs without a gain beyond noise (0: never)
 
 
-# lite*: the measured recipe (docs/results.md set-up and section 7; the demo): pretrained towers locked and
-# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (docs/results.md §9, partly unlocked).
-_LITE = Recipe(epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1)
+# lite*: the measured recipe (docs/results_archive.md set-up and section 7; the demo): pretrained towers locked and
+# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (docs/results_archive.md §9, partly unlocked);
+# stops after 5 epochs without a validation gain beyond noise (docs/results.md, "Early stopping").
+_LITE = Recipe(epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1, patience=5)
 RECIPES: dict[str, Recipe] = {
-    "tiny": Recipe(epochs=1, batch_size=64, lr=1e-3, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0),
+    "tiny": Recipe(epochs=1, batch_size=64, lr=1e-3, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0, patience=0),
     "lite": _LITE,
     "lite1": _LITE,
     "lite2": _LITE,
 }
-OPEN_CLIP_RECIPE = Recipe(epochs=1, batch_size=64, lr=5e-4, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0)
+OPEN_CLIP_RECIPE = Recipe(
+    epochs=1, batch_size=64, lr=5e-4, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0, patience=0
+)
 LOCKED_CHECKPOINT_EVERY = 20  # epochs between checkpoints when both towers are locked (an epoch takes seconds: a kill loses about a minute)
+
+
+# The demo's recipe, defined once: app/demo.py runs it, benchmarks.results names its steps (variants mrl,
+# mrl_solved, mrl_solved_tricl) and tests/test_readme.py checks the README's commands against it. Each step's
+# TrainConfig fields beside the lite preset's recipe (the objectives' own defaults: retrieval.losses).
+MRL_STEP = {"loss": "mrl"}  # 1. train: InfoNCE nested on the first m of D (the default objective)
+# 2. solve --run (step 1's run): Eq. 6 solved on the embeddings it serves (training.solve; no options)
+# 3. train --init (step 2's run): tricl nested on S's order, spelled out (the same as tricl's own defaults)
+TUNE_STEP = {"loss": "tricl", "loss_options": {"nested": 4, "nested_order": "importance"}, "epochs": 10, "lr": 1e-4}
 
 
 def recipe_for(model: str) -> Recipe:
@@ -88,7 +101,7 @@ def resolve_recipe(cfg: "TrainConfig") -> "TrainConfig":
 
 @dataclass
 class TrainConfig:
-    train_data: str  # training data source (any format of retrieval.data)
+    train_data: str  # training data source (any format of retrieval.data); not needed with --resume (the run's own)
     out: str  # run directory
     val_data: str | None = None  # evaluated after every epoch; the best epoch by t2i_r10 is kept when it beats the last beyond noise (--select-factor)
     model: str = "tiny"  # preset: tiny, lite, lite1, lite2, or an open_clip architecture
@@ -102,7 +115,7 @@ class TrainConfig:
     tower_lr_scale: float | None = field(default=None, metadata={"help": _per_preset("tower_lr_scale", "a tower that trains: lr * this")})
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
-    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1
+    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1 (default: the objective's own, retrieval.losses: mrl and tricl nested=4, mrl nested_order=prefix; others none)
     fixed_logit_scale: float | None = None  # hold the logit scale s at this value, 1-100 (not trained); None: learned, clamped to 100
     epochs: int | None = field(default=None, metadata={"help": _per_preset("epochs", "passes over the training data")})
     batch_size: int | None = field(default=None, metadata={"help": _per_preset("batch_size", "pairs per step, per rank")})
@@ -124,7 +137,11 @@ class TrainConfig:
     workers: int = 0  # DataLoader worker processes for image decoding
     save_every: int = 0  # also checkpoint every N steps (0: only per --checkpoint-every epochs)
     checkpoint_every: int | None = None  # epochs between checkpoints, and always the last (None: 20 with both towers locked, else 1)
-    select_factor: float = 2.0  # keep the best epoch only when it beats the last by this many standard errors of t2i_r10 (0: always the best)
+    select_factor: float = 2.0  # keep the best epoch only when it beats the last by this many standard errors of t2i_r10 (0: always the best); also the noise of --patience
+    patience: int | None = field(default=None, metadata={"help": _per_preset("patience", (
+        "with --val-data: stop once this many epochs in a row have not beaten the reference epoch's t2i_r10 by more"
+        " than --select-factor standard errors (the reference: the first epoch, then each epoch that did; 0: never stop)"
+    ))})  # fmt: skip
     max_steps: int | None = None  # stop early after this many steps (benchmarks, smoke runs)
     device: str | None = None  # cpu, cuda, cuda:1 (None: cuda when available)
     data: DataConfig = field(default_factory=DataConfig)  # how to read the sources
@@ -149,7 +166,7 @@ class EvalConfig:
 class SolveConfig:
     train_data: str  # training data source: the CCA is fitted on its (image, caption) pairs
     out: str  # run directory (an ordinary run: eval, index build, app and train --init read it)
-    val_data: str | None = None  # picks the ridge by t2i_r10, ties by t2i_r1 (--ridge auto), and is evaluated
+    val_data: str | None = None  # picks the ridge (--ridge auto) by t2i_r10 at full D (with --run: t2i_r10 averaged over m = D/16, D/8, D/4 and full D), ties by t2i_r1; and is evaluated
     model: str | None = None  # preset whose towers are locked: lite, lite1, lite2, tiny, or an open_clip architecture (None: lite; with --run: the run's)
     run: str | None = None  # solve on the embeddings this trained run (on locked towers) serves, not on its towers' outputs; keeps its heads
     embed_dim: int | None = None  # D, canonical directions kept (None: per preset, with --run the run's; at most the smaller tower width)

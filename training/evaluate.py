@@ -1,4 +1,4 @@
-"""Evaluation of a dual encoder on paired data: the metrics of the SPEC.
+"""Evaluation of a dual encoder on paired data: the metrics of docs/CONTRACT.md "Metrics".
 
 ``evaluate`` embeds every image and every caption of a PairSet once, then
 computes recall@{1,5,10} both ways (any caption of an image counts) and class mAP
@@ -13,6 +13,7 @@ told ``weights="last"``), with every skipped record counted by reason.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 import torch
 
@@ -31,7 +32,7 @@ ORDERINGS = ("importance", "first", "random", "pca")
 def evaluate(
     model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None, workers: int = 0, seed: int = 0
 ) -> dict:
-    """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts).
+    """All metrics of docs/CONTRACT.md "Metrics" for ``model`` on ``pairs`` (a dict of floats / nested dicts).
 
     ``skipped`` (reason -> count) holds the records whose image did not decode, when there are any.
     ``dims`` larger than D are refused (UserError); empty means D/16, D/8, D/4.
@@ -40,26 +41,56 @@ def evaluate(
     too_big = [m for m in dims if m > D]
     if too_big:
         raise UserError(f"--dims {','.join(map(str, too_big))}: larger than the run's embedding dimension D={D}")
+    return metrics(model, pairs, embed_for_eval(model, pairs, device, batch_size, cache, workers), dims, seed)
+
+
+@dataclass
+class Embedded:
+    """A PairSet embedded once for evaluation (what :func:`metrics` and the benchmarks' extras read)."""
+
+    image: torch.Tensor  # plain image embeddings (N, D)
+    text: torch.Tensor  # plain caption embeddings (M, D)
+    owner: torch.Tensor  # image row of each caption (M,)
+    keep: torch.Tensor  # record index of each image row (N,)
+    texts: list[str]  # the caption of each text row
+    w: torch.Tensor  # the importance (D,)
+    image_scored: torch.Tensor  # embeddings whose inner products are the model's score (N, D)
+    text_scored: torch.Tensor  # (M, D)
+    skipped: dict  # records whose image did not decode, by reason
+
+    def labels(self, pairs) -> torch.Tensor | None:
+        """The class id of each image row, where every record has a label and there are two or more classes."""
+        labels = [pairs.records[i].label for i in self.keep.tolist()]
+        if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
+            return _label_ids(labels)
+        return None
+
+
+def embed_for_eval(model, pairs, device, batch_size: int = 256, cache: dict | None = None, workers: int = 0) -> Embedded:
+    """Embed every image and caption of ``pairs`` once (plain and as the model scores them)."""
     image_emb, text_emb, text_to_image, keep, decode_skipped = embed_pairs(model, pairs, device, batch_size, cache, workers)
-    first_caption = first_captions(text_to_image)
     w = model.importance().detach().float().cpu()
     image_scored, text_scored = model_score_embeddings(image_emb, text_emb, w)
     texts = [c for i in keep.tolist() for c in pairs.records[i].captions]  # rows of text_emb
-    result = dict(retrieval_recall(image_scored, text_scored, text_to_image, texts=texts))  # over distinct texts
-    result["t2i_queries"] = len(set(texts))  # what t2i recall averages over (its noise: training.selection)
-    result.update(align_uniform(image_emb, text_emb[first_caption]))  # Wang & Isola: on the encoder's output
-    labels = [pairs.records[i].label for i in keep.tolist()]
-    if all(label is not None for label in labels) and len(set(map(str, labels))) > 1:
-        ids = _label_ids(labels)
-        result["class_map"] = float(class_map(text_scored[first_caption], image_scored, ids, ids))  # text -> image
-    result["importance"] = _spectrum(w)
+    return Embedded(image_emb, text_emb, text_to_image, keep, texts, w, image_scored, text_scored, decode_skipped)
+
+
+def metrics(model, pairs, e: Embedded, dims=(), seed: int = 0) -> dict:
+    """The metrics of :func:`evaluate` from embeddings made once (:func:`embed_for_eval`)."""
+    first_caption = first_captions(e.owner)
+    result = dict(retrieval_recall(e.image_scored, e.text_scored, e.owner, texts=e.texts))  # over distinct texts
+    result["t2i_queries"] = len(set(e.texts))  # what t2i recall averages over (its noise: training.selection)
+    result.update(align_uniform(e.image, e.text[first_caption]))  # Wang & Isola: on the encoder's output
+    ids = e.labels(pairs)
+    if ids is not None:
+        result["class_map"] = float(class_map(e.text_scored[first_caption], e.image_scored, ids, ids))  # text -> image
+    result["importance"] = _spectrum(e.w)
     result["logit_scale"] = float(model.logit_scale().detach())
+    D = e.image.shape[1]
     dims = list(dims) or [m for m in (D // 16, D // 8, D // 4) if m >= 1]
-    result["compact"] = compact_curve(
-        image_emb, text_emb, text_to_image, w, dims, orderings=ORDERINGS, seed=seed, texts=texts
-    )
-    if decode_skipped:
-        result["skipped"] = dict(sorted(decode_skipped.items()))
+    result["compact"] = compact_curve(e.image, e.text, e.owner, e.w, dims, orderings=ORDERINGS, seed=seed, texts=e.texts)
+    if e.skipped:
+        result["skipped"] = dict(sorted(e.skipped.items()))
     return result
 
 

@@ -10,6 +10,10 @@ the noise of their difference is at most about one ``se`` (it is ``se * sqrt(2 (
 <= se for rho >= 0.5), which leaves room for the upward bias of taking the maximum.
 Otherwise the last weights are kept: they fit the training collection best, and that is
 the collection users index.
+
+Early stopping (``--patience P``) uses the same rule: the reference epoch is the first, and
+an epoch that beats the reference by more than ``factor * se`` becomes the reference;
+training stops once P epochs in a row have not (``early_stop``).
 """
 
 from __future__ import annotations
@@ -75,6 +79,56 @@ def select(
     threshold = factor * stderr
     kept = "best" if best_epoch == last_epoch or best_value - last_value > threshold else "last"  # same weights when equal
     return Selection(kept, metric, best_epoch, best_value, last_epoch, last_value, n, stderr, factor, threshold)
+
+
+STOP_RULE = (
+    "stop once --patience epochs in a row have not beaten the reference epoch's validation {metric} by more than"
+    " --select-factor binomial standard errors (the reference: the first epoch, then each epoch that did)"
+)
+
+
+@dataclass(frozen=True)
+class EarlyStop:
+    """Why training stopped before its last epoch (``RUN/selection.json``, ``early_stopping``)."""
+
+    stopped_epoch: int  # the last epoch trained
+    epochs: int  # the epochs the run was given
+    reference_epoch: int  # the last epoch that beat its reference beyond noise (or the first)
+    reference_value: float
+    best_since: float  # the highest value of the epochs after the reference
+    threshold: float  # factor * stderr at the stop (best_since against the reference)
+    patience: int
+    factor: float
+    metric: str
+
+    def reason(self) -> str:
+        return (
+            f"Stopped early after epoch {self.stopped_epoch} of {self.epochs}: the {self.patience} epochs after epoch"
+            f" {self.reference_epoch} ({self.metric} {self.reference_value:.4f}) did not beat it by more than"
+            f" {self.threshold:.4f} (best {self.best_since:.4f}; {self.factor:g} standard errors, --patience"
+            f" {self.patience})."
+        )
+
+
+def early_stop(
+    values: Sequence[float], queries: int, patience: int, epochs: int, factor: float = DEFAULT_FACTOR, metric: str = "t2i_r10"
+) -> EarlyStop | None:
+    """Whether to stop after the epochs scored ``values`` (epoch i + 1 scored ``values[i]``); None: go on.
+
+    ``patience <= 0`` never stops. The rule is ``select``'s: an epoch counts as an improvement only
+    when it beats the reference epoch beyond noise (STOP_RULE).
+    """
+    if patience <= 0 or len(values) >= epochs:
+        return None
+    ref = 0
+    for i in range(1, len(values)):
+        if select((i + 1, values[i]), (ref + 1, values[ref]), queries, factor, metric).kept == "best":
+            ref = i
+    if len(values) - 1 - ref < patience:
+        return None
+    best = max(values[ref + 1 :])
+    decision = select((len(values), best), (ref + 1, values[ref]), queries, factor, metric)
+    return EarlyStop(len(values), epochs, ref + 1, values[ref], best, decision.threshold, patience, factor, metric)
 
 
 def select_from_history(values: Sequence[float], queries: int, factor: float = DEFAULT_FACTOR, metric: str = "t2i_r10") -> Selection:

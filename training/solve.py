@@ -39,9 +39,10 @@ from retrieval.progress import progress
 from retrieval.cache import locked_tower_outputs
 from retrieval.compact import sign_flips, topm_embed
 from retrieval.data import load_pairs
+from retrieval.data.sources import check_source
 from retrieval.embed import _project_rows, pick_device
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic, writing
 from retrieval.metrics import first_captions
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from retrieval.run import build_seeded, load_run, weights_path, weights_reference
@@ -93,7 +94,13 @@ def solve(cfg: SolveConfig) -> dict:
         UserError: bad settings or data (one line), before anything is written.
     """
     _validate(cfg)
-    claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite)
+    claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite, hint="pass --overwrite to replace it, or choose another --out")
+    with writing(cfg.out, "run", overwrite=cfg.overwrite) as folder:  # a replacement is built beside, then swapped in
+        return _solve(cfg, folder)
+
+
+def _solve(cfg: SolveConfig, folder: Path) -> dict:
+    """:func:`solve` writing into ``folder`` (``--out``, or the folder that replaces it at the end)."""
     device = pick_device(cfg.device)
     start = time.perf_counter()
     model, base = _model_on_run(cfg, device) if cfg.run else (_model_on_towers(cfg, device), None)
@@ -143,12 +150,13 @@ def solve(cfg: SolveConfig) -> dict:
                 break
     solution, result = best[:2]
     set_heads(model, solution, cfg.weighting)
+    _check_not_degenerate(model, solution)
     with torch.no_grad():
         model.logit_scale_param.fill_(math.log(fit_logit_scale(model, x, y, owner)))
     seconds = time.perf_counter() - start
     grids = {"ridge_grid_t2i_r10": grid, **({"ridge_grid_curve_t2i_r10": curve_grid} if cfg.run else {})}
-    _write_run(cfg, model, model_cfg, solution, grids, result, train_pairs, val_pairs, stats.pairs, seconds)
-    print(_summary(cfg, solution, grid, result, seconds))
+    _write_run(cfg, folder, model, model_cfg, solution, grids, result, train_pairs, val_pairs, stats.pairs, seconds)
+    print(_summary(cfg, solution, curve_grid if cfg.run else grid, result, seconds))
     return result or {}
 
 
@@ -343,12 +351,12 @@ def eq6_value(zx: torch.Tensor, zy: torch.Tensor, s: torch.Tensor) -> torch.Tens
 # ---------------------------------------------------------------------------- the run folder
 
 
-def _write_run(cfg, model, model_cfg, solution: CCA, grids, result, train_pairs, val_pairs, pairs: int, seconds: float) -> None:
-    run = Path(cfg.out)
-    ckpt.start_over(run)  # an --overwrite: nothing of the old run stays
+def _write_run(cfg, run: Path, model, model_cfg, solution: CCA, grids, result, train_pairs, val_pairs, pairs: int,
+               seconds: float) -> None:  # fmt: skip
+    ckpt.start_over(run)  # what a killed solve left in place
     train_cfg = TrainConfig(
         train_data=ckpt.abs_source(cfg.train_data),
-        out=str(run),
+        out=cfg.out,
         val_data=ckpt.abs_source(cfg.val_data),
         model=model_cfg.preset,
         embed_dim=model.embed_dim,
@@ -389,6 +397,21 @@ def _write_run(cfg, model, model_cfg, solution: CCA, grids, result, train_pairs,
     ckpt.write_config(run, config)  # last: a folder with config.json is a whole run
 
 
+def _check_not_degenerate(model: DualEncoder, solution: CCA) -> None:
+    """UserError for a solution that serves nothing: canonical correlations all (about) 0, or heads
+    that are all zero in the model's precision (a ridge that swamps the covariances)."""
+    heads = (model.image_head, model.text_head)
+    if model.config.post_affine:
+        heads = (model.image_head.post, model.text_head.post)
+    zero_head = any(not bool(head.weight.detach().abs().amax() > 0) for head in heads)
+    if float(solution.rho.max()) <= MIN_RHO or zero_head:
+        raise UserError(
+            f"the solution at ridge {solution.ridge:g} x mean variance is degenerate (canonical correlations up to"
+            f" {float(solution.rho.max()):.2g}{', heads all zero' if zero_head else ''}): the ridge swamps the"
+            " covariances; choose a smaller --ridge (or auto)"
+        )
+
+
 def _validate(cfg: SolveConfig) -> None:
     if cfg.ridge != "auto":
         try:
@@ -402,8 +425,8 @@ def _validate(cfg: SolveConfig) -> None:
     if not math.isfinite(cfg.weighting):
         raise UserError(f"--weighting must be a finite number, got {cfg.weighting}")
     for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
-        if path and not path.startswith("hf:") and not Path(path).exists():
-            raise UserError(f"{option}: no such data source: {path}")
+        if path:
+            check_source(path, option)
     if cfg.run:
         if not (Path(cfg.run) / ckpt.CONFIG).is_file():
             raise UserError(f"--run {cfg.run}: not a run folder (no {ckpt.CONFIG})")
@@ -411,7 +434,16 @@ def _validate(cfg: SolveConfig) -> None:
             raise UserError("--out is --run: a solve writes a new run beside the one it solves on")
 
 
-def _summary(cfg: SolveConfig, solution: CCA, grid: dict, result: dict | None, seconds: float) -> str:
+def _criterion(result: dict, curve: bool) -> str:
+    """The name of ``_score``'s first number, with the m it averages over."""
+    if not curve:
+        return "validation t2i_r10 at full D"
+    dims = ", ".join(str(m) for m in result["compact"]["importance"])
+    return f"validation t2i_r10 averaged over m = {dims} and full D"
+
+
+def _summary(cfg: SolveConfig, solution: CCA, decided: dict, result: dict | None, seconds: float) -> str:
+    """A paragraph: what was solved, the ridge and, per ridge tried, the number that picked it (``decided``)."""
     rho = solution.rho
     what = f"the embeddings of {cfg.run}" if cfg.run else f"{cfg.model or DEFAULT_PRESET} (locked towers, affine heads)"
     text = (
@@ -420,7 +452,10 @@ def _summary(cfg: SolveConfig, solution: CCA, grid: dict, result: dict | None, s
         f" Canonical correlations (the importance): {float(rho[0]):.3f} ... {float(rho[-1]):.3f}."
     )
     if result is not None:
-        text += f" Validation t2i_r10 {result['t2i_r10']:.4f}"
-        text += f" (ridge grid: {', '.join(f'{k}: {v:.4f}' for k, v in grid.items())})." if len(grid) > 1 else "."
+        text += f" Validation t2i_r10 at full D {result['t2i_r10']:.4f}."
+        if len(decided) > 1:
+            kept = f"{solution.ridge:g}"
+            values = ", ".join(f"{k}: {v:.4f}{' (kept)' if k == kept else ''}" for k, v in decided.items())
+            text += f" The ridge is picked by {_criterion(result, bool(cfg.run))} (ties: t2i_r1): {values}."
     return text
 

@@ -34,32 +34,24 @@ import torch
 import torch.distributed as dist
 from retrieval.progress import progress
 
-from retrieval.split import eval_caches, partly_lock
-from retrieval.data import DataConfig, load_pairs
+from retrieval.unlock import eval_caches, partly_lock
+from retrieval.data import load_pairs
+from retrieval.data.sources import check_source
 from retrieval.errors import UserError, first_line
-from retrieval.io import claim_output_dir, write_json_atomic
+from retrieval.io import claim_output_dir, write_json_atomic, writing
 from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
-from training.config import TrainConfig, resolve_recipe
+from training.config import TrainConfig
 from training.evaluate import evaluate, format_table
-from training.selection import Selection, select
+from training.selection import STOP_RULE, EarlyStop, Selection, early_stop, select
 from training.optim import AdamW
+from training.resolve import explicit_fields, flag, resolve_config
 
 __all__ = ["TrainConfig", "train"]
 
-DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results.md appendix: the importance ablation)
-# Objective options the trainer adds unless given (so config.json records them): tricl and mrl train their
-# top-m scores too; mrl (infonce + prefix nesting) is the default objective (docs/results.md, section 7).
-DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_order": "prefix"}}
-# (importance form, spread) an objective trains w from unless given: tricl_spectral is Eq. 6 as written, S =
-# softplus(theta) started flat; its squared negative term sets the scale of S (docs/results.md, "Eq. 6").
-DEFAULT_IMPORTANCE = {"tricl_spectral": ("softplus", 1.0)}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
-EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
-RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget",
-           "checkpoint_every", "select_factor")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -73,36 +65,36 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
             config.json and every other setting is taken from it.
     """
     rank, world = _init_distributed()
-    run = Path(cfg.out)
-    _check_out(run, cfg.resume, cfg.overwrite)
+    reuse = _check_out(Path(cfg.out), cfg.resume, cfg.overwrite)
+    if rank != 0:  # rank 0 holds the folder (its mark, lock, a replacement's staging folder)
+        return _train(cfg, given, Path(cfg.out), rank, world)
+    with writing(cfg.out, "run", overwrite=cfg.overwrite, reuse=reuse, stage=world == 1) as run:
+        return _train(cfg, given, run, rank, world)
+
+
+def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world: int) -> dict:
+    """:func:`train` writing into ``run`` (``--out``, or the folder that replaces it at the end)."""
     if rank == 0:
         ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
-    explicit = _explicit(cfg) if given is None else set(given)  # before any default fills a field
-    if saved is not None:
-        cfg = _resumed_config(run, saved, cfg, explicit)
-    from_recipe = {name for name in ("batch_size",) if getattr(cfg, name) is None}
-    cfg = resolve_recipe(cfg)  # the preset's epochs, batch, lr, heads, locks (training.config.RECIPES)
-    _validate(cfg)
-    device = _pick_device(cfg.device, rank)
-    torch.manual_seed(cfg.seed)
+    explicit = explicit_fields(cfg) if given is None else set(given)  # before any default fills a field
+    resumed = (run / ckpt.CONFIG, saved) if saved is not None else None
+    init_model = ckpt.read_config(cfg.init)["model"] if cfg.init and saved is None else None
+    settled = resolve_config(cfg, explicit, resumed, init_model, world=world)  # all but what the data size says
+    _validate(settled)
+    device = _pick_device(settled.device, rank)
+    torch.manual_seed(settled.seed)
 
-    train_pairs = load_pairs(cfg.train_data, cfg.data)
-    val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
+    train_pairs = load_pairs(settled.train_data, settled.data)
+    val_pairs = load_pairs(settled.val_data, settled.data) if settled.val_data else None
     if saved is not None:
         _check_same_data(saved, train_pairs, val_pairs)
-    cfg = _fit_batch(cfg, len(train_pairs.records), world, "batch_size" in from_recipe)
-    cfg = replace(cfg, loss_options=_loss_options(cfg.loss, cfg.loss_options))  # to config.json
-    try:
-        loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
-    except (KeyError, ValueError, TypeError) as err:
-        raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
+    cfg = resolve_config(cfg, explicit, resumed, init_model, len(train_pairs.records), world)
+    if cfg.batch_size != settled.batch_size:
+        print(f"{len(train_pairs.records)} training records: batch {cfg.batch_size} instead of the {cfg.model}"
+              f" recipe's {settled.batch_size}", flush=True)
+    loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)  # what build_loss(cfg.loss) alone makes, spelled out
     trains_importance = getattr(loss_fn, "needs_importance", False)
-    if saved is None:  # a resumed run keeps what its config.json recorded
-        cfg = _importance_defaults(cfg, explicit)
-        if cfg.init:
-            cfg = _init_defaults(cfg, explicit)
-    cfg = replace(cfg, importance_spread=_importance_spread(cfg.importance_spread, trains_importance))
     model_cfg = ModelConfig(
         preset=cfg.model,
         pretrained=cfg.pretrained,
@@ -116,14 +108,15 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     torch.manual_seed(cfg.seed)  # the towers as the seed makes them: a run leaves frozen ones out (training.checkpoint)
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
     ckpt.mark_built(model, cfg.seed)
-    if cfg.init and saved is None:  # a resumed run restores its checkpoint instead
-        _load_init(model, cfg.init)
+    init_source = _init_source(cfg.init, saved)  # what config.json records of the init
+    if cfg.init and not (cfg.resume and ckpt.has_checkpoint(run)):  # a checkpoint holds what the init started
+        _load_init(model, cfg.init, init_source)
     cfg = replace(cfg, embed_dim=model_cfg.embed_dim)
     model.lock(image=cfg.lock_image and not cfg.unlock_image_groups, text=cfg.lock_text and not cfg.unlock_text_layers)
-    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.split)
+    partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
-    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
+    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results_archive.md, section 5)
         with torch.no_grad():
             model.logit_scale_param.fill_(math.log(cfg.fixed_logit_scale))
         model.logit_scale_param.requires_grad_(False)
@@ -156,7 +149,7 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     if rank == 0:
         (run / ckpt.SELECTION).unlink(missing_ok=True)  # undecided until the end (eval / index: RUN/best meanwhile)
     if rank == 0:
-        ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs))
+        ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs, init_source))
 
     step_module = _StepModule(model, loss_fn)
     if world > 1:
@@ -170,7 +163,8 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
     last_eval: dict = {}
     leftover_checked = False
     step = state["step"]
-    for epoch in range(state["epoch"], cfg.epochs):
+    stop = _early_stop(run, cfg) if cfg.resume else None  # a resumed run that had stopped stays stopped
+    for epoch in range(state["epoch"], cfg.epochs if stop is None else state["epoch"]):
         first_batch = state["batch"] if epoch == state["epoch"] else 0
         bar = progress(total=steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=rank != 0)
         speed = _Throughput(window=20)
@@ -234,21 +228,24 @@ def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
                         writer.add_scalar(f"val/{name}", value, step)
             print(_summary_line(record))
             best.offer(model, epoch + 1, step, last_eval[BEST_METRIC])  # written with the next checkpoint
+            stop = _early_stop(run, cfg) if epoch_done else None
+        if world > 1:
+            stop = _broadcast(stop)
         if rank == 0:
             skipped.write(run)
         next_state = {"step": step, "epoch": epoch + 1, "batch": 0} if epoch_done else {"step": step, "epoch": epoch, "batch": done}
-        finished = step >= total_steps or epoch + 1 >= cfg.epochs
+        finished = step >= total_steps or epoch + 1 >= cfg.epochs or stop is not None
         if finished or (epoch + 1) % cfg.checkpoint_every == 0:  # a finished run keeps no optimizer state
             _save(run, rank, model, loss_fn, optimizer, next_state, best, keep_optimizer=not finished)
-        if step >= total_steps:
+        if step >= total_steps or stop is not None:
             break
     if writer:
         writer.close()
     if rank == 0:
         skipped.train.update_from(source)
         skipped.write(run)
-        selection = _select(run, cfg, best.info, val_pairs)
-        print(_final_summary(run, cfg, step, selection, skipped))
+        selection = _select(run, cfg, best.info, val_pairs, stop)
+        print(_final_summary(run, cfg, step, selection, skipped, stop))
     if world > 1:
         dist.barrier()
     return last_eval
@@ -312,28 +309,65 @@ def _previous_skipped(run: Path) -> dict:
     return {k: v for k, v in previous.items() if isinstance(v, dict)}
 
 
-def _select(run: Path, cfg: TrainConfig, best: dict | None, val_pairs) -> tuple[Selection, dict] | None:
-    """Keep RUN/best or the last weights (``training.selection``), write RUN/selection.json; returns the
-    decision and the kept epoch's evaluation (None without validation)."""
-    records = [r for r in ckpt.read_metrics(run) if isinstance(r.get(BEST_METRIC), (int, float))]
+def _scored(run: Path) -> list[dict]:
+    """metrics.jsonl's evaluations that carry the selection metric, in epoch order."""
+    return [r for r in ckpt.read_metrics(run) if isinstance(r.get(BEST_METRIC), (int, float))]
+
+
+def _queries(record: dict, val_pairs=None) -> int:
+    """The distinct validation queries ``record``'s t2i recall averages over (older records: counted)."""
+    if record.get("t2i_queries") or val_pairs is None:
+        return int(record.get("t2i_queries") or 1)
+    return len({c for r in val_pairs.records for c in r.captions})
+
+
+def _early_stop(run: Path, cfg: TrainConfig) -> EarlyStop | None:
+    """Whether the evaluations so far say stop (``training.selection.early_stop``; None: go on)."""
+    records = _scored(run)
+    if not records or not cfg.patience:
+        return None
+    values = [r[BEST_METRIC] for r in records]
+    return early_stop(values, _queries(records[-1]), cfg.patience, cfg.epochs, cfg.select_factor, BEST_METRIC)
+
+
+def _broadcast(stop: EarlyStop | None) -> EarlyStop | None:
+    """Rank 0's decision on every rank (only rank 0 evaluates)."""
+    box = [stop]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _select(run: Path, cfg: TrainConfig, best: dict | None, val_pairs, stop: EarlyStop | None = None) -> tuple[Selection, dict] | None:
+    """Keep RUN/best or the last weights (``training.selection``), write RUN/selection.json (with the
+    early-stopping rule and whether it stopped); returns the decision and the kept epoch's evaluation
+    (None without validation)."""
+    records = _scored(run)
     if best is None or not records:
         return None
     last = records[-1]
-    queries = last.get("t2i_queries") or len({c for r in val_pairs.records for c in r.captions})  # older records
+    queries = _queries(last, val_pairs)
     selection = select((best["epoch"], best["value"]), (last["epoch"], last[BEST_METRIC]), queries, cfg.select_factor, BEST_METRIC)
-    write_json_atomic(run / ckpt.SELECTION, selection.to_dict())
+    stopping = {"patience": cfg.patience, "rule": STOP_RULE.format(metric=BEST_METRIC), "stopped": stop is not None}
+    if stop is not None:
+        stopping.update(asdict(stop))
+    write_json_atomic(run / ckpt.SELECTION, {**selection.to_dict(), "early_stopping": stopping})
     kept = next((r for r in records if r.get("epoch") == selection.kept_epoch), last)
     return selection, kept
 
 
-def _final_summary(run: Path, cfg: TrainConfig, step: int, selection: tuple[Selection, dict] | None, skipped: _Skipped) -> str:
-    """A paragraph: where the run is, which weights it keeps and why, what was skipped; then the
-    kept epoch's validation table (recall at full D and against m, as the demo prints it)."""
+def _final_summary(
+    run: Path, cfg: TrainConfig, step: int, selection: tuple[Selection, dict] | None, skipped: _Skipped, stop: EarlyStop | None = None
+) -> str:
+    """A paragraph: where the run is, why it stopped early (if it did), which weights it keeps and why,
+    what was skipped; then the kept epoch's validation table (recall at full D and against m, as the demo prints it)."""
     text = f"Trained {cfg.model} with {cfg.loss} for {step} steps; the run is in {run}."
+    if stop is not None:
+        text += " " + stop.reason()
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        text += f" {decision.reason()} Eval and index use {where} unless given --weights last ({run / ckpt.SELECTION})."
+        which = "unless given --weights last" if decision.kept == "best" else "the last weights"
+        text += f" {decision.reason()} Eval and index use {where} ({which}; {run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
@@ -449,7 +483,7 @@ def _validate(cfg: TrainConfig) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{_flag(f.name)} must be a finite number, got {value}")
+            raise UserError(f"{flag(f.name)} must be a finite number, got {value}")
     at_least = {
         "epochs": 1,
         "batch_size": 2,  # contrastive losses need negatives
@@ -470,12 +504,13 @@ def _validate(cfg: TrainConfig) -> None:
         "unlock_text_layers": 0,
         "cached_views": 1,
         "cache_budget": 0,
+        "patience": 0,
     }
     for name, low in at_least.items():
         value = getattr(cfg, name)
         if value is not None and value < low:
             why = " (contrastive losses need negatives)" if name == "batch_size" else ""
-            raise UserError(f"{_flag(name)} must be >= {low}{why}, got {value}")
+            raise UserError(f"{flag(name)} must be >= {low}{why}, got {value}")
     if cfg.cached_views > 1 and not cfg.unlock_image_groups:
         raise UserError("--cached-views needs --unlock-image-groups N (views are cached below the cut)")
     if cfg.fixed_logit_scale is not None and not 1.0 <= cfg.fixed_logit_scale <= 100.0:
@@ -491,77 +526,62 @@ def _validate(cfg: TrainConfig) -> None:
             kind = None
         if kind not in ("cpu", "cuda", "mps"):
             raise UserError(f"--device {cfg.device!r}: choose cpu, cuda or cuda:N")
-    for path in (cfg.train_data, cfg.val_data):
-        if path and not path.startswith("hf:") and not _source_exists(path):
-            raise UserError(f"no such data source: {path}")
+    for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
+        if path:
+            check_source(path, option)
 
 
-def _flag(name: str) -> str:
-    return {"weight_decay": "--wd", "warmup_steps": "--warmup"}.get(name, "--" + name.replace("_", "-"))
+def _init_source(init: str | None, saved: dict | None) -> dict | None:
+    """``{"path", "fingerprint"}`` of the ``--init`` run: as the run's config.json recorded it when
+    it started (a resume), else read now."""
+    if not init:
+        return None
+    recorded = ((saved or {}).get("sources") or {}).get("init")
+    if saved is not None:
+        return recorded if isinstance(recorded, dict) else None  # None: a run from before the record
+    return {"path": ckpt.abs_source(init), "fingerprint": _fingerprint(init)}
 
 
-def _fit_batch(cfg: TrainConfig, records: int, world: int, from_recipe: bool) -> TrainConfig:
-    """A recipe's batch shrinks so that a small training set still gives two full batches an epoch
-    (one line says so); a batch the user gave that no epoch can fill is refused."""
-    if records // (cfg.batch_size * world) >= 2 or (not from_recipe and records // (cfg.batch_size * world) >= 1):
-        return cfg
-    if not from_recipe:
-        raise UserError(
-            f"--batch-size {cfg.batch_size}{f' x {world} ranks' if world > 1 else ''} is larger than the"
-            f" {records} usable training records: no full batch; give a smaller --batch-size"
-        )
-    batch = max(2, records // (2 * world))
-    print(f"{records} training records: batch {batch} instead of the {cfg.model} recipe's {cfg.batch_size}", flush=True)
-    return replace(cfg, batch_size=batch)
+def _fingerprint(init: str) -> str:
+    from retrieval.run import run_fingerprint
+
+    try:
+        return run_fingerprint(init)
+    except OSError as err:
+        raise UserError(f"--init {init}: cannot read its weights ({err.strerror or err})") from None
 
 
-def _importance_spread(spread: float | None, trains_importance: bool) -> float:
-    """The initial ramp of w: a model whose objective ignores w keeps w = 1 (plain cosine)."""
-    if spread is None:
-        return DEFAULT_SPREAD if trains_importance else 1.0
-    return spread
+def _load_init(model: DualEncoder, init: str, recorded: dict | None = None) -> None:
+    """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale.
 
-
-def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """The objective's own importance form and spread (DEFAULT_IMPORTANCE) where the user gave none."""
-    if cfg.loss not in DEFAULT_IMPORTANCE:
-        return cfg
-    form, spread = DEFAULT_IMPORTANCE[cfg.loss]
-    return replace(
-        cfg,
-        importance=cfg.importance if "importance" in given else form,
-        importance_spread=cfg.importance_spread if "importance_spread" in given else spread,
-    )
-
-
-def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``--init RUN``: its preset must be ``--model``; D, head kind (with ``solve --run``'s affine maps after
-    it), importance form and caption length come from it (D and head must agree when given: an MLP cannot
-    start equal to an affine head, a residual one can)."""
-    model = ckpt.read_config(cfg.init)["model"]
-    head, dim = model.get("head", "linear"), model.get("embed_dim")
-    if model.get("preset") != cfg.model:
-        raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
-    if cfg.head is not None and cfg.head != head and (head, cfg.head) != ("affine", "residual"):
-        raise UserError(
-            f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (the same head kind, or"
-            " residual from affine: an MLP's last layer has no bias, so it cannot start equal to an affine head)"
-        )
-    if cfg.embed_dim is not None and cfg.embed_dim != dim:
-        raise UserError(f"--init {cfg.init} has D={dim}, not --embed-dim {cfg.embed_dim}; leave --embed-dim out")
-    taken = {k: getattr(cfg, k) if k in given else model.get(k, getattr(cfg, k)) for k in ("importance", "text_max_length")}
-    return replace(cfg, head=cfg.head or head, embed_dim=dim, post_affine=bool(model.get("post_affine")), **taken)
-
-
-def _load_init(model: DualEncoder, init: str) -> None:
-    """Every weight of ``init``'s model (its best epoch, else its last): heads, towers, theta, logit scale."""
-    from retrieval.run import load_run
+    ``recorded``: the init as the run recorded it when it started; a resume that starts again from
+    the init (killed before its first checkpoint) refuses an init that is gone or changed since.
+    """
+    if recorded is not None:
+        if not (Path(init) / ckpt.CONFIG).is_file():
+            raise UserError(
+                f"--resume: this run starts from --init {init}, which is gone; restore it, or start the run again"
+                " with --overwrite"
+            )
+        now = _fingerprint(init)
+        if now != recorded.get("fingerprint"):
+            raise UserError(
+                f"--resume: --init {init} changed since this run started (weights {now}, the run recorded"
+                f" {recorded.get('fingerprint')}); restore it, or start the run again with --overwrite"
+            )
+    from retrieval.run import describe_model, load_run, state_mismatch
 
     try:
         source, _ = load_run(init, "cpu")  # its frozen towers rebuilt from their reference when left out
         state = source.state_dict()
         if source.config.head == "affine" and model.config.head == "residual":
             state = _affine_to_residual(model, state)
+        mismatch = state_mismatch(model.state_dict(), state)
+        if mismatch:
+            raise UserError(
+                f"cannot load {init}'s weights into this model: {mismatch}; {init}: {describe_model(source.config)},"
+                f" this run: {describe_model(model.config)}"
+            )
         model.load_state_dict(state)
     except UserError as err:
         raise UserError(f"--init: {err}") from None
@@ -580,22 +600,11 @@ def _affine_to_residual(model: DualEncoder, state: dict) -> dict:
     return state
 
 
-def _loss_options(loss: str, options: dict) -> dict:
-    """The objective's options with the trainer's defaults filled in (what config.json records)."""
-    return {**DEFAULT_LOSS_OPTIONS.get(loss, {}), **options}
-
-
-def _source_exists(path: str) -> bool:
-    return Path(path).exists() or "{" in path
-
-
-# ---------------------------------------------------------------------------- the run folder
-
-
-def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
+def _check_out(run: Path, resume: bool, overwrite: bool) -> bool:
     """``--out`` must be a writable folder that is new, empty or a run (``retrieval.io.claim_output_dir``).
 
     A run killed before it trained anything (no weights, metrics or checkpoint) is taken as it is.
+    Returns whether the run is written in place (``retrieval.io.writing``'s ``reuse``).
     """
     if resume and overwrite:
         raise UserError("--resume continues the run in --out and --overwrite replaces it: give one of them")
@@ -603,6 +612,9 @@ def _check_out(run: Path, resume: bool, overwrite: bool) -> None:
         run.is_dir() and ckpt.has_checkpoint(run)
     )
     claim_output_dir(run, "run", overwrite=overwrite, reuse=resume or not trained)
+    if run.is_dir() and ckpt.has_checkpoint(run) and not (resume or overwrite):  # unfinished, yet worth keeping
+        raise UserError(f"{run} already holds a run; pass --resume to continue it, or --overwrite to replace it")
+    return resume or not trained
 
 
 def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:
@@ -617,54 +629,6 @@ def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:
     return ckpt.read_config(run)
 
 
-def _resumed_config(run: Path, saved: dict, cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """The run's own settings; UserError (one line) when an option in ``given`` disagrees with them."""
-    section = saved.get("train")
-    where = run / ckpt.CONFIG
-    if not isinstance(section, dict):
-        raise UserError(f"{where} is damaged (no train section)")
-    try:
-        old = TrainConfig(**{**section, "data": DataConfig(**(section.get("data") or {}))})
-    except (TypeError, ValueError) as err:
-        raise UserError(f"{where} is damaged (train section: {err})") from None
-    conflicts = []
-    for path in sorted(given):
-        name = path.split(".")[0]
-        if name in RUNTIME or name in EXTENDABLE:
-            continue
-        mine, theirs = _comparable(cfg, path), _comparable(old, path)
-        if mine != theirs:
-            conflicts.append(f"{_flag(path.split('.')[-1])} {mine!r} (the run's: {theirs!r})")
-    if conflicts:
-        raise UserError(
-            f"--resume: {', '.join(conflicts)} differ from {where}; leave them out to continue the run,"
-            " or train into a new --out"
-        )
-    keep = {name: getattr(cfg, name) for name in RUNTIME}
-    keep.update({name: getattr(cfg, name) for name in EXTENDABLE if name in given})
-    return replace(old, **keep)
-
-
-def _comparable(cfg: TrainConfig, path: str):
-    """A setting as config.json records it, so that typed values compare with recorded ones."""
-    if path.startswith("data."):
-        return getattr(cfg.data, path.split(".", 1)[1])
-    value = getattr(cfg, path)
-    if path in ("train_data", "val_data"):
-        return ckpt.abs_source(value)
-    if path == "loss_options":
-        return _loss_options(cfg.loss, value)
-    return value
-
-
-def _explicit(cfg: TrainConfig) -> set[str]:
-    """Fields that differ from their defaults (what a library caller set)."""
-    blank = TrainConfig(train_data="", out="")
-    out = {f.name for f in fields(cfg) if f.name != "data" and getattr(cfg, f.name) != getattr(blank, f.name)}
-    out |= {f"data.{f.name}" for f in fields(cfg.data) if getattr(cfg.data, f.name) != getattr(blank.data, f.name)}
-    return out
-
-
 def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:
     """A resumed run reads the data it started with (same records and captions)."""
     sources = saved.get("sources") if isinstance(saved.get("sources"), dict) else {}
@@ -677,12 +641,14 @@ def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:
             )
 
 
-def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pairs, val_pairs) -> dict:
-    """What config.json records: the values used, and the data they were used on."""
+def _run_config(cfg: TrainConfig, model_cfg: ModelConfig, device: str, train_pairs, val_pairs, init: dict | None) -> dict:
+    """What config.json records: the values used, and the data (and ``--init`` run) they were used on."""
     train_cfg = asdict(replace(cfg, train_data=ckpt.abs_source(cfg.train_data), val_data=ckpt.abs_source(cfg.val_data), device=device))
     sources = {"train": _source(cfg.train_data, train_pairs)}
     if val_pairs is not None:
         sources["val"] = _source(cfg.val_data, val_pairs)
+    if init is not None:
+        sources["init"] = init
     return {
         "model": model_cfg.to_dict(),
         "loss": cfg.loss,

@@ -17,7 +17,7 @@ from typing import Callable
 from retrieval.data import fashion_mnist, openclipart, shapes
 from retrieval.data.manifest import Built, write_manifest
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir
+from retrieval.io import claim_output_dir, writing
 
 Builder = Callable[[str, "int | None", int], Built]
 
@@ -83,12 +83,14 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
     check_space(name, out, num)
     paths = {split: os.path.join(out, f"{split}.jsonl") for split in ("train", "val", "test")}
     try:
-        os.makedirs(out, exist_ok=True)
-        built = BUILTINS[name](out, num, seed)
-        splits = {"train": built.train, "val": built.val, "test": built.test}
-        counts = {split: write_manifest(paths[split], rows) for split, rows in splits.items() if rows is not None}
-        if built.test is None and os.path.isfile(paths["test"]):  # an earlier data set's test split
-            os.remove(paths["test"])
+        with writing(out, "data", overwrite=overwrite) as folder:  # a replacement is built beside, then swapped in
+            built = BUILTINS[name](str(folder), num, seed)
+            splits = {"train": built.train, "val": built.val, "test": built.test}
+            counts = {
+                split: write_manifest(os.path.join(folder, f"{split}.jsonl"), rows)
+                for split, rows in splits.items()
+                if rows is not None
+            }
     except OSError as err:  # unwritable, read-only, full, or not a folder on the way
         where = err.filename or out
         raise UserError(f"cannot build {name} in {out}: {where}: {err.strerror or err}") from None

@@ -56,12 +56,32 @@ def _is_saved_dataset(path: str) -> bool:
     return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in markers)
 
 
+def hub_offline() -> bool:
+    """True when the environment says the Hugging Face hub must not be reached (read now, not at import)."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"))
+
+
+def _cached(name: str) -> bool:
+    """Whether the hub data set ``name`` has a copy in the local caches (hub snapshots, or datasets' own)."""
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    hub = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    own = os.environ.get("HF_DATASETS_CACHE") or os.path.join(home, "datasets")
+    return os.path.isdir(os.path.join(hub, "datasets--" + name.replace("/", "--"))) or os.path.isdir(
+        os.path.join(own, name.replace("/", "___"))
+    )
+
+
 def _load(path: str, split: str):
     """The ``datasets.Dataset`` for one split, or a :class:`UserError` in one line."""
     import datasets
 
     if path.startswith("hf:"):
         name = path[3:]
+        if hub_offline() and not _cached(name):  # offline means offline: not even a HEAD request
+            raise UserError(
+                f"cannot load {name!r}: it is not in the local Hugging Face cache and the hub is offline"
+                " (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); fetch it where there is a network, or give a save_to_disk folder"
+            )
         try:
             return datasets.load_dataset(name, split=split)
         except Exception as err:  # offline, unknown name, no such split: all the user's to fix

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from retrieval.progress import progress
 
 from retrieval.data.images import probe_image
-from retrieval.data.reasons import BadRecord
+from retrieval.data.reasons import MISSING_FILE, BadRecord
 from retrieval.data.records import DataConfig, PairSet, Record
 from retrieval.errors import UserError
 
@@ -50,14 +50,27 @@ def register_source(name: str, detect: Callable[[str], bool], describe: str) -> 
     return wrap
 
 
+def check_source(path: str, option: str = "") -> None:
+    """UserError (one true line) unless the local source ``path`` can be looked at: missing, or behind
+    a folder this process may not search, are told apart (``hf:`` names and shard patterns pass)."""
+    if path.startswith("hf:") or _is_pattern(path):
+        return
+    where = f"{option}: " if option else ""
+    try:
+        os.stat(path)
+    except FileNotFoundError:
+        raise UserError(f"{where}data source not found: {path}") from None
+    except OSError as err:  # EACCES on a folder on the way, ELOOP, ...
+        raise UserError(f"{where}data source {path}: {err.strerror or err}") from None
+
+
 def detect_source(path: str) -> Source:
     """The registered format that accepts ``path``.
 
     Raises:
         UserError: the path does not exist, or no format accepts it.
     """
-    if not _is_pattern(path) and not os.path.exists(path):
-        raise UserError(f"data source not found: {path}")
+    check_source(path)
     for source in SOURCES.values():
         if source.detect(path):
             return source
@@ -90,30 +103,45 @@ def load_pairs(path: str | os.PathLike, config: DataConfig | None = None) -> Pai
     source = detect_source(path)
     records: list[Record] = []
     skipped: Counter = Counter()
+    example: dict[str, str] = {}  # reason -> the first skipped record's detail (e.g. the resolved path tried)
     seen: Counter = Counter()
     bar = dict(desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False, disable=None)
     for item in progress(source.read(path, config), **bar):
-        if isinstance(item, BadRecord):
-            skipped[item.reason] += 1
-            continue
-        try:
-            probe_image(item.image, config.max_pixels)
-        except BadRecord as bad:
+        bad = item if isinstance(item, BadRecord) else None
+        if bad is None:
+            try:
+                probe_image(item.image, config.max_pixels)
+            except BadRecord as err:
+                bad = err
+        if bad is not None:
             skipped[bad.reason] += 1
+            example.setdefault(bad.reason, bad.detail)
             continue
-        records.append(_with_unique_key(item, seen))
+        records.append(with_unique_key(item, seen))
     if not records:
-        raise UserError(f"no usable records in {path} ({source.name}); skipped: {_format_counts(skipped)}")
+        raise UserError(f"no usable records in {path} ({source.name}); skipped: {_format_counts(skipped)}{_example(skipped, example)}")
     return PairSet(records=records, skipped=skipped, source=f"{source.name}:{path}", max_pixels=config.max_pixels)
 
 
-def _with_unique_key(record: Record, seen: Counter) -> Record:
+def with_unique_key(record: Record, seen: Counter) -> Record:
     """Keys repeat when a source lists one image twice: the 2nd becomes ``key#2``, and so on."""
     seen[record.key] += 1
     if seen[record.key] == 1:
         return record
     key = f"{record.key}#{seen[record.key]}"
     return Record(key=key, captions=record.captions, label=record.label, image=record.image)
+
+
+def _example(skipped: Counter, example: dict[str, str]) -> str:
+    """One record of the commonest reason, as tried (a missing image: its path, resolved)."""
+    if not skipped:
+        return ""
+    reason = skipped.most_common(1)[0][0]
+    detail = example.get(reason)
+    if not detail:
+        return ""
+    where = " (image paths are read relative to the source file's folder)" if reason == MISSING_FILE else ""
+    return f"; e.g. {reason}: {detail}{where}"
 
 
 def _format_counts(counts: Counter) -> str:

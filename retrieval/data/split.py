@@ -33,12 +33,42 @@ from retrieval.data.images import BytesImage, FileImage, ImageRef, decode_image
 from retrieval.data.manifest import manifest_row, write_manifest
 from retrieval.data.reasons import MISSING_FILE, NOT_A_FILE, BadRecord, count_by_reason
 from retrieval.data.records import DataConfig, PairSet
-from retrieval.data.sources import load_pairs
+from retrieval.data.sources import load_pairs, with_unique_key
 from retrieval.errors import UserError
-from retrieval.io import atomic_path, claim_output_dir
+from retrieval.io import atomic_path, claim_output_dir, writing
 from retrieval.progress import progress
 
 SPLITS = ("train", "val", "test")  # manifest names, DIR/<split>.jsonl
+
+
+def split_manifests(path: str | os.PathLike) -> list[str]:
+    """The manifests of a split folder (``data split`` / ``data prepare`` --out: ``DIR/train.jsonl`` ...), in
+    SPLITS order; [] when ``path`` is not a folder holding any of them."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        return []
+    return [m for m in (os.path.join(path, f"{name}.jsonl") for name in SPLITS) if os.path.isfile(m)]
+
+
+def split_val(path: str | os.PathLike | None) -> str | None:
+    """``DIR/val.jsonl`` when ``path`` is a split folder that has one, else None."""
+    val = os.path.join(os.fspath(path), "val.jsonl") if path else None
+    return val if val in split_manifests(path or "") else None
+
+
+def load_collection(path: str | os.PathLike, config: DataConfig | None = None) -> PairSet:
+    """Every record of a split folder, all its splits in one PairSet (a data split never holds an image
+    twice); any other source as ``load_pairs`` reads it. What ``index build --data DIR`` indexes."""
+    manifests = split_manifests(path)
+    if not manifests:
+        return load_pairs(path, config)
+    config = config or DataConfig()
+    parts = [load_pairs(m, config) for m in manifests]
+    seen: Counter = Counter()
+    records = [with_unique_key(r, seen) for part in parts for r in part.records]
+    names = "+".join(os.path.basename(m) for m in manifests)
+    skipped = sum((part.skipped for part in parts), Counter())
+    return PairSet(records=records, skipped=skipped, source=f"splits:{os.fspath(path)} ({names})", max_pixels=config.max_pixels)
 
 
 @dataclass(frozen=True)
@@ -160,24 +190,11 @@ def split_source(
     claim_output_dir(out, "data", overwrite=overwrite)
     pairs = load_pairs(path, data)
     try:
-        os.makedirs(out, exist_ok=True)
-        images, unreadable, written = collect_images(pairs, out)
-        skipped = count_by_reason(pairs.skipped, unreadable)
-        if not images:
-            raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
-        splits = assign_splits([image.digest for image in images], config)
-        if "train" not in splits:
-            raise UserError(
-                f"only {len(images)} distinct image(s) in {os.fspath(path)}: too few to split "
-                f"with --val {config.val} --test {config.test} (train would be empty)"
-            )
-        manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
-        counts = {
-            split: write_manifest(manifests[split], [im.row() for im, s in zip(images, splits) if s == split])
-            for split in SPLITS
-        }
+        with writing(out, "data", overwrite=overwrite) as folder:  # a replacement is built beside, then swapped in
+            images, unreadable, written, skipped, counts = _write_split(pairs, path, config, str(folder))
     except OSError as err:  # unwritable, full, or not a folder on the way
         raise UserError(f"cannot write the split in {out}: {err.filename or out}: {err.strerror or err}") from None
+    manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
     return {
         "source": pairs.source,
         "out": out,
@@ -192,6 +209,26 @@ def split_source(
         "skipped": skipped,
         **{f"{split}_manifest": manifests[split] for split in SPLITS},
     }
+
+
+def _write_split(pairs: PairSet, path, config: SplitConfig, out: str):
+    """The images and manifests of the split in ``out``; ``(images, unreadable, written, skipped, counts)``."""
+    images, unreadable, written = collect_images(pairs, out)
+    skipped = count_by_reason(pairs.skipped, unreadable)
+    if not images:
+        raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
+    splits = assign_splits([image.digest for image in images], config)
+    if "train" not in splits:
+        raise UserError(
+            f"only {len(images)} distinct image(s) in {os.fspath(path)}: too few to split "
+            f"with --val {config.val} --test {config.test} (train would be empty)"
+        )
+    manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
+    counts = {
+        split: write_manifest(manifests[split], [im.row() for im, s in zip(images, splits) if s == split])
+        for split in SPLITS
+    }
+    return images, unreadable, written, skipped, counts
 
 
 @dataclass

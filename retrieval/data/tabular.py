@@ -2,8 +2,12 @@
 
 Columns default to open_clip's ``filepath`` and ``title`` (``--csv-img-key``,
 ``--csv-caption-key`` there); the separator defaults to ``,`` for ``.csv`` and a
-tab for ``.tsv``. Rows naming the same image are merged into one record with all
-their captions (COCO-style files list each image once per caption).
+tab for ``.tsv``, unless the header row has no such separator and another one
+(tab, comma, semicolon, bar) splits it (``sniff_separator``); ``--sep`` decides.
+Image paths are read relative to the file's folder (an absolute path as it is).
+Rows naming the same image are merged into one record with all their captions
+(COCO-style files list each image once per caption); a row with an empty caption
+is counted as ``empty_caption`` even when other rows give its image captions.
 
 Hostile rows are skipped, never fatal: a row with the wrong number of fields, a
 field over :data:`MAX_FIELD_CHARS`, or malformed quoting is a ``bad_row``; a row
@@ -64,7 +68,8 @@ def _is_table(path: str) -> bool:
 
 def _column(header: list[str], name: str, option: str, path: str) -> int:
     if name not in header:
-        raise UserError(f"{path}: no column {name!r} (columns: {_shown(header)}); choose one with {option}")
+        sep = " or give the separator with --sep (a tab: --sep '\\t')" if len(header) == 1 else ""
+        raise UserError(f"{path}: no column {name!r} (columns: {_shown(header)}); choose one with {option}{sep}")
     if header.count(name) > 1:  # which one is meant? pandas would rename the second, csv would take the first
         raise UserError(f"{path}: the header names column {name!r} {header.count(name)} times; give each column its own name")
     return header.index(name)
@@ -138,7 +143,7 @@ def _shape_problem(row: list[str], columns: int) -> str | None:
 @register_source("csv", _is_table, "a .csv/.tsv file with a header row")
 def read_table(path: str, config: DataConfig) -> Iterator[Record | BadRecord]:
     """Yield one record per distinct image path, and a ``BadRecord`` per malformed row."""
-    sep = config.sep or DEFAULT_SEPARATORS[os.path.splitext(path)[1].lower()]
+    sep = config.sep or sniff_separator(path)
     base = os.path.dirname(os.path.abspath(path))
     rows = _rows(path, sep)
     header = [name.strip() for name in next(rows)[0]]
@@ -146,6 +151,7 @@ def read_table(path: str, config: DataConfig) -> Iterator[Record | BadRecord]:
     caption_col = _column(header, config.caption_key or "title", "--caption-key", path)
     label_col = _label_column(header, config.label_key, path)
     groups: dict[str, tuple[list[str], object]] = {}  # image as written -> (captions, label)
+    empty_rows: dict[str, list[int]] = {}  # image as written -> lines whose caption is empty
     for item in rows:
         if isinstance(item, BadRecord):
             yield item
@@ -157,13 +163,36 @@ def read_table(path: str, config: DataConfig) -> Iterator[Record | BadRecord]:
             continue
         captions, _ = groups.setdefault(image, ([], row[label_col] if label_col is not None else None))
         caption = " ".join(row[caption_col].split())
-        if caption and caption not in captions:
+        if not caption:
+            empty_rows.setdefault(image, []).append(taken[0].number)
+        elif caption not in captions:
             captions.append(caption)
     for image, (captions, label) in groups.items():
         if not captions:
             yield BadRecord(EMPTY_CAPTION, image)
             continue
+        for number in empty_rows.get(image, ()):  # an empty row beside captioned ones: counted, not silently dropped
+            yield BadRecord(EMPTY_CAPTION, f"line {number}: {image} (its other rows have captions)")
         yield Record(key=image, captions=captions, label=clean_label(label), image=FileImage(resolve_path(base, image)))
+
+
+SNIFFED = ("\t", ",", ";", "|")  # separators a header row is tried with when --sep is not given
+
+
+def sniff_separator(path: str) -> str:
+    """The file's separator: its extension's (DEFAULT_SEPARATORS) unless the header row has a single
+    column with it and more with another of SNIFFED (a tab-separated file named .csv)."""
+    default = DEFAULT_SEPARATORS[os.path.splitext(path)[1].lower()]
+    try:
+        with open(path, "rb") as handle:
+            first = handle.readline(MAX_FIELD_CHARS).decode("utf-8", errors="replace")
+    except OSError:
+        return default
+    if default in first:
+        return default
+    counts = {sep: first.count(sep) for sep in SNIFFED}
+    best = max(SNIFFED, key=lambda sep: counts[sep])
+    return best if counts[best] > 0 else default
 
 
 def _label_column(header: list[str], label_key: str | None, path: str) -> int | None:

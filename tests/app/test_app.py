@@ -10,7 +10,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
-from app.gradio_app import ENDPOINTS
+from app.endpoints import ENDPOINTS
 
 
 @pytest.fixture(scope="module")
@@ -121,25 +121,11 @@ def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
     assert result.stderr.startswith("triclip: error:") and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_result_gallery_serialises_url_results_as_gradio_does():
-    import gradio as gr
-
-    from app.gradio_app import gallery_wire, result_gallery
-
-    with gr.Blocks():
-        ours, theirs = result_gallery(label="a"), gr.Gallery(label="b")
-    urls = [("http://127.0.0.1:7860/triclip/image/12", "0.512 · a cat"), ("http://127.0.0.1:7860/triclip/image/3", "x")]
-    assert ours.postprocess(urls).model_dump() == theirs.postprocess(urls).model_dump()
-    assert ours.postprocess([]).model_dump() == theirs.postprocess([]).model_dump() == []
-    assert ours.postprocess(None).model_dump() == []  # anything else: Gradio's own code
-    assert gallery_wire(urls) == theirs.postprocess(urls).model_dump()  # what the text search sends, built directly
-
-
 def test_set_threads_sets_torch_and_faiss_threads():
     import faiss
     import torch
 
-    from app.gradio_app import set_threads
+    from app.server import set_threads
 
     before = torch.get_num_threads()
     try:
@@ -167,11 +153,20 @@ def test_json_route_answers_as_the_searcher_does(app_url, app_index):
 
 @pytest.mark.parametrize(
     "params, needle",
-    [({"q": "  "}, "empty query"), ({"q": "x", "m": 7}, "m must be one of"), ({"q": "x", "k": 0}, "k must be between")],
+    [({"q": "  "}, "empty query"), ({"q": "x", "m": 7}, "m must be one of"), ({"q": "x", "k": 0}, "k must be between"),
+     ({"q": "x", "funnel": "abc"}, "funnel must be 0 or 1"), ({"q": "x", "funnel": 2}, "funnel must be 0 or 1"),
+     ({"q": "x", "funnel": -1}, "funnel must be 0 or 1")],  # issue 26 item 5: these were read as false
 )
 def test_json_route_refuses_bad_input_with_a_400(app_url, params, needle):
     answer = httpx.get(app_url + "triclip/api/search_text", params=params)
     assert answer.status_code == 400 and needle in answer.json()["error"]
+
+
+@pytest.mark.parametrize("funnel", ["abc", "2", "-1"])
+def test_an_endpoint_refuses_a_funnel_that_is_not_a_yes_or_no(client, funnel):
+    gallery, status = _search(client, "two red circles", funnel=funnel)
+    assert gallery == [] and "funnel must be 0 or 1" in status
+    assert len(_search(client, "two red circles", funnel="true")[0]) == 5  # the words still work
 
 
 def test_json_route_batches_concurrent_queries_and_answers_each_its_own(app_url):

@@ -95,3 +95,29 @@ def test_an_index_without_identities_uses_the_ones_found_at_load(index, caplog):
         os.unlink(rows[4]["image"])
         os.symlink("/etc/passwd", rows[4]["image"])
         assert _get(f"{url}triclip/image/4").status_code == 404
+
+
+def test_a_client_gets_the_other_results_when_one_image_changed(index, caplog, tmp_path):
+    """Issue 26 item 6: a default gradio_client (it fetches every result) raised 404 on the row whose file
+    was replaced, and got no results at all; now that row is left out of the answer, and logged."""
+    from gradio_client import Client
+
+    from index.search import Searcher
+
+    query = "two red circles"
+    top = Searcher.load(index).search_text([query], k=5, m=None)[0]
+    changed = top[0]["image"]
+    caplog.set_level(logging.WARNING, logger="triclip.app")
+    with serving(index) as (url, _app):
+        with open(changed, "ab") as fh:  # the best hit's file replaced after indexing
+            fh.write(b"more")
+        client = Client(url, verbose=False, download_files=str(tmp_path / "got"))
+        gallery, status = client.predict(query, None, False, 5, api_name="/search_text")
+        assert len(gallery) == 4 and "1 result left out: its file changed since indexing" in status
+        for item in gallery:
+            with open(item["image"], "rb") as fh:
+                assert fh.read(8) == PNG
+        answer = _get(f"{url}triclip/api/search_text?q={query}&k=5").json()
+        assert answer["left_out"] == 1 and top[0]["id"] not in {h["id"] for h in answer["hits"]}
+        assert [h["id"] for h in answer["hits"]] == [h["id"] for h in top[1:]]
+    assert any("left result" in r.getMessage() and changed in r.getMessage() for r in caplog.records)

@@ -6,7 +6,7 @@ import httpx
 import pytest
 import torch
 
-from app.gradio_app import recall_figure, recall_text, spectrum_figure, spectrum_text
+from app.panels import recall_figure, recall_text, spectrum_figure, spectrum_text
 
 CURVES = {
     "split": "validation", "queries": 344, "images": 793, "ordering": "importance",
@@ -62,7 +62,7 @@ def test_the_recall_chart_draws_the_four_orderings():
 
 
 def test_choosing_m_shows_full_d_beside_with_the_overlap(app_index):
-    from app.gradio_app import AppConfig, SearchApp
+    from app.endpoints import AppConfig, SearchApp
     from index.search import Searcher
 
     searcher = Searcher.load(app_index)

@@ -98,7 +98,8 @@ def test_help_shows_defaults_and_the_objectives(capsys):
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert "--wd" in text and "--warmup" in text and "--loss-opt" in text and "--unlock-image" in text
     assert "pairs per step, per rank (default: the preset's: tiny/open_clip names 64; lite/lite1/lite2 256)" in text
-    assert "lite 40 256 0.001 mlp True True 0.1" in text  # the recipe table
+    assert "lite 40 256 0.001 mlp True True 0.1 5" in text  # the recipe table
+    assert "--patience" in text and "standard errors" in text and "lite/lite1/lite2 5" in text  # the stop rule
     for name in ("infonce", "debiased", "tricl", "triplet"):
         assert name in text
 
@@ -135,6 +136,21 @@ def test_resume_takes_the_runs_settings_and_may_grow_it(trained, tmp_path, capsy
     assert [e["epoch"] for e in evals] == [1, 2, 3] and evals[-1]["step"] == 25
     out = capsys.readouterr().out
     assert f"the run is in {run}" in out and "Best epoch" in out and "Skipped records: none" in out
+
+
+def test_resume_without_train_data_takes_the_runs_own(trained, tmp_path, capsys):
+    """Issue 26 item 3: ``train --resume --out RUN`` alone; without --resume, --train-data is still needed."""
+    run = _copy_run(trained, tmp_path)
+    assert main(["train", "--out", str(run), "--resume", "--epochs", "3", "--max-steps", "25"]) == 0
+    after = json.loads((run / "config.json").read_text())
+    assert after["train"]["train_data"] == str(trained / "data" / "train.jsonl") and after["train"]["epochs"] == 3
+    assert [json.loads(x)["epoch"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+    capsys.readouterr()
+    assert main(["train", "--out", str(tmp_path / "new")]) == 2
+    err = capsys.readouterr().err
+    assert "needs --train-data" in err and err.count("\n") == 1
+    assert main(["train", "--out", str(tmp_path / "none"), "--resume"]) == 2
+    assert "is not a run" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -304,6 +320,7 @@ ERRORS = {
     "out-unwritable": (_new(out=lambda t: "/proc/triclip-test/run"), "cannot write"),
     "max-steps-negative": (_new("--max-steps", "-3"), "--max-steps must be >= 1"),
     "save-every-negative": (_new("--save-every", "-1"), "--save-every must be >= 0"),
+    "patience-negative": (_new("--patience", "-1"), "--patience must be >= 0"),
     "warmup-negative": (_new("--warmup", "-1"), "--warmup must be >= 0"),
     "wd-negative": (_new("--wd", "-0.1"), "--wd must be >= 0"),
     "grad-clip-nan": (_new("--grad-clip", "nan"), "--grad-clip"),
@@ -352,7 +369,7 @@ def test_user_errors_are_one_line_exit_2_and_lose_nothing(trained, tmp_path, cap
     "argv, message",
     [
         (["eval", "--run", "/no/such/run", "--data", "x.jsonl", "--json"], "not a triclip run"),
-        (["train", "--train-data", "/no/such.jsonl", "--out", "/tmp/x"], "no such data source"),
+        (["train", "--train-data", "/no/such.jsonl", "--out", "/tmp/x"], "data source not found"),
         (["train", "--train-data", "x", "--out", "y", "--epochs", "zero"], "invalid int value"),
         (["eval", "--run", "r", "--data", "d", "--dims", "4,a"], "--dims"),
         (["train", "--train-data", "x", "--out", "y", "--text-max-length", "1"], "--text-max-length must be >= 2"),

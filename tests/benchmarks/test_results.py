@@ -80,7 +80,7 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     assert {"t2i_r10", "align", "uniform", "curve", "class_map_i2i"} <= set(saved)
     assert set(saved["curve"]["first"]) == {str(m) for m in R.dims_for(32)}
     config = json.loads((R.run_dir(cfg, "mrl", 1) / "config.json").read_text())
-    assert config["loss"] == "infonce" and config["loss_options"] == {"nested": 4, "nested_order": "prefix"}
+    assert config["loss"] == "mrl" and config["loss_options"] == {"nested": 4, "nested_order": "prefix"}  # MRL_STEP
     assert {"t2i_r1", "class_map"} <= set(saved["curves"]) and saved["weights"] == "last"
     assert set(saved["curves"]["class_map"]["pca"]) == {str(m) for m in R.dims_for(32)}
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": ["mrl"], "curve_metric": "class_map", "png": None}))
@@ -130,7 +130,7 @@ def test_spectral_variants_evaluated_on_another_split(small_experiment, capsys):
     mean1 = json.loads((R.run_dir(cfg, "tricl_spectral_mean1", 0) / "config.json").read_text())
     assert mean1["model"]["importance"] == "softplus_mean1"  # a variant's setting wins over the objective's default
     test = json.loads((run / "result.test.json").read_text())
-    val = R.evaluate_run(run, str(data / "val.jsonl"))
+    val = R.run_results(run, str(data / "val.jsonl"))
     assert (run / "result.json").exists() and val["t2i_r10"] == test["t2i_r10"]
     assert len(set(test["w"])) > 1  # S moved from flat
 

@@ -80,7 +80,7 @@ def unit_vectors(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def synthetic():
     """4 shards of unequal size (one empty) of clustered 32-d unit vectors, float16 like a shard file."""
-    from index.from_embeddings import ShardVectors
+    from index.vectors import ShardVectors
 
     rng = np.random.default_rng(0)
     centres = unit_vectors(rng, 40, 32)

@@ -85,3 +85,23 @@ def test_add_carries_the_curves_and_the_file_is_written_with_the_version(built, 
     assert version == "v000002" and read_curves(index, version) == before
     assert read_manifest(index)["recall"] == {m: before["curves"]["importance"][m] for m in ("4", "8", "16", "32")}
     assert not [p for p in index.iterdir() if p.name.startswith(".tmp-")]  # the staged curves file was moved in
+
+
+def test_a_split_folder_indexes_every_split_with_curves_on_its_validation(built):
+    """Issue 26 item 1: ``index build --data DIR`` (a data split folder) holds every image of all its
+    splits, and its curves are measured on DIR/val.jsonl."""
+    from retrieval.data import load_pairs
+    from retrieval.data.split import load_collection, split_manifests
+
+    root, run = built
+    data = root / "data"
+    summary = build_index(IndexBuildConfig(run=str(run), data=str(data), out=str(root / "all"), dims=DIMS))
+    manifests = split_manifests(data)
+    assert [m.rsplit("/", 1)[-1] for m in manifests][:2] == ["train.jsonl", "val.jsonl"]
+    per_split = [load_pairs(m) for m in manifests]
+    assert summary["count"] == sum(len(p) for p in per_split) > len(per_split[0])
+    everything = {r.image.path for p in per_split for r in p.records}
+    assert {r.image.path for r in load_collection(str(data)).records} == everything
+    curves = read_curves(root / "all", current_version(root / "all"))
+    assert curves["split"] == "validation" and curves["data"] == str(data / "val.jsonl")
+    assert load_collection(str(data / "train.jsonl")).fingerprint == per_split[0].fingerprint  # a file: as before

@@ -43,7 +43,7 @@ def searcher(flat_index):
 
 @pytest.fixture(scope="module")
 def reference(run_dir, shapes_dir):
-    """Compact vectors computed straight from the SPEC's definition."""
+    """Compact vectors computed straight from the definition (docs/CONTRACT.md "Compact features")."""
     model, _ = load_run(run_dir)
     pairs = load_pairs(shapes_dir / "train.jsonl")
     transform = model.image_transform(train=False)
@@ -80,7 +80,7 @@ def test_build_writes_index_meta_and_manifest(flat_index, run_dir, shapes_dir):
     assert contents.vectors.shape == (len(pairs.records), EMBED_DIM) and contents.text_vectors.shape == (n_captions, EMBED_DIM)
     assert all(contents.text_indexes[m].ntotal == n_captions for m in (M, 16, EMBED_DIM))
     assert contents.text_rows.shape == (n_captions, 2)
-    assert sorted(os.listdir(out)) == [".lock", "CURRENT", "v000001"]  # no temporary leftovers
+    assert sorted(os.listdir(out)) == [".lock", ".triclip.json", "CURRENT", "v000001"]  # no temporary leftovers
 
 
 def test_indexed_vectors_are_the_signed_topm_embedding(flat_index, reference):

@@ -64,9 +64,7 @@ def test_user_errors_exit_2_with_one_line(capsys, cli_index, other_run_dir, shap
         (["search", "--index", cli_index, "--text", "x", "--target", "text", "--factor", "0", "--funnel", "8"],
          "--factor"),
         (["index", "build", "--run", other_run_dir, "--data", shapes_dir / "val.jsonl", "--out", tmp_path / "o2",
-          "--on-disk", "always"], "--embeddings only"),
-        (["index", "build", "--run", other_run_dir, "--data", shapes_dir / "val.jsonl", "--out", tmp_path / "o3",
-          "--memory-budget", "1G"], "--embeddings only"),
+          "--on-disk", "always"], "only IVF lists go on disk"),  # one builder: the same rule for both sources
     ]
     for argv, needle in cases:
         code, out, err = _run(capsys, *argv)
@@ -124,3 +122,22 @@ def test_index_build_options_come_from_the_config():
     flat = [f.name for f in dataclasses.fields(IndexBuildConfig) if f.name != "data_config"]
     assert set(flat) <= dests
     assert "sep" in dests and "image_key" in dests  # the nested DataConfig, flattened
+
+
+def test_the_recipe_indexes_every_split_so_a_test_image_is_searchable(capsys, tmp_path, run_dir, shapes_dir):
+    """Issue 26 item 1: ``data split`` then ``index build --data DIR`` (the README's six commands) holds the
+    test and validation images too; searching a test image's own caption can return it."""
+    from index.store import load_contents
+    from retrieval.data import load_pairs
+
+    data = tmp_path / "data"
+    assert _run(capsys, "data", "split", shapes_dir / "train.jsonl", "--out", data)[0] == 0
+    code, out, _ = _run(capsys, "index", "build", "--run", run_dir, "--data", data, "--out", tmp_path / "i", "--dims", "8")
+    assert code == 0
+    splits = {name: load_pairs(data / f"{name}.jsonl") for name in ("train", "val", "test")}
+    assert json.loads(out)["count"] == sum(len(p) for p in splits.values())
+    indexed = {row["image"] for row in load_contents(tmp_path / "i", indexes=False).meta}
+    test_image = splits["test"].records[0]
+    assert test_image.path in indexed and {r.path for r in splits["val"].records} <= indexed
+    code, out, _ = _run(capsys, "search", "--index", tmp_path / "i", "--text", test_image.captions[0], "-k", "100", "--json")
+    assert code == 0 and test_image.path in {hit["image"] for hit in json.loads(out)}

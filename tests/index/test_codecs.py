@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from index import allocation, codecs
-from index.faiss_index import exact_topk, recall_at_k
+from index.faiss_index import recall_at_k
+from index.vectors import exact_topk
 from retrieval.errors import UserError
 
 D = 32

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from index import faiss_index as fi
+from index.vectors import exact_topk
 
 DIM = 32
 
@@ -27,7 +28,7 @@ def data():
     rng = np.random.default_rng(1)
     queries = base[rng.choice(len(base), 100, replace=False)] + 0.05 * rng.standard_normal((100, DIM))
     queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
-    return base, queries, fi.exact_topk(base, queries, 10)
+    return base, queries, exact_topk(base, queries, 10)
 
 
 def test_exact_topk_matches_a_loop(data):

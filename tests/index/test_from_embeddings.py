@@ -15,16 +15,9 @@ import torch.multiprocessing as mp
 
 from index import faiss_index as fi
 from index.build import IndexBuildConfig, build_index
-from index.from_embeddings import (
-    EmbeddingsIndexConfig,
-    ShardedBuilder,
-    add_shard,
-    build_from_embeddings,
-    choose_factory,
-    parse_bytes,
-    prefix,
-    train_once,
-)
+from index.builder import ShardedBuilder, add_shard, choose_factory, train_once
+from index.config import parse_bytes
+from index.vectors import prefix
 from index.search import Searcher
 from index.store import load_contents
 from retrieval.errors import UserError
@@ -85,8 +78,8 @@ def emb(run_dir, shapes_dir, tmp_path_factory) -> Path:
 
 def test_ivf_folder_answers_an_image_with_itself_and_records_nprobe(emb, tmp_path):
     out = tmp_path / "index"
-    cfg = EmbeddingsIndexConfig(str(emb), str(out), dims=[8], factory="IVF8,Flat", recall_target=0.9, tune_queries=50)
-    summary = build_from_embeddings(cfg)
+    cfg = IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], factory="IVF8,Flat", recall_target=0.9, tune_queries=50)
+    summary = build_index(cfg)
     assert summary["dims"] == [8, 32] and summary["factories"] == {"8": "IVF8,Flat", "32": "IVF8,Flat"}
     contents = load_contents(out)
     tuning = contents.manifest["nprobe_tuning"]["image"]
@@ -107,7 +100,7 @@ def test_ivf_folder_answers_an_image_with_itself_and_records_nprobe(emb, tmp_pat
 
 def test_flat_folder_equals_index_build_from_the_model(emb, run_dir, shapes_dir, tmp_path):
     from_emb = tmp_path / "from_emb"
-    build_from_embeddings(EmbeddingsIndexConfig(str(emb), str(from_emb), dims=[8]))
+    build_index(IndexBuildConfig(embeddings=str(emb), out=str(from_emb), dims=[8]))
     direct = tmp_path / "direct"
     build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(direct), dims=[8]))
     a, b = load_contents(from_emb), load_contents(direct)
@@ -118,14 +111,29 @@ def test_flat_folder_equals_index_build_from_the_model(emb, run_dir, shapes_dir,
     assert a.manifest["transform"] == b.manifest["transform"]
 
 
+def test_both_sources_share_one_builder_manifest_and_ivf_policy(emb, run_dir, shapes_dir, tmp_path):
+    """--run --data and --embeddings go through the same builder: same manifest keys, same IVF build and
+    nprobe tuning, and on-disk lists for either source (the model path used to refuse --on-disk)."""
+    common = dict(dims=[8], factory="IVF8,Flat", tune_queries=50, on_disk="always")
+    from_emb, direct = tmp_path / "from_emb", tmp_path / "direct"
+    build_index(IndexBuildConfig(embeddings=str(emb), out=str(from_emb), **common))
+    build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(direct), **common))
+    a, b = load_contents(from_emb), load_contents(direct)
+    assert set(a.manifest) == set(b.manifest)
+    assert a.manifest["on_disk"] == b.manifest["on_disk"] and b.manifest["on_disk"]["image"] == {"8": "image.m8.ivfdata", "32": "image.m32.ivfdata"}
+    assert a.manifest["nprobe"] == b.manifest["nprobe"] and set(b.manifest["nprobe"]) == {"8", "32"}
+    queries = prefix(np.asarray(a.text_vectors[:40]), 8)  # (40, 8)
+    np.testing.assert_array_equal(fi.search(a.image_indexes[8], queries, 5)[1], fi.search(b.image_indexes[8], queries, 5)[1])
+
+
 def test_incomplete_embeddings_are_refused(emb, tmp_path):
     broken = tmp_path / "broken"
     shutil.copytree(emb, broken)
     shutil.rmtree(broken / "shard-00002")
     with pytest.raises(UserError, match="shards 2 missing"):
-        build_from_embeddings(EmbeddingsIndexConfig(str(broken), str(tmp_path / "index")))
+        build_index(IndexBuildConfig(embeddings=str(broken), out=str(tmp_path / "index")))
     with pytest.raises(UserError, match="--dims"):
-        build_from_embeddings(EmbeddingsIndexConfig(str(emb), str(tmp_path / "index"), dims=[64]))
+        build_index(IndexBuildConfig(embeddings=str(emb), out=str(tmp_path / "index"), dims=[64]))
 
 
 def _free_port() -> int:
@@ -134,21 +142,21 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank_main(rank: int, world: int, port: int, cfg: EmbeddingsIndexConfig) -> None:
+def _rank_main(rank: int, world: int, port: int, cfg: IndexBuildConfig) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank)
     )
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    summary = build_from_embeddings(cfg)
+    summary = build_index(cfg)
     assert summary["rank"] == rank and summary["world"] == world
 
 
 def test_two_gloo_ranks_build_the_same_ivf_folder(emb, tmp_path):
     single, double = tmp_path / "single", tmp_path / "double"
     common = dict(dims=[8], factory="IVF8,Flat", tune_queries=50)
-    build_from_embeddings(EmbeddingsIndexConfig(str(emb), str(single), **common))
-    mp.spawn(_rank_main, args=(2, _free_port(), EmbeddingsIndexConfig(str(emb), str(double), **common)), nprocs=2)
+    build_index(IndexBuildConfig(embeddings=str(emb), out=str(single), **common))
+    mp.spawn(_rank_main, args=(2, _free_port(), IndexBuildConfig(embeddings=str(emb), out=str(double), **common)), nprocs=2)
     a, b = load_contents(single), load_contents(double)
     assert not list(tmp_path.glob(".*shard-parts"))  # the parts folder is removed after the merge
     assert a.manifest["nprobe"] == b.manifest["nprobe"]

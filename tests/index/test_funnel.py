@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from index import faiss_index as fi
-from index.build import prefix
+from index.vectors import exact_topk, prefix
 import index.search as search_module
 from index.search import RERANK_CHUNK, SHORTLIST_CHUNK, flat_vectors, matmul_shortlist, rerank, shortlist_flat
 
@@ -83,7 +83,7 @@ def test_batched_funnel_equals_one_query_at_a_time(data):
         np.testing.assert_array_equal(ids[i], i1[0])
         np.testing.assert_allclose(scores[i], s1[0], rtol=1e-6)
     wide_scores, wide_ids = rerank(base, queries, shortlist_flat(view, prefix(queries, M), N), 10)  # everything: exact
-    truth = fi.exact_topk(base, queries, 10)
+    truth = exact_topk(base, queries, 10)
     np.testing.assert_array_equal(wide_ids, truth)
     np.testing.assert_allclose(wide_scores, np.take_along_axis(queries @ base.T, truth, axis=1), rtol=1e-5, atol=1e-6)
 

@@ -14,7 +14,8 @@ import pytest
 from index import faiss_index as fi
 from index import store
 from index.build import IndexBuildConfig, build_index
-from index.from_embeddings import EmbeddingsIndexConfig, ShardedBuilder, build_from_embeddings, prefix
+from index.builder import ShardedBuilder
+from index.vectors import prefix
 from index.search import Searcher
 from retrieval.errors import UserError
 from retrieval.shards import EmbedConfig, embed_to_shards
@@ -103,8 +104,8 @@ def emb(run_dir, shapes_dir, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def ondisk_index(emb, tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("ondisk") / "index"
-    cfg = EmbeddingsIndexConfig(str(emb), str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
-    summary = build_from_embeddings(cfg)
+    cfg = IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
+    summary = build_index(cfg)
     assert summary["on_disk"] == {"image": {"8": "image.m8.ivfdata", "32": "image.m32.ivfdata"},
                                   "text": {"8": "text.m8.ivfdata", "32": "text.m32.ivfdata"}}
     assert not list(out.parent.glob(".*shard-parts"))  # parts folder gone, lists moved into the version
@@ -117,7 +118,7 @@ def _version(index: Path) -> Path:
 
 def test_on_disk_folder_is_the_in_memory_folder_and_survives_a_move(emb, ondisk_index, tmp_path):
     memory = tmp_path / "memory"
-    build_from_embeddings(EmbeddingsIndexConfig(str(emb), str(memory), dims=[8], factory="IVF8,Flat", tune_queries=50))
+    build_index(IndexBuildConfig(embeddings=str(emb), out=str(memory), dims=[8], factory="IVF8,Flat", tune_queries=50))
     moved = tmp_path / "elsewhere" / "moved"
     shutil.copytree(ondisk_index, tmp_path / "copy")
     shutil.move(tmp_path / "copy", moved)  # the .faiss files still name the lists' old absolute paths
@@ -189,7 +190,7 @@ def test_add_to_an_on_disk_index_is_refused(ondisk_index, run_dir, shapes_dir, t
     assert store.load_contents(index).version == live.version  # still the same, whole version
 
 
-def _rank_main(rank: int, world: int, port: int, cfg: EmbeddingsIndexConfig) -> None:
+def _rank_main(rank: int, world: int, port: int, cfg: IndexBuildConfig) -> None:
     import os
 
     import torch
@@ -199,7 +200,7 @@ def _rank_main(rank: int, world: int, port: int, cfg: EmbeddingsIndexConfig) -> 
     )
     torch.set_num_threads(1)
     faiss.omp_set_num_threads(1)
-    assert build_from_embeddings(cfg)["rank"] == rank
+    assert build_index(cfg)["rank"] == rank
 
 
 def test_two_gloo_ranks_merge_the_same_on_disk_index(emb, ondisk_index, tmp_path):
@@ -211,7 +212,7 @@ def test_two_gloo_ranks_merge_the_same_on_disk_index(emb, ondisk_index, tmp_path
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     out = tmp_path / "double"
-    cfg = EmbeddingsIndexConfig(str(emb), str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
+    cfg = IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
     mp.spawn(_rank_main, args=(2, port, cfg), nprocs=2)
     a, b = store.load_contents(ondisk_index), store.load_contents(out)
     assert not list(tmp_path.glob(".*shard-parts"))
@@ -231,10 +232,10 @@ def test_a_reader_keeps_its_on_disk_version_while_a_writer_replaces_it(emb, ondi
     old = store.load_contents(index)
     queries = np.asarray(old.text_vectors[:20])  # (20, D)
     before = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))
-    cfg = EmbeddingsIndexConfig(str(emb), str(index), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50,
+    cfg = IndexBuildConfig(embeddings=str(emb), out=str(index), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50,
                                 overwrite=True)  # fmt: skip
-    build_from_embeddings(cfg)  # keeps the old version for a rollback
-    build_from_embeddings(cfg)  # and this one removes it
+    build_index(cfg)  # keeps the old version for a rollback
+    build_index(cfg)  # and this one removes it
     assert not (index / old.version).exists() and store.current_version(index) != old.version
     after = fi.search(old.image_indexes[32], queries, 5, fi.SearchParams(nprobe=2))  # lists unlinked, still mapped
     np.testing.assert_array_equal(before[1], after[1])

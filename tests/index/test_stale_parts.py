@@ -1,4 +1,4 @@
-"""Parts folders of killed on-disk builds: removed by the next build and by Searcher.load; live ones kept."""
+"""Parts folders of killed on-disk builds: removed by the next build (never by a reader); live ones kept."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from index import store
-from index.from_embeddings import OWNER, EmbeddingsIndexConfig, build_from_embeddings, claim_parts, remove_stale_parts
+from index.build import IndexBuildConfig, build_index
+from index.builder import OWNER, claim_parts, remove_stale_parts
 from index.search import Searcher
 from retrieval.shards import EmbedConfig, embed_to_shards
 
@@ -21,7 +22,7 @@ REPO = Path(__file__).resolve().parents[2]
 HOLDER = """
 import sys, time
 from pathlib import Path
-from index.from_embeddings import claim_parts
+from index.builder import claim_parts
 work = Path(sys.argv[1]); work.mkdir(); (work / "image.m8.part00000.faiss").write_bytes(b"x" * 1000)
 fd = claim_parts(work)
 print("ready", flush=True)
@@ -56,14 +57,14 @@ def emb(run_dir, shapes_dir, tmp_path_factory) -> Path:
     return out
 
 
-def _config(emb: Path, out: Path) -> EmbeddingsIndexConfig:
-    return EmbeddingsIndexConfig(str(emb), str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
+def _config(emb: Path, out: Path) -> IndexBuildConfig:
+    return IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], factory="IVF8,Flat", on_disk="always", tune_queries=50)
 
 
 def test_next_build_removes_killed_builds_parts_keeps_live_ones_same_result(emb, tmp_path, capsys):
     clean = tmp_path / "clean" / "index"
     clean.parent.mkdir()
-    build_from_embeddings(_config(emb, clean))
+    build_index(_config(emb, clean))
     root = tmp_path / "busy"
     root.mkdir()
     out = root / "index"
@@ -79,7 +80,7 @@ def test_next_build_removes_killed_builds_parts_keeps_live_ones_same_result(emb,
     other.mkdir()
     try:
         capsys.readouterr()
-        summary = build_from_embeddings(_config(emb, out))
+        summary = build_index(_config(emb, out))
         err = capsys.readouterr().err
         assert not dead.exists() and not dead_torchrun.exists()
         assert f"removed {dead}: parts of a killed index build" in err
@@ -103,18 +104,17 @@ def test_next_build_removes_killed_builds_parts_keeps_live_ones_same_result(emb,
     assert len(hits_a[0]) == 5
 
 
-def test_searcher_load_removes_killed_builds_parts_beside_the_index(emb, tmp_path, capsys):
+def test_searcher_load_leaves_parts_to_the_next_build(emb, tmp_path, capsys):
+    """A read never deletes (issue 28 item 2): parts of killed builds go at the next build (remove_stale_parts)."""
     out = tmp_path / "index"
-    build_from_embeddings(_config(emb, out))
+    build_index(_config(emb, out))
     dead = killed_build_parts(tmp_path / ".index.abcd.shard-parts")
     live = tmp_path / ".index.efgh.shard-parts"
     proc = running_build_parts(live)  # another process's build, running
     try:
-        capsys.readouterr()
         Searcher.load(out)
-        assert not dead.exists() and live.is_dir()
-        assert f"removed {dead}" in capsys.readouterr().err
-        assert remove_stale_parts(out) == [] and live.is_dir()
+        assert dead.is_dir() and live.is_dir()
+        assert remove_stale_parts(out) == [dead] and live.is_dir()
     finally:
         kill(proc)
     assert remove_stale_parts(out) == [live] and not live.exists()  # killed now: the next look removes it

@@ -90,7 +90,7 @@ def test_two_concurrent_add_processes_keep_every_record(tmp_path, run_dir, parts
     assert sorted(json.loads(out)["added"] for out, _, _ in results) == [180, 180]
     assert max(json.loads(out)["count"] for out, _, _ in results) == 400
     _check_whole(index, 400)
-    assert sorted(os.listdir(index)) == [".lock", "CURRENT", "v000003"]  # old versions removed
+    assert sorted(os.listdir(index)) == [".lock", ".triclip.json", "CURRENT", "v000003"]  # old versions removed
 
 
 def test_concurrent_add_threads_keep_every_record(tmp_path, run_dir, parts, small_index):
@@ -128,7 +128,7 @@ def test_a_second_writer_waits_then_gives_up_with_one_line(tmp_path, small_index
     thread.start()
     held.wait(10)
     try:
-        with pytest.raises(UserError, match="another triclip process is writing the index") as err:
+        with pytest.raises(UserError, match="another triclip process is writing") as err:
             with store.writer_lock(index, timeout=0.3):
                 pass
         assert "\n" not in str(err.value)
@@ -147,9 +147,9 @@ def test_crash_between_rename_and_pointer_recovers(tmp_path, run_dir, parts, sma
     with pytest.raises(KeyboardInterrupt):
         build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[1]), out=str(index), add=True))
     monkeypatch.setattr(store, "_point_at", real)
-    assert sorted(os.listdir(index)) == [".lock", "CURRENT", "v000001", "v000002"]  # v2 complete, never made live
-    assert len(Searcher.load(index)) == 40  # readers see the old version; the reader's recovery drops v2
-    assert sorted(os.listdir(index)) == [".lock", "CURRENT", "v000001"]
+    assert sorted(os.listdir(index)) == [".lock", ".triclip.json", "CURRENT", "v000001", "v000002"]  # v2 never live
+    assert len(Searcher.load(index)) == 40  # readers see the old version, and remove nothing (issue 28 item 2)
+    assert sorted(os.listdir(index)) == [".lock", ".triclip.json", "CURRENT", "v000001", "v000002"]
     summary = build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[1]), out=str(index), add=True))
     assert summary["count"] == 220
     _check_whole(index, 220)
@@ -161,15 +161,15 @@ def test_leftovers_and_bad_pointers_are_recovered(tmp_path, small_index, run_dir
     (index / ".tmp-crashed" / "vectors.npy").write_bytes(b"half")
     (index / "v000005").mkdir()  # a half-written version (no manifest), and CURRENT points at it
     (index / "CURRENT").write_text("v000005\n")
+    before = sorted(os.listdir(index))
     assert store.load_contents(index).version == "v000001"  # the newest complete version
-    assert sorted(os.listdir(index)) == [".lock", "CURRENT", "v000001"]
-    assert (index / "CURRENT").read_text().strip() == "v000001"
+    assert sorted(os.listdir(index)) == before  # a reader changes nothing
     (index / "CURRENT").unlink()  # no pointer at all
     assert len(Searcher.load(index)) == 40
     (index / "CURRENT").write_text("v000009\n")  # a pointer to a missing folder
     summary = build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[1]), out=str(index), add=True))
     assert summary["count"] == 220 and (index / "CURRENT").read_text().strip() == "v000002"
-    assert sorted(os.listdir(index)) == [".lock", "CURRENT", "v000002"]
+    assert sorted(os.listdir(index)) == [".lock", ".triclip.json", "CURRENT", "v000002"]  # the writer cleaned up
 
 
 def test_old_format_is_refused_with_rebuild(tmp_path, run_dir, parts):
@@ -180,7 +180,7 @@ def test_old_format_is_refused_with_rebuild(tmp_path, run_dir, parts):
     with pytest.raises(UserError, match="older format.*rebuild"):
         Searcher.load(old)
     build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[0]), out=str(old), dims=[8], overwrite=True))  # --overwrite replaces it
-    assert sorted(os.listdir(old)) == [".lock", "CURRENT", "v000001"] and len(Searcher.load(old)) == 40
+    assert sorted(os.listdir(old)) == [".lock", ".triclip.json", "CURRENT", "v000001"] and len(Searcher.load(old)) == 40
 
 
 def _damage_manifest(v: Path, change) -> None:

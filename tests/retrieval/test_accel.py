@@ -206,7 +206,7 @@ def test_lite2_fast_path_runs_at_its_own_resolution():
 @pytest.mark.parametrize("backend", ["jit", pytest.param("onnxruntime", marks=needs_onnxruntime)])
 def test_frozen_tower_bottom_fast_path_matches_eager(model, images, backend, monkeypatch):
     """The bottom of a partly unlocked tower (a dict out) is run fast for its one pass over the data."""
-    from retrieval.split import split_tower
+    from retrieval.unlock import split_tower
 
     monkeypatch.setenv(accel.ENV, backend)
     for groups in (1, 4):

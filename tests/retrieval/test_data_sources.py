@@ -114,6 +114,39 @@ def test_csv_missing_column_is_one_line_user_error(tmp_path: Path):
     assert "\n" not in str(err.value)
 
 
+def test_a_tab_separated_file_named_csv_is_sniffed_and_a_one_column_header_names_sep(tmp_path: Path):
+    """Issue 26 item 4: a TSV named .csv used to get "choose one with --image-key"."""
+    write_image(tmp_path / "a.png")
+    (tmp_path / "d.csv").write_text("filepath\ttitle\na.png\tx, y\n", encoding="utf-8")
+    assert load_pairs(tmp_path / "d.csv").records[0].captions == ["x, y"]
+    (tmp_path / "e.csv").write_text("filepath title\na.png x\n", encoding="utf-8")  # no separator at all
+    with pytest.raises(UserError, match=r"choose one with --image-key or give the separator with --sep"):
+        load_pairs(tmp_path / "e.csv")
+    (tmp_path / "f.csv").write_text("filepath,title\na.png,x\tz\n", encoding="utf-8")  # the extension's wins
+    assert load_pairs(tmp_path / "f.csv").records[0].captions == ["x z"]
+
+
+def test_an_empty_caption_on_a_repeated_path_is_counted(tmp_path: Path):
+    """Issue 26 item 4: the empty row of an image that other rows caption was dropped uncounted."""
+    write_image(tmp_path / "a.png")
+    write_image(tmp_path / "b.png")
+    (tmp_path / "d.csv").write_text("filepath,title\na.png,red\na.png,\nb.png,\n", encoding="utf-8")
+    pairs = load_pairs(tmp_path / "d.csv")
+    assert [r.key for r in pairs.records] == ["a.png"] and pairs.records[0].captions == ["red"]
+    assert pairs.skipped == {"empty_caption": 2}  # a.png's empty row and b.png (no caption at all)
+
+
+def test_every_path_missing_shows_one_path_tried_resolved(tmp_path: Path):
+    """Issue 26 item 4: the error gave only counts ("skipped: missing_file=2")."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.csv").write_text("filepath,title\nimg/a.png,x\nimg/b.png,y\n", encoding="utf-8")
+    with pytest.raises(UserError) as err:
+        load_pairs(tmp_path / "sub" / "d.csv")
+    text = str(err.value)
+    assert "missing_file=2" in text and f"e.g. missing_file: {tmp_path / 'sub' / 'img' / 'a.png'}" in text
+    assert "relative to the source file's folder" in text and "\n" not in text
+
+
 # ---------------------------------------------------------------------------- Hugging Face datasets
 
 

@@ -5,7 +5,7 @@ import torch
 from PIL import Image
 
 from retrieval.model import LITE_PRESETS, ModelConfig, build_model
-from retrieval.split import split_tower, tower_groups
+from retrieval.unlock import split_tower, tower_groups
 
 
 @pytest.mark.parametrize("preset, size", [("lite1", 240), ("lite2", 260)])

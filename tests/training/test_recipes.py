@@ -12,7 +12,7 @@ from retrieval.errors import UserError
 from training.config import OPEN_CLIP_RECIPE, RECIPES, Recipe, TrainConfig, recipe_for, resolve_recipe
 from training.train import train
 
-RECIPE_FIELDS = ("epochs", "batch_size", "lr", "head", "lock_image", "lock_text", "tower_lr_scale")
+RECIPE_FIELDS = ("epochs", "batch_size", "lr", "head", "lock_image", "lock_text", "tower_lr_scale", "patience")
 
 
 def _blank(**kw) -> TrainConfig:
@@ -22,11 +22,11 @@ def _blank(**kw) -> TrainConfig:
 @pytest.mark.parametrize(
     "model, expected",
     [
-        ("tiny", (1, 64, 1e-3, "linear", False, False, 1.0)),
-        ("lite", (40, 256, 1e-3, "mlp", True, True, 0.1)),
-        ("lite1", (40, 256, 1e-3, "mlp", True, True, 0.1)),
-        ("lite2", (40, 256, 1e-3, "mlp", True, True, 0.1)),
-        ("ViT-B-32", (1, 64, 5e-4, "linear", False, False, 1.0)),
+        ("tiny", (1, 64, 1e-3, "linear", False, False, 1.0, 0)),
+        ("lite", (40, 256, 1e-3, "mlp", True, True, 0.1, 5)),
+        ("lite1", (40, 256, 1e-3, "mlp", True, True, 0.1, 5)),
+        ("lite2", (40, 256, 1e-3, "mlp", True, True, 0.1, 5)),
+        ("ViT-B-32", (1, 64, 5e-4, "linear", False, False, 1.0, 0)),
     ],
 )
 def test_each_preset_brings_its_recipe(model, expected):
@@ -36,8 +36,10 @@ def test_each_preset_brings_its_recipe(model, expected):
 
 
 def test_the_lite_recipe_is_the_measured_one():
-    """docs/results.md: locked cached towers, MLP heads, batch 256, lr 1e-3, 40 epochs."""
-    assert RECIPES["lite"] == Recipe(epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1)
+    """docs/results_archive.md (set-up, section 7): locked cached towers, MLP heads, batch 256, lr 1e-3, 40 epochs, early stopping after 5."""
+    assert RECIPES["lite"] == Recipe(
+        epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1, patience=5
+    )
 
 
 def test_given_values_override_the_recipe_field_by_field():

@@ -11,7 +11,7 @@ import torch
 import training.evaluate
 import training.train as train_mod
 from retrieval.run import best_info, load_run, run_fingerprint, weights_path
-from training.selection import select, select_from_history
+from training.selection import early_stop, select, select_from_history
 from training.train import TrainConfig, train
 
 
@@ -90,6 +90,8 @@ def test_training_keeps_the_last_weights_when_the_best_is_within_noise(shapes_da
     assert torch.equal(kept.image_head.weight, last.image_head.weight)
     out = capsys.readouterr().out
     assert "within noise, kept the last weights" in out
+    assert f"Eval and index use {run / 'model.safetensors'} (the last weights; " in out  # issue 26 item 3
+    assert "unless given --weights last" not in out
     assert "Validation, epoch 3 (kept):" in out and "ordering     m=" in out  # the demo's per-m table
 
 
@@ -99,9 +101,58 @@ def test_training_keeps_the_best_epoch_when_it_is_well_above_noise(shapes_data, 
     train(_cfg(shapes_data, run))
     assert json.loads((run / "selection.json").read_text())["kept"] == "best"
     assert best_info(run)["epoch"] == 2 and weights_path(run) == run / "best" / "model.safetensors"
-    assert "Validation, epoch 2 (kept):" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "Validation, epoch 2 (kept):" in out
+    assert f"Eval and index use {run / 'best'} (unless given --weights last; " in out
 
     _forced(monkeypatch, [0.45, 0.44])  # resumed: epochs 4-5 lower, the held best still leads
     train(_cfg(shapes_data, run, epochs=5, resume=True))
     decision = json.loads((run / "selection.json").read_text())
     assert decision["kept"] == "best" and decision["best_epoch"] == 2 and decision["last_epoch"] == 5
+
+
+# ---------------------------------------------------------------------------- early stopping (--patience)
+
+
+def test_early_stop_waits_patience_epochs_after_the_last_gain_beyond_noise():
+    """300 queries: se ~ 0.029 at p ~ 0.5, so a gain must exceed ~0.058 (select's rule) to count."""
+    rising = [0.30, 0.40, 0.50, 0.52, 0.53, 0.52]  # epoch 3 beat epoch 2 beyond noise; 4-6 did not beat 3
+    assert early_stop(rising, queries=300, patience=4, epochs=40) is None
+    stop = early_stop(rising + [0.54], queries=300, patience=4, epochs=40)
+    assert (stop.reference_epoch, stop.stopped_epoch, stop.best_since) == (3, 7, 0.54)
+    assert stop.threshold == pytest.approx(select((7, 0.54), (3, 0.50), 300).threshold)
+    assert "Stopped early after epoch 7 of 40" in stop.reason() and "--patience 4" in stop.reason()
+
+
+def test_a_slow_steady_gain_moves_the_reference_and_patience_zero_never_stops():
+    slow = [0.30 + 0.02 * i for i in range(12)]  # +0.02 an epoch: beyond noise every 3-4 epochs
+    assert early_stop(slow, queries=300, patience=4, epochs=40) is None
+    assert early_stop([0.5] * 30, queries=300, patience=0, epochs=40) is None
+    assert early_stop([0.5] * 10, queries=300, patience=9, epochs=10) is None  # the last epoch: nothing to stop
+
+
+def test_training_stops_early_says_why_and_selection_json_records_the_rule(shapes_data, tmp_path, monkeypatch, capsys):
+    run = tmp_path / "run"
+    _forced(monkeypatch, [0.40, 0.41, 0.40, 0.42, 0.90, 0.90])  # within noise for 3 epochs after epoch 1
+    train(_cfg(shapes_data, run, epochs=6, patience=3))
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4  # epochs 5-6 never ran
+    decision = json.loads((run / "selection.json").read_text())
+    stopping = decision["early_stopping"]
+    assert stopping["patience"] == 3 and stopping["stopped"] and stopping["stopped_epoch"] == 4
+    assert stopping["reference_epoch"] == 1 and "standard errors" in stopping["rule"]
+    assert decision["last_epoch"] == 4
+    out = capsys.readouterr().out
+    assert "Stopped early after epoch 4 of 6" in out and "did not beat it by more than" in out
+    assert json.loads((run / "config.json").read_text())["train"]["patience"] == 3
+
+    train(_cfg(shapes_data, run, epochs=6, patience=3, resume=True))  # a stopped run stays stopped
+    assert len((run / "metrics.jsonl").read_text().splitlines()) == 4
+    assert json.loads((run / "selection.json").read_text())["early_stopping"]["stopped_epoch"] == 4
+
+
+def test_without_a_stop_selection_json_still_records_patience(shapes_data, tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    _forced(monkeypatch, [0.40, 0.42, 0.41])
+    train(_cfg(shapes_data, run, patience=5))
+    stopping = json.loads((run / "selection.json").read_text())["early_stopping"]
+    assert stopping["patience"] == 5 and stopping["stopped"] is False and "rule" in stopping

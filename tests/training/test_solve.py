@@ -191,7 +191,8 @@ def test_cli_solve_refuses_an_existing_run_without_overwrite(shapes_data, solved
     args = ["solve", "--train-data", str(shapes_data / "train.jsonl"), "--out", str(run), "--model", "tiny",
             "--embed-dim", "8", "--ridge", "0.1", "--device", "cpu"]  # fmt: skip
     assert main(args) == 2
-    assert "overwrite" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "overwrite" in err and "--resume" not in err  # solve has no --resume (issue 26 item 3)
     assert main(args + ["--overwrite"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["embed_dim"] == 8 and config["solver"]["ridge"] == 0.1
@@ -276,12 +277,18 @@ def trained_base(shapes_data, tmp_path):
     return out
 
 
-def test_solve_on_a_run_appends_the_canonical_directions_of_its_served_embeddings(shapes_data, trained_base, tmp_path):
+def test_solve_on_a_run_appends_the_canonical_directions_of_its_served_embeddings(shapes_data, trained_base, tmp_path, capsys):
     from training.evaluate import model_score_embeddings
 
     out = tmp_path / "solved_on"
     result = solve(_solve_cfg(shapes_data, out, model=None, embed_dim=None, run=str(trained_base)))
     config = json.loads((out / "config.json").read_text())
+    # the summary prints, per ridge, the number that picked it and names it (issue 26 item 3)
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "The ridge is picked by validation t2i_r10 averaged over m = 1, 2, 4 and full D" in printed
+    kept = f"{config['solver']['ridge']:g}"
+    for r, value in config["solver"]["ridge_grid_curve_t2i_r10"].items():
+        assert f"{r}: {value:.4f}{' (kept)' if r == kept else ''}" in printed
     assert config["model"]["post_affine"] and config["model"]["head"] == "mlp" and config["model"]["importance"] == "softplus"
     assert config["solver"]["run"] == str(trained_base.resolve())
     curve = config["solver"]["ridge_grid_curve_t2i_r10"]  # the ridge is picked by the curve's mean, not by full D

@@ -124,7 +124,7 @@ def test_nan_loss_stops_without_writing_a_checkpoint(shapes_data, tmp_path, monk
 def test_bad_settings_are_user_errors(shapes_data, tmp_path):
     with pytest.raises(UserError, match="batch-size"):
         train(_cfg(shapes_data, tmp_path / "a", batch_size=1))
-    with pytest.raises(UserError, match="no such data source"):
+    with pytest.raises(UserError, match="data source not found"):
         train(_cfg(shapes_data, tmp_path / "b", train_data=str(tmp_path / "missing.jsonl")))
     with pytest.raises(UserError, match="--loss"):
         train(_cfg(shapes_data, tmp_path / "c", loss="no-such-loss"))

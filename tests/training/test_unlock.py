@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-import retrieval.split as split
+import retrieval.unlock as unlock
 import training.train as training_train
 from retrieval.errors import UserError
 from training.train import TrainConfig, train
@@ -20,7 +20,7 @@ class _Counter:
         self.tops: set[int] = set()
         self.bottom_calls = 0  # calls of any module that belongs to a frozen bottom
         self.top_calls = 0  # calls of a top
-        real = split.split_tower
+        real = unlock.split_tower
 
         def counted(tower, n):
             bottom, top = real(tower, n)
@@ -28,7 +28,7 @@ class _Counter:
             self.tops.add(id(top))
             return bottom, top
 
-        monkeypatch.setattr(split, "split_tower", counted)
+        monkeypatch.setattr(unlock, "split_tower", counted)
         self.after_eval: list[int] = []  # bottom_calls after each epoch's evaluation
         real_eval = training_train.eval_caches
 

@@ -128,12 +128,16 @@ def _split_lite_image(tower, n: int):
     return _Part(bottom, low), _Part(top, high)
 
 
-def _bert_mask(bert, mask: torch.Tensor, hidden: torch.Tensor):
-    """The attention mask BERT's layers take, made as ``BertModel.forward`` makes it."""
-    return bert._create_attention_masks(
-        attention_mask=mask, encoder_attention_mask=None, embedding_output=hidden,
-        encoder_hidden_states=None, past_key_values=None,
-    )[0]
+def _bert_mask(mask: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """BERT's additive attention mask from a (B, L) padding mask: (B, 1, 1, L), 0 where a token is attended
+    and the dtype's lowest value where it is padding.
+
+    The project's own few lines rather than ``BertModel``'s private mask builder (renamed in transformers
+    5.24): an additive float mask is what both the eager and the SDPA attention of ``BertLayer`` take.
+    ``tests/retrieval/test_unlock_towers.py`` checks the split tower against the tower's own forward.
+    """
+    keep = mask[:, None, None, :].to(hidden.dtype)  # (B, 1, 1, L)
+    return (1.0 - keep) * torch.finfo(hidden.dtype).min
 
 
 def _split_lite_text(tower, n: int):
@@ -147,14 +151,14 @@ def _split_lite_text(tower, n: int):
         ids = tokens["input_ids"]
         mask = tokens.get("attention_mask", torch.ones_like(ids))
         x = bert.embeddings(input_ids=ids, token_type_ids=tokens.get("token_type_ids"))
-        extended = _bert_mask(bert, mask, x)
+        extended = _bert_mask(mask, x)
         for layer in layers[:cut]:
             x = layer(x, extended)
         return {"hidden": x, "mask": mask}
 
     def top(h):  # {"hidden": (B, L, H), "mask": (B, L)} -> (B, H)
         x, mask = h["hidden"], h["mask"]
-        extended = _bert_mask(bert, mask, x)
+        extended = _bert_mask(mask, x)
         for layer in layers[cut:]:
             x = layer(x, extended)
         return mean_pool(x, mask)

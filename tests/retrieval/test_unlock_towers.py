@@ -6,7 +6,7 @@ from PIL import Image
 
 from retrieval.errors import UserError
 from retrieval.model import ModelConfig, build_model
-from retrieval.split import augment, epoch_views, partly_lock, split_tower, tower_groups
+from retrieval.unlock import augment, epoch_views, partly_lock, split_tower, tower_groups
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +46,18 @@ def test_lite_split_equals_tower(lite):
 
 
 @torch.no_grad()
-def test_lite_text_top_ignores_extra_padding(lite):
-    """The cache pads captions to the longest of the data: the top must give the same features."""
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_lite_text_top_ignores_extra_padding(lite, attention):
+    """The cache pads captions to the longest of the data: the top must give the same features,
+    with either of BERT's attention kernels (our additive mask is what both take)."""
+    lite.text_tower.bert.set_attn_implementation(attention)
     tokens = lite.tokenize(CAPTIONS)
     padded = {k: torch.nn.functional.pad(v, (0, 7)) for k, v in tokens.items()}
     bottom, top = split_tower(lite.text_tower, 2)
-    torch.testing.assert_close(top(bottom(padded)), lite.text_tower(tokens), rtol=1e-4, atol=1e-4)
+    try:
+        torch.testing.assert_close(top(bottom(padded)), lite.text_tower(tokens), rtol=1e-4, atol=1e-4)
+    finally:
+        lite.text_tower.bert.set_attn_implementation("sdpa")
 
 
 def test_lite_image_top_group_is_the_head_conv(lite):
@@ -108,7 +114,7 @@ def test_lite_image_bottom_cache_is_computed_fast_and_matches_eager(lite, tmp_pa
 
     from retrieval import accel
     from retrieval.data import load_pairs
-    from retrieval.split import image_bottom_outputs, splits
+    from retrieval.unlock import image_bottom_outputs, splits
 
     monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
     lines = []

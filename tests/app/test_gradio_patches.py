@@ -1,0 +1,66 @@
+"""``app.gradio_patches`` against the installed Gradio: each override still replaces what it was written for.
+
+No server: the components and the Blocks are made here and their methods called directly. The
+internals they replace are named and their signatures checked in test_gradio_internals.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import gradio as gr
+import pytest
+from gradio.data_classes import FileData
+from gradio.utils import get_upload_folder
+
+from app.gradio_patches import GRADIO_VERSION, gallery_wire, guard_inputs, loose, query_image, result_gallery
+
+ROOT = Path(__file__).resolve().parents[2]
+URLS = [("http://127.0.0.1:7860/triclip/image/12", "0.512 · a cat"), ("http://127.0.0.1:7860/triclip/image/3", "x")]
+
+
+def test_the_version_recorded_is_the_one_installs_pin():
+    """GRADIO_VERSION moves with constraints.txt; the names and signatures themselves: test_gradio_internals.py."""
+    pins = dict(line.split("==") for line in (ROOT / "constraints.txt").read_text().split() if "==" in line)
+    assert pins["gradio"] == GRADIO_VERSION
+
+
+def test_result_gallery_serialises_url_results_as_gradio_does():
+    with gr.Blocks():
+        ours, theirs = result_gallery(label="a"), gr.Gallery(label="b")
+    assert ours.postprocess(URLS).model_dump() == theirs.postprocess(URLS).model_dump()
+    assert ours.postprocess([]).model_dump() == theirs.postprocess([]).model_dump() == []
+    assert ours.postprocess(None).model_dump() == []  # anything else: Gradio's own code
+    assert gallery_wire(URLS) == theirs.postprocess(URLS).model_dump()  # what the text search sends, built directly
+
+
+def test_query_image_passes_an_upload_undecoded_and_refuses_a_server_path():
+    with gr.Blocks():
+        image = query_image(label="q")
+    upload = os.path.join(get_upload_folder(), "abc", "not-an-image.png")  # never opened: no file needed
+    assert image.preprocess(FileData(path=upload)) == upload
+    assert image.preprocess(None) is None
+    with pytest.raises(gr.Error, match="must be uploaded"):
+        image.preprocess(FileData(path="/etc/passwd"))
+
+
+def test_loose_lets_a_value_through_that_the_component_refuses():
+    with pytest.raises(gr.Error):
+        gr.Radio([8, 16]).preprocess("99")  # what the override is for
+    assert loose(gr.Radio([8, 16])).preprocess("99") == "99"
+    assert loose(gr.Slider(1, 100)).preprocess("7") == "7"
+
+
+def test_guard_inputs_names_the_endpoint_and_its_inputs():
+    with gr.Blocks() as blocks:
+        text, m = gr.Textbox(label="query"), gr.Radio([8, 16], label="m")
+        gr.Button().click(lambda q, k: q, [text, m], text, api_name="echo")
+    block_fn = next(iter(blocks.fns.values()))
+    with pytest.raises(Exception) as plain:  # Gradio's own: a bare exception (the client sees {"error": null})
+        asyncio.run(blocks.preprocess_data(block_fn, ["x"], None))
+    assert not isinstance(plain.value, gr.Error)
+    guard_inputs(blocks)
+    with pytest.raises(gr.Error, match=r"malformed request to /echo \(inputs: query, m\)"):
+        asyncio.run(blocks.preprocess_data(block_fn, ["x"], None))
