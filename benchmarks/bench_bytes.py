@@ -10,7 +10,7 @@ Usage::
 DIR's train / val / test splits with it, and serves them as the index does (``sqrt(w) * z`` in importance order,
 L2-normalised, signs anchored on the train images; cached in ``RUN/served.npz``). Every code is fitted on the
 train split's image vectors and measured on the test split: its gallery is the test images, its queries the test
-split's distinct texts (SPEC "Metrics"), scored as the code scores them (``Codec.search``); t2i R@1 / R@10.
+split's distinct texts (docs/CONTRACT.md, "Metrics"), scored as the code scores them (``Codec.search``); t2i R@1 / R@10.
 
 Rows (bytes = what a vector costs in memory):
 
