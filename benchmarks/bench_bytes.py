@@ -10,7 +10,7 @@ Usage::
 DIR's train / val / test splits with it, and serves them as the index does (``sqrt(w) * z`` in importance order,
 L2-normalised, signs anchored on the train images; cached in ``RUN/served.npz``). Every code is fitted on the
 train split's image vectors and measured on the test split: its gallery is the test images, its queries the test
-split's distinct texts (docs/CONTRACT.md "Metrics"), scored as the code scores them (``Codec.search``); t2i R@1 / R@10.
+split's distinct texts (docs/CONTRACT.md, "Metrics"), scored as the code scores them (``Codec.search``); t2i R@1 / R@10.
 
 Rows (bytes = what a vector costs in memory):
 
@@ -265,7 +265,8 @@ def table(per_seed: list[dict], metric: str = "r10") -> str:
     budgets = sorted({int(b) for r in per_seed for name, row in r.items() if name != "float32 full D" for b in row})
     full = [next(iter(r["float32 full D"].values()))[metric] for r in per_seed]
     lines = ["| method | " + " | ".join(f"{b} B" for b in budgets) + " |", "|---|" + "---:|" * len(budgets)]
-    for name in dict.fromkeys(n for r in per_seed for n in r if n != "float32 full D"):
+    names = {n for r in per_seed for n in r if n != "float32 full D"}
+    for name in [n for n in SHOWN if n in names] + sorted(names - set(SHOWN)):
         cells = []
         for b in budgets:
             vals = [r[name][str(b)][metric] for r in per_seed if str(b) in r.get(name, {})]
@@ -321,7 +322,7 @@ def plot(files: list[str], png: str) -> None:
             sd = [statistics.stdev(v) if len(v) > 1 else 0 for v in vals]
             ls = "--" if name.startswith(("ST", "PCA")) else ":" if "rescore" in name else "-"
             ax.errorbar(budgets, [statistics.mean(v) for v in vals], yerr=sd, marker="o", ms=3, capsize=2, ls=ls,
-                        label=name, color=plt.get_cmap("tab20")(n))  # fmt: skip
+                        label=name, color=plt.get_cmap("tab20")(2 * n % 20 + (n >= 10)))  # fmt: skip
         full = [next(iter(r["float32 full D"].values()))["r10"] for r in per_seed]
         ax.axhline(statistics.mean(full), color="k", lw=0.8, label=f"float32 full D ({saved['dim'] * 4} B)")
         ax.set_xscale("log", base=2)

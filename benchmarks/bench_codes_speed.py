@@ -140,6 +140,9 @@ def main(argv=None) -> int:
             cells += [f"{r['code_mb'] / ref['code_mb']:.3f}", f"{r['single_ms'] / ref['single_ms']:.2f}",
                       f"{r['batch_qps'] / ref['batch_qps']:.2f}"]  # fmt: skip
         print("| " + " | ".join(cells) + " |")
+    with open("/proc/self/status") as f:
+        peak = next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), float("nan"))
+    print(f"\npeak resident memory of the whole run (VmHWM): {peak:.0f} MB")
     if ns.json:
         from retrieval.io import write_json_atomic
 

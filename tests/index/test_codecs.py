@@ -32,7 +32,7 @@ def data():
 
 
 # one small spec per codec (the PQ / OPQ ones keep training quick)
-SPECS = [
+CODEC_SPECS = [
     codecs.CodecSpec("float32", 8, 32),
     codecs.CodecSpec("int8", 24, 24),
     codecs.CodecSpec("binary", 32, 4),
@@ -46,7 +46,7 @@ SPECS = [
 def fitted(data):
     x, _ = data
     out = {}
-    for spec in SPECS:
+    for spec in CODEC_SPECS:
         codec = codecs.fit(spec, x)
         codec.add(x[:300])
         codec.add(x[300:])  # two adds: ids continue
