@@ -8,7 +8,7 @@
    ``WORKDIR/mrl``); the exact optimum of triCL's Eq. 6 on the embeddings it serves
    (``triclip solve --run``: regularised CCA, ridge picked on val, ``WORKDIR/solved``), whose
    canonical correlations are the importance S; then 10 gentle epochs of ``tricl`` nested on S's
-   order from that solution (``WORKDIR/run``, ``TUNE``). Against MRL's prefix on the test splits it is
+   order from that solution (``WORKDIR/run``); the three steps: ``training.config`` ``MRL_STEP``, ``TUNE_STEP``. Against MRL's prefix on the test splits it is
    level at m = 16 and above at m = 32 and full D on openclipart (10 seeds), above at m = 16 and
    32 on Tux Paint and fashion-mnist (docs/results.md, "Eq. 6 solved on a trained run's
    embeddings"); unlike MRL it has a spectrum to show;
@@ -38,9 +38,9 @@ from pathlib import Path
 
 from retrieval.data.builtin import prepare
 from retrieval.errors import UserError
-from retrieval.io import folder_done, folder_kind, read_json, write_json_atomic, writing
+from retrieval.io import folder_done, folder_kind, read_json, write_json_atomic, write_mark, writing
 from retrieval.run import METRICS, read_config
-from training.config import recipe_for
+from training.config import MRL_STEP, TUNE_STEP, recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
 PREVIOUS_RUN = "previous-run"  # an older demo's run, moved aside when the recipe changed
@@ -73,6 +73,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     work = Path(cfg.workdir).absolute()  # the index records the run's path: absolute, so it opens from anywhere
     finished = folder_done(work, "demo")  # the last build got to its end (before this one marks it unfinished)
     with writing(work, "demo", reuse=True, option="--workdir", stage=False):
+        write_mark(work, "demo", done=False)  # until this build gets to its end (a kill: the next one checks)
         result = _build(cfg, work, finished)
     print(f"demo ready in {time.perf_counter() - started:.0f} s", flush=True)
     if cfg.serve:
@@ -95,7 +96,7 @@ def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
     _step(2, f"lite (locked, cached towers): MRL in {mrl}, Eq. 6 solved on it in {solved}, tricl from there in {run}")
     upstream = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)  # MRL, then the solve, anew
     if upstream:
-        _train(cfg, data, mrl, overwrite=stale)
+        _train(cfg, data, mrl, overwrite=stale, **MRL_STEP)
     if upstream or not folder_done(solved, "run"):  # done: its last file, not its weights
         upstream = True
         _solve(data, mrl, solved, overwrite=folder_done(solved, "run"))
@@ -107,9 +108,9 @@ def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
         shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
         os.replace(run, previous)
         print(f"the demo's run was made with an older recipe: moved to {previous}, training again", flush=True)
-    redo = upstream or not _trained(run, TUNE["epochs"])
+    redo = upstream or not _trained(run, TUNE_STEP["epochs"])
     if redo:  # an unfinished run of the recipe resumes from its checkpoint
-        _train(cfg, data, run, init=solved, overwrite=upstream and folder_kind(run) == "run", **TUNE)
+        _train(cfg, data, run, init=solved, overwrite=upstream and folder_kind(run) == "run", **TUNE_STEP)
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
     _step(4, f"index folder at m = {','.join(map(str, cfg.dims))}, codes of {','.join(map(str, cfg.bytes)) or 'no'} bytes, in {index}")
@@ -140,17 +141,12 @@ def _trained(run: Path, epochs: int) -> bool:
     return folder_done(run, "run") and path.exists() and len(path.read_text().splitlines()) >= epochs
 
 
-# the last step of the demo's recipe (benchmarks.results variant mrl_solved_tricl): from the solved run, the
-# tri-factor InfoNCE (z_x^T S z_y logits) nested on S's order, S started at the canonical correlations
-TUNE = dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10, lr=1e-4)
-
-
 def _demo_recipe(run: Path, solved: Path) -> bool:
-    """Whether ``run`` was trained with TUNE from ``solved`` (older demos: MRL alone, or tricl from a tower solve)."""
+    """Whether ``run`` was trained with TUNE_STEP from ``solved`` (older demos: MRL alone, or tricl from a tower solve)."""
     config = read_config(run)  # a damaged config.json is one line (UserError), not a traceback
     init = config.get("train", {}).get("init")
     from_solved = init is not None and Path(init) == solved
-    return from_solved and config["model"].get("post_affine", False) and config.get("loss") == TUNE["loss"]
+    return from_solved and config["model"].get("post_affine", False) and config.get("loss") == TUNE_STEP["loss"]
 
 
 def _train(cfg: DemoConfig, data: Path, out: Path, init: Path | None = None, overwrite: bool = False, **recipe) -> None:

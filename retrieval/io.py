@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import json
 import os
 import re
@@ -425,8 +426,8 @@ def writing(
     made = not root.exists()
     with folder_lock(root, timeout), _unmade_on_error(root, made):
         found = claim_output_dir(root, kind, overwrite, reuse, option)  # what the writer before us left
-        for leftover in root.parent.glob(f".{glob_escape(root.name)}.new-*"):  # killed replacements
-            if read_mark(leftover) is not None:
+        for leftover in root.parent.glob(f".{glob.escape(root.name)}.new-*"):  # killed replacements
+            if read_mark(leftover) is not None or not any(leftover.iterdir()):
                 _rmtree(leftover)
         target = temp_dir(root.parent, f".{root.name}.new-") if stage and found and not reuse else root
         try:
@@ -455,12 +456,6 @@ def _unmade_on_error(root: Path, made: bool) -> Iterator[None]:
                     (root / LOCK).unlink(missing_ok=True)
                     root.rmdir()
         raise
-
-
-def glob_escape(name: str) -> str:
-    import glob
-
-    return glob.escape(name)
 
 
 def _swap_back(root: Path) -> None:

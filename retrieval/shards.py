@@ -1,6 +1,6 @@
 """``triclip embed``: a data source embedded into numbered shards, resumable, one rank per shard.
 
-The folder (SPEC "Embeddings")::
+The folder (docs/CONTRACT.md "Embeddings")::
 
     EMB/manifest.json              run, fingerprint, data fingerprint, shard size, D, dtype, the
                                    compact transform (importance order, sqrt(w), sign fix)
@@ -98,15 +98,20 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     together = False  # every rank stands at the same point, so leaving the group can wait for the others
     held = contextlib.ExitStack()  # rank 0: the folder's lock and mark (retrieval.io.writing), for the whole run
     try:
-        on_rank0(world, rank, lambda: held.enter_context(
-            writing(cfg.out, "embeddings", overwrite=cfg.overwrite, reuse=True, stage=False)))  # fmt: skip
+        where = [Path(cfg.out)]  # alone, an --overwrite is written beside and swapped in at the end
+
+        def claim() -> None:
+            where[0] = held.enter_context(writing(cfg.out, "embeddings", overwrite=cfg.overwrite,
+                                                  reuse=not cfg.overwrite, stage=world == 1))  # fmt: skip
+
+        on_rank0(world, rank, claim)
         pairs = load_pairs(cfg.data, cfg.data_config or DataConfig())  # bad data fails before the model loads
         device = _device(cfg.device)
         model, run_config = load_run(cfg.run, device)
         fingerprint = run_fingerprint(cfg.run)
         cache = existing_locked_outputs(model, pairs)  # a locked tower's outputs, if training cached this data
         num_shards = math.ceil(len(pairs.records) / cfg.shard_size)
-        out = Path(cfg.out)
+        out = where[0]
         on_rank0(world, rank, _prepare_folder, cfg, out, model, run_config, fingerprint, pairs, num_shards, device, cache)
         manifest = read_manifest(out)
         transform = CompactTransform.from_dict(manifest["transform"])
@@ -124,7 +129,8 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
         summary.update(rank=rank, world=world, written=len(todo), reused=len(mine) - len(todo))
         summary["seconds"] = round(time.perf_counter() - started, 2)
         together = True
-        held.close()  # every shard written: the mark says done
+        held.close()  # every shard written: the mark says done (and a replacement is swapped in)
+        summary["embeddings"] = str(Path(cfg.out).absolute())
         return summary
     except EveryRankError:
         together = True

@@ -30,5 +30,10 @@ listed with their tests instead of being copied.
   routes: tests/app/test_app_files.py, tests/app/test_app.py.
 - App bad inputs (item 5): tests/app/test_app_robust.py.
 
+- The third trial (issue 28, "Nothing lost"): test_nothing_lost.py (the demo's own folder, reads that
+  never delete, killed commands run again, atomic --overwrite, --init after a kill, versioned image
+  URLs, a full 5 MB disk and permissions, one writer per folder, values that make nonsense, modes and
+  the network); test_kill_matrix.py runs scripts/kill_matrix.py (slow).
+
 Everything runs on tiny synthetic data (conftest.py); the slow ones are marked.
 """

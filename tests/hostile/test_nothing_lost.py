@@ -78,6 +78,32 @@ def test_a_damaged_eval_json_is_one_line(tmp_path, shapes, tiny_run, text):
     assert saved.read_text() == text
 
 
+def test_a_demo_killed_mid_solve_solves_again(tmp_path, shapes, tiny_run, monkeypatch):
+    """Its rerun used to skip the solve because model.safetensors existed, then train --init refused: stuck."""
+    import shutil
+
+    import app.demo as demo
+
+    work = tmp_path / "w"
+    work.mkdir()
+    (work / ".triclip.json").write_text('{"kind": "demo", "done": false}')  # a folder the demo made
+    data = copy_tree(shapes, work / "data")
+    shutil.copy(data / "val.jsonl", data / "test.jsonl")
+    mrl = copy_tree(tiny_run, work / "mrl")
+    (mrl / "metrics.jsonl").write_text('{"epoch": 1}\n{"epoch": 2}\n')  # MRL trained, its 2 epochs
+    solved = work / "solved"
+    solved.mkdir()
+    (solved / ".triclip.json").write_text('{"kind": "run", "done": false}')  # the solve's mark, written first
+    shutil.copy(tiny_run / "model.safetensors", solved)  # killed after its weights, before config.json
+    calls = []
+    monkeypatch.setattr(demo, "_train", lambda cfg, data, out, **kw: calls.append(("train", out.name)))
+    monkeypatch.setattr(demo, "_solve", lambda data, mrl, solved, overwrite=False: calls.append(("solve", overwrite)))
+    monkeypatch.setattr(demo, "_evaluate", lambda *a: {})
+    monkeypatch.setattr(demo, "_index", lambda *a, **k: calls.append(("index",)))
+    demo.run_demo(demo.DemoConfig(workdir=str(work), serve=False, epochs=2))
+    assert calls[:2] == [("solve", False), ("train", "run")]  # solved again (no --overwrite needed), then tuned
+
+
 # ---------------------------------------------------------------------------- items 3 and 4: killed, then run again
 
 class Killed(BaseException):
@@ -436,3 +462,15 @@ def test_an_image_url_of_a_version_not_served_is_404(tmp_path, built_index):
             assert "max-age" not in answer.headers.get("cache-control", "")
         plain = httpx.get(f"{url}triclip/image/0", timeout=30)  # no version: the live one, not to be kept
         assert plain.status_code == 200 and "max-age" not in plain.headers.get("cache-control", "")
+
+
+def test_a_split_that_filled_the_disk_runs_again(cli, tmp_path, shapes, small_disk):
+    disk = small_disk(leave=8 << 10)
+    out = disk / "out"
+    status, _, err = cli("data", "split", shapes / "train.jsonl", "--out", out)
+    line = one_line_error(status, err)
+    assert "disk full" in line or "No space left" in line
+    (disk / "filler").unlink()
+    status, _, err = cli("data", "split", shapes / "train.jsonl", "--out", out)  # no "files triclip did not write"
+    assert status == 0, err
+    assert (out / "train.jsonl").is_file() and json.loads((out / ".triclip.json").read_text())["done"] is True
