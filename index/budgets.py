@@ -25,7 +25,6 @@ from retrieval.progress import progress
 
 FIT_ROWS = 20_000  # collection vectors a code is fitted on (a seeded sample beyond)
 EVAL_MAX_IMAGES = 5000  # without --val-data: the indexed data's first this many images
-OPQ_MIN_ROWS = 256  # OPQ below this many training vectors (nbits lowered) crashed FAISS at D=256 (n=190, 255); skipped
 K = 10  # recall@K
 
 
@@ -89,8 +88,6 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     best, tried = None, []
     for spec in progress(specs, desc=f"codes of {budget} B", unit="code", disable=None):
         try:
-            if spec.codec == "opq" and len(sample) < OPQ_MIN_ROWS:  # FAISS aborts the process (heap corruption)
-                raise UserError(f"OPQ needs at least {OPQ_MIN_ROWS} vectors to train here, the collection has {len(sample)}")
             codec = codecs.fit(spec, sample)
         except UserError as err:  # e.g. too few vectors for this code: it is not a candidate here
             tried.append({"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector,

@@ -356,6 +356,8 @@ def _faiss_parts(spec: CodecSpec, n: int):
     inner.pq.cp.min_points_per_centroid = 1  # small collections: train anyway, without a warning per k-means
     if spec.codec == "pq":
         return spec, inner, None
+    if nbits < 8:  # FAISS 1.15's OPQMatrix corrupts the heap (the process aborts) training codes under 8 bits
+        raise UserError(f"{spec.label()} needs at least 256 training vectors (8-bit codes), got {n}")
     rotation = faiss.OPQMatrix(spec.m, sub)
     rotation.niter = OPQ_ITERATIONS
     own_pq = faiss.ProductQuantizer(spec.m, sub, nbits)  # OPQ's own k-means at the nbits the data allows
