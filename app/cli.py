@@ -195,8 +195,9 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     }
     off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
     choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
-    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"])  # from --init
-    p._option_string_actions["--train-data"].required = False  # --resume reads it from the run (training.train)
+    optional = {"train_data": {"required": False}}  # --resume reads it from the run (training.train)
+    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"],  # from --init
+                overrides=optional)
     p.epilog = recipe_table()
     p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 
@@ -214,8 +215,8 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
     from app.options import add_options
     from index.config import IndexBuildConfig
 
-    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
-    p._option_string_actions["--no-text-index"].help = "index the images only: no caption vectors (no image->text search)"
+    text = {"text_index": {"help": "index the images only: no caption vectors (no image->text search)"}}
+    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"], overrides=text)
     p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
 
 
