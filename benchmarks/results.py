@@ -105,6 +105,11 @@ VARIANTS: dict[str, dict] = {
     # and trained on from there (train --init: heads and maps train, S starts at the canonical correlations) under
     # the tri-factor InfoNCE nested on S's order: a short, gentle pass (10 epochs at lr 1e-4, whatever --steps says)
     "mrl_solved_tricl": dict(init_from="mrl_solved", **TUNE_STEP, max_steps=None),  # the demo's third step
+    # the same step nested the other way: tricl's own terms at each prefix (MatryoshkaLoss), not InfoNCE's
+    "mrl_solved_tricl_inner": dict(
+        init_from="mrl_solved", **{**TUNE_STEP, "loss_options": {**TUNE_STEP["loss_options"], "nested_by": "inner"}},
+        max_steps=None,
+    ),
 }
 EXPERIMENTS = {
     "compact": ["infonce", "mrl", "tricl", "tricl_nonest", "tricl_flat", "contrastive", "triplet", "sigmoid"],
@@ -152,6 +157,7 @@ CURVE_ROWS = [
     ("infonce_solved", "importance", "infonce, then Eq. 6 solved on its embeddings, S order"),
     ("mrl_solved_tricl", "importance", "MRL, then solved, then tricl nested on S (10 epochs), S order"),
     ("mrl_solved_tricl", "pca", "MRL, then solved, then tricl nested on S, PCA m"),
+    ("mrl_solved_tricl_inner", "importance", "the same, nested by tricl's own terms (nested_by=inner), S order"),
 ]
 
 
