@@ -33,15 +33,15 @@ def _print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def _parse_dims(text: str | None) -> list[int]:
+def _parse_dims(text: str | None, option: str = "--dims") -> list[int]:
     if not text:
         return []
     try:
         dims = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise UserError(f"--dims expects comma-separated integers, got {text!r}") from None
+        raise UserError(f"{option} expects comma-separated integers, got {text!r}") from None
     if any(d <= 0 for d in dims):
-        raise UserError(f"--dims must be positive, got {text!r}")
+        raise UserError(f"{option} must be positive, got {text!r}")
     return dims
 
 
@@ -195,8 +195,9 @@ def _train_options(p: argparse.ArgumentParser) -> None:
     }
     off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
     choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
-    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"])  # from --init
-    p._option_string_actions["--train-data"].required = False  # --resume reads it from the run (training.train)
+    optional = {"train_data": {"required": False}}  # --resume reads it from the run (training.train)
+    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"],  # from --init
+                overrides=optional)
     p.epilog = recipe_table()
     p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 
@@ -214,8 +215,8 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
     from app.options import add_options
     from index.config import IndexBuildConfig
 
-    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"])
-    p._option_string_actions["--no-text-index"].help = "index the images only: no caption vectors (no image->text search)"
+    text = {"text_index": {"help": "index the images only: no caption vectors (no image->text search)"}}
+    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"], overrides=text)
     p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
 
 
@@ -431,6 +432,8 @@ def cmd_demo(ns: argparse.Namespace) -> int:
         cfg.epochs = ns.epochs
     if ns.dims:
         cfg.dims = _parse_dims(ns.dims)
+    if ns.bytes is not None:
+        cfg.bytes = _parse_dims(ns.bytes, "--bytes") if ns.bytes.strip() else []
     run_demo(cfg)
     if cfg.serve:  # served until stopped
         _leave_after_serving(0)
@@ -572,6 +575,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--num", type=int, default=None, help="use at most N openclipart records (a quick look)")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: 40)")
     p.add_argument("--dims", default=None, help="m's of the index folder, e.g. 16,32,64,256 (the default)")
+    p.add_argument("--bytes", default=None,
+                   help="byte budgets of the index's codes (default 8,16,32: 92/96/99%% of full-D recall, docs/results_bytes.md); '' for none")
     p.set_defaults(func=cmd_demo)
     return parser
 

@@ -8,13 +8,16 @@
    ``WORKDIR/mrl``); the exact optimum of triCL's Eq. 6 on the embeddings it serves
    (``triclip solve --run``: regularised CCA, ridge picked on val, ``WORKDIR/solved``), whose
    canonical correlations are the importance S; then 10 gentle epochs of ``tricl`` nested on S's
-   order from that solution (``WORKDIR/run``, ``TUNE``). Against MRL's prefix on the test splits it is
+   order from that solution (``WORKDIR/run``); the three steps: ``training.config`` ``MRL_STEP``, ``TUNE_STEP``. Against MRL's prefix on the test splits it is
    level at m = 16 and above at m = 32 and full D on openclipart (10 seeds), above at m = 16 and
    32 on Tux Paint and fashion-mnist (docs/results.md, "Eq. 6 solved on a trained run's
    embeddings"); unlike MRL it has a spectrum to show;
 3. evaluate on the held-out test split, with the compact curve (recall@10 against m);
 4. index every image (train, val, test) at several m in one folder (``WORKDIR/index``),
-   reusing the cached tower outputs, with the recall-against-m curves measured on val;
+   reusing the cached tower outputs, with the recall-against-m curves measured on val, and
+   compact codes at 8, 16 and 32 bytes per image (``index build --bytes``: per budget the code
+   with the best recall measured on val). These budgets are where the evidence puts the knee
+   (docs/results_bytes.md, openclipart, 3 seeds: 92% / 96% / 99% of full-D test recall at 8 / 16 / 32 B);
 5. serve the search app (``triclip app``) until Ctrl-C.
 
 Each step is skipped when its output is finished (its folder's mark says done), so a second run
@@ -37,7 +40,7 @@ from retrieval.data.builtin import prepare
 from retrieval.errors import UserError
 from retrieval.io import folder_done, folder_kind, read_json, write_json_atomic, write_mark, writing
 from retrieval.run import METRICS, read_config
-from training.config import recipe_for
+from training.config import MRL_STEP, TUNE_STEP, recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
 PREVIOUS_RUN = "previous-run"  # an older demo's run, moved aside when the recipe changed
@@ -52,6 +55,8 @@ class DemoConfig:
     embed_dim: int = 256  # D
     dims: list[int] = field(default_factory=lambda: [16, 32, 64, 256])  # the m's of the index folder (training
     # evaluates the compact curve at D/16, D/8, D/4, so the app shows the recall measured at each of these)
+    bytes: list[int] = field(default_factory=lambda: [8, 16, 32])  # byte budgets of the index's codes (92/96/99% of
+    # full-D recall, docs/results_bytes.md); each stores the code with the best recall measured on val
     serve: bool = True  # start the app at the end (False: build everything and return)
     num: int | None = None  # cap on openclipart records (None: all 8,121; tests use a few hundred)
 
@@ -91,7 +96,7 @@ def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
     _step(2, f"lite (locked, cached towers): MRL in {mrl}, Eq. 6 solved on it in {solved}, tricl from there in {run}")
     upstream = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)  # MRL, then the solve, anew
     if upstream:
-        _train(cfg, data, mrl, overwrite=stale)
+        _train(cfg, data, mrl, overwrite=stale, **MRL_STEP)
     if upstream or not folder_done(solved, "run"):  # done: its last file, not its weights
         upstream = True
         _solve(data, mrl, solved, overwrite=folder_done(solved, "run"))
@@ -103,17 +108,28 @@ def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
         shutil.rmtree(previous, ignore_errors=True)  # the demo's own copy of an even older run
         os.replace(run, previous)
         print(f"the demo's run was made with an older recipe: moved to {previous}, training again", flush=True)
-    redo = upstream or not _trained(run, TUNE["epochs"])
+    redo = upstream or not _trained(run, TUNE_STEP["epochs"])
     if redo:  # an unfinished run of the recipe resumes from its checkpoint
-        _train(cfg, data, run, init=solved, overwrite=upstream and folder_kind(run) == "run", **TUNE)
+        _train(cfg, data, run, init=solved, overwrite=upstream and folder_kind(run) == "run", **TUNE_STEP)
     _step(3, "test recall@10 (t2i) against m")
     metrics = _evaluate(cfg, data, run, work / EVAL)
-    _step(4, f"index folder at m = {','.join(map(str, cfg.dims))} in {index}")
+    _step(4, f"index folder at m = {','.join(map(str, cfg.dims))}, codes of {','.join(map(str, cfg.bytes)) or 'no'} bytes, in {index}")
+    redo = redo or (folder_done(index, "index") and _budgets(index) != sorted(cfg.bytes))  # an older demo's index
     if redo or not folder_done(index, "index"):
         _index(cfg, data, run, index, overwrite=redo and folder_kind(index) == "index")  # keeps one rollback
     elif not finished:  # a build killed between the index's train split and its val / test additions
         _add_splits(data, run, index)
     return {"data": str(data), "run": str(run), "index": str(index), "metrics": metrics}
+
+
+def _budgets(index: Path) -> list[int] | None:
+    """The byte budgets the live version of the demo's index holds (None: unreadable)."""
+    from index.store import read_manifest
+
+    try:
+        return sorted(int(b) for b in read_manifest(index).get("budgets") or {})
+    except UserError:
+        return None
 
 
 def _step(n: int, text: str) -> None:
@@ -125,17 +141,12 @@ def _trained(run: Path, epochs: int) -> bool:
     return folder_done(run, "run") and path.exists() and len(path.read_text().splitlines()) >= epochs
 
 
-# the last step of the demo's recipe (benchmarks.results variant mrl_solved_tricl): from the solved run, the
-# tri-factor InfoNCE (z_x^T S z_y logits) nested on S's order, S started at the canonical correlations
-TUNE = dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10, lr=1e-4)
-
-
 def _demo_recipe(run: Path, solved: Path) -> bool:
-    """Whether ``run`` was trained with TUNE from ``solved`` (older demos: MRL alone, or tricl from a tower solve)."""
+    """Whether ``run`` was trained with TUNE_STEP from ``solved`` (older demos: MRL alone, or tricl from a tower solve)."""
     config = read_config(run)  # a damaged config.json is one line (UserError), not a traceback
     init = config.get("train", {}).get("init")
     from_solved = init is not None and Path(init) == solved
-    return from_solved and config["model"].get("post_affine", False) and config.get("loss") == TUNE["loss"]
+    return from_solved and config["model"].get("post_affine", False) and config.get("loss") == TUNE_STEP["loss"]
 
 
 def _train(cfg: DemoConfig, data: Path, out: Path, init: Path | None = None, overwrite: bool = False, **recipe) -> None:
@@ -196,7 +207,8 @@ def _index(cfg: DemoConfig, data: Path, run: Path, index: Path, overwrite: bool 
     val = str(data / "val.jsonl")
     build_index(
         IndexBuildConfig(
-            run=str(run), data=str(data / "train.jsonl"), val_data=val, out=str(index), dims=cfg.dims, overwrite=overwrite
+            run=str(run), data=str(data / "train.jsonl"), val_data=val, out=str(index), dims=cfg.dims,
+            bytes=cfg.bytes or None, overwrite=overwrite,
         )
     )
     _add_splits(data, run, index)

@@ -5,7 +5,9 @@
 
 Each public method of :class:`SearchApp` is one named API endpoint of the page
 (``gradio_client``): ``search_text``, ``search_image``, ``more_like_this``,
-``image_to_text``; ``m`` and ``k`` may be numbers or numeric strings. Bad input gives a
+``image_to_text``; ``m`` and ``k`` may be numbers or numeric strings; ``m`` may also name a
+byte budget's codes, e.g. ``"16B"`` (``index build --bytes``), where the funnel re-scores
+the codes' shortlist with the float vectors. Bad input gives a
 message, never a traceback. The indexed images are answered at ``IMAGE_ROUTE``.
 """
 
@@ -185,7 +187,8 @@ class SearchApp:
             return gr.update(value=[], visible=False), ""
         items, _, full_ids = fn(value, view.dim, False, k, request)
         shared = len(set(ids_at_m) & set(full_ids))
-        note = f"**{shared} of {len(ids_at_m)} shared** between the results at m = {m} (above)"
+        at = f"{_budget(m)} B per image" if isinstance(m, str) else f"m = {m}"
+        note = f"**{shared} of {len(ids_at_m)} shared** between the results at {at} (above)"
         note += f" and at full D = {view.dim} (below)"
         return gr.update(value=items, visible=True), note
 
@@ -225,7 +228,7 @@ class SearchApp:
     def _run(self, view, search, m, funnel, k) -> tuple[list[dict], float, str]:
         """Call ``search(k=, m=, funnel=)``; returns (hits of the one query, milliseconds, a description)."""
         m, k = self._check_m(view, m), self._check_k(k)
-        use_funnel = self._check_funnel(funnel) and m < view.dim
+        use_funnel = self._check_funnel(funnel) and m != view.dim
         kwargs = search_kwargs(view, m, k, use_funnel)
         started = time.perf_counter()
         try:
@@ -274,7 +277,12 @@ class SearchApp:
         cache = "public, max-age=86400" if version else "no-cache"
         return Response(content, media_type=why, headers={"Cache-Control": cache})
 
-    def _describe(self, view, m: int, funnel: bool) -> str:
+    def _describe(self, view, m: int | str, funnel: bool) -> str:
+        if isinstance(m, str):  # a budget's codes
+            entry = view.budgets[_budget(m)]
+            recall = f" (recall@10 {entry['recall']:.3f})" if entry.get("recall") is not None else ""
+            what = f"{_budget(m)} B per image: {code_label(entry)}{recall}"
+            return f"{what}, re-scored at D = {view.dim}" if funnel else what
         recall = view.recall.get(m)
         measured = f" (recall@10 {recall:.3f})" if recall is not None else ""
         if funnel:
@@ -282,9 +290,12 @@ class SearchApp:
         return f"m = {m}{' = D' if m == view.dim else ''}{measured}"
 
     @staticmethod
-    def _check_m(view, m) -> int:
+    def _check_m(view, m) -> int | str:
+        """A checked choice: an m the index holds (int), or a byte budget with codes as ``"{B}B"``."""
         if m is None or m == "":
             return view.dim
+        if isinstance(m, str) and m.strip().upper().endswith("B"):
+            return check_budget(view, m.strip()[:-1])
         try:
             m = int(str(m).strip()) if isinstance(m, str) else int(m)
             if isinstance(m, bool):
@@ -330,9 +341,35 @@ class SearchApp:
         return f"⚠️ {message}"
 
 
-def search_kwargs(view, m: int, k: int, funnel: bool) -> dict:
-    """``Searcher.search_*`` arguments for a checked m and k: the full-D index at D, a funnel shortlisting at m."""
+def search_kwargs(view, m: int | str, k: int, funnel: bool) -> dict:
+    """``Searcher.search_*`` arguments for a checked choice and k: the full-D index at D, a funnel shortlisting
+    at m; a budget's codes (``"16B"``), their shortlist re-scored with the float vectors under the funnel."""
+    if isinstance(m, str):
+        return {"k": k, "bytes": _budget(m), "rescore": "float" if funnel else None}
     return {"k": k, "m": None if (funnel or m == view.dim) else m, "funnel": m if funnel else None}
+
+
+def check_budget(view, value) -> str:
+    """A byte budget the index has codes for, as the choice ``"{B}B"``; UserError otherwise."""
+    built = sorted(view.budgets)
+    try:
+        budget = int(str(value).strip())
+    except (TypeError, ValueError):
+        budget = None
+    if budget not in view.budgets:
+        raise UserError(f"bytes must be one of {built or 'none (index build --bytes builds some)'}, got {str(value)[:40]!r}")
+    return f"{budget}B"
+
+
+def _budget(choice: str) -> int:
+    return int(choice[:-1])
+
+
+def code_label(entry: dict) -> str:
+    """The code a budget stores, e.g. ``opq16x8 m=32`` (``index.codecs.CodecSpec.label``)."""
+    from index.codecs import CodecSpec
+
+    return CodecSpec.from_json(entry["spec"]).label()
 
 
 def _left_out(n: int) -> str:

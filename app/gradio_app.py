@@ -30,11 +30,12 @@ import gradio as gr
 
 from app.endpoints import ENDPOINTS, AppConfig, SearchApp
 from app.gradio_patches import guard_inputs, raw_text_search
-from app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel
+from app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel, live_values
 from app.panels import query_panel, results_panel
 from app.server import check_address, interrupt, launch, log_to_stderr, set_threads, wait
 
 __all__ = ["ENDPOINTS", "AppConfig", "SearchApp", "build_app", "launch", "serve"]
+REFRESH_S = 2.0  # an open page checks this often whether the live version changed (and redraws what depends on it)
 
 
 def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
@@ -42,7 +43,8 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
     app = SearchApp(searcher, cfg)
     first = app.live.view()
     with gr.Blocks(title="triclip search", analytics_enabled=False) as blocks:
-        header(first)
+        title = header(first)
+        shown_version = gr.State(first.version)  # the version this page's header, choices and panel show
         ids = gr.State([])  # ids of the gallery's results, in order (for clicks)
         last = gr.State(None)  # the last query: ("text", str) | ("image", path) | ("id", str), re-run when m changes
         with gr.Row():
@@ -52,8 +54,13 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
             with gr.Column(scale=1, min_width=260):
                 knobs = knobs_panel(first, cfg.k)
         with gr.Row(elem_id="feature-selection"):
-            feature_selection_panel(first)
+            panel = feature_selection_panel(first)
         wire_events(app, cfg, query, results, knobs, ids, last)
+        drawn = [shown_version, title, knobs.m, *panel.components()]
+        refresh = {"fn": lambda version, m: redraw(app, version, m), "inputs": [shown_version, knobs.m],
+                   "outputs": drawn, "api_visibility": "private", "show_progress": "hidden"}
+        gr.Timer(REFRESH_S).tick(**refresh)  # --add / --overwrite swap the version under an open page
+        blocks.load(**refresh)
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
     return guard_inputs(blocks), app
 
@@ -99,6 +106,15 @@ def wire_events(
     for knob in (kn.m, kn.funnel):
         knob.change(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
     kn.k.release(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
+
+
+def redraw(app: SearchApp, shown: str | None, m_value) -> list:
+    """Everything drawn from the version (the header, the m / bytes choices, the panel), when the live
+    version is not the one the page shows; otherwise nothing changes."""
+    view = app.live.view()
+    if view.version == shown:
+        return [gr.skip()] * 9
+    return [view.version, *live_values(view, m_value)]
 
 
 def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:

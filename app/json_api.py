@@ -1,4 +1,7 @@
-"""The JSON API: ``GET SEARCH_ROUTE?q=...&m=...&k=...&funnel=0|1``, text -> image outside Gradio.
+"""The JSON API: ``GET SEARCH_ROUTE?q=...&m=...|bytes=...&k=...&funnel=0|1``, text -> image outside Gradio.
+
+``bytes=B`` searches the codes of B bytes per image (``index build --bytes``; ``funnel=1`` re-scores
+their shortlist with the float vectors); the answer names ``m`` and ``bytes`` searched.
 
     routes = [json_route(app)]     # app: an app.endpoints.SearchApp; mounted beside Gradio's routes
 
@@ -13,11 +16,11 @@ import time
 
 from starlette.routing import Route
 
-from app.endpoints import SearchApp, search_kwargs
+from app.endpoints import SearchApp, check_budget, search_kwargs
 from app.live import IndexView
 from retrieval.errors import UserError
 
-SEARCH_ROUTE = "/triclip/api/search_text"  # ?q=...&m=...&k=...&funnel=0|1: text -> image as JSON, outside Gradio
+SEARCH_ROUTE = "/triclip/api/search_text"  # ?q=...&m=...|bytes=...&k=...&funnel=0|1: text -> image as JSON, outside Gradio
 
 
 def json_route(app: SearchApp) -> Route:
@@ -52,8 +55,14 @@ class JsonSearch:
         try:
             if not text:
                 raise UserError("empty query: give ?q=...")
-            m, k = self.app._check_m(view, params.get("m")), self.app._check_k(params.get("k", self.app.cfg.k))
-            funnel = self.app._check_funnel(params.get("funnel", "0")) and m < view.dim
+            if params.get("bytes") not in (None, ""):
+                if params.get("m") not in (None, ""):
+                    raise UserError("give m or bytes, not both")
+                m = check_budget(view, params.get("bytes"))  # the codes of that many bytes per image
+            else:
+                m = self.app._check_m(view, params.get("m"))
+            k = self.app._check_k(params.get("k", self.app.cfg.k))
+            funnel = self.app._check_funnel(params.get("funnel", "0")) and m != view.dim
             started = time.perf_counter()
             vector = await self._embed(view, text)  # (1, D)
             hits = view.searcher.search_vectors(vector, **search_kwargs(view, m, k, funnel))[0]
@@ -64,7 +73,9 @@ class JsonSearch:
         for hit in hits:
             hit["image"] = self.app.image_url(base, view, hit["id"])
         ms = round((time.perf_counter() - started) * 1000, 2)
-        answer = {"query": text, "m": m, "funnel": funnel, "ms": ms, "version": view.version, "hits": hits}
+        budget = int(m[:-1]) if isinstance(m, str) else None
+        answer = {"query": text, "m": view.budgets[budget]["spec"]["m"] if budget else m, "bytes": budget,
+                  "funnel": funnel, "ms": ms, "version": view.version, "hits": hits}
         return JSONResponse({**answer, "left_out": left_out} if left_out else answer)
 
     async def _embed(self, view: IndexView, text: str):

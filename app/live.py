@@ -139,6 +139,11 @@ class IndexView:
         return list(self.searcher.dims)
 
     @property
+    def budgets(self) -> dict[int, dict]:
+        """Byte budget -> the manifest's entry for its codes (``index build --bytes``): spec, recall, index_bytes."""
+        return {int(b): e for b, e in (self.searcher.manifest.get("budgets") or {}).items()}
+
+    @property
     def dim(self) -> int:
         return int(self.searcher.dim)
 

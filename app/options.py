@@ -82,6 +82,7 @@ def add_options(
     exclude: Iterable[str] = (),
     required: Iterable[str] = (),
     off_aliases: dict[str, Sequence[str]] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
 ) -> None:
     """Add one option per field of the dataclass ``cls`` (nested dataclasses flattened).
 
@@ -92,13 +93,15 @@ def add_options(
         exclude: field paths not to offer.
         required: field paths to make required although they have a default.
         off_aliases: field path -> extra option strings that set a ``bool | None`` field to False.
+        overrides: field path -> ``add_argument`` keyword arguments that replace the derived ones, e.g.
+            ``{"train_data": {"required": False}}`` or a ``help`` worded for this command.
     """
     aliases, choices, exclude, required = aliases or {}, choices or {}, set(exclude), set(required)
-    off_aliases = off_aliases or {}
+    off_aliases, overrides = off_aliases or {}, overrides or {}
     for spec in _specs(cls, prefix):
         if spec.path in exclude:
             continue
-        kwargs = _argument(spec, choices.get(spec.path), spec.path in required)
+        kwargs = {**_argument(spec, choices.get(spec.path), spec.path in required), **overrides.get(spec.path, {})}
         flag = spec.flag
         if _strip_optional(spec.type) is bool and spec.default is True:
             flag = "--no-" + flag[2:]  # the flag turns the setting off

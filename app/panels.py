@@ -6,8 +6,12 @@
 
 Each is called inside the Blocks (and the row or column) where its components go, and
 returns them for the event wiring (``app.gradio_app.build_app``). The feature-selection
-panel plots the importance spectrum (S sorted, its cumulative share, the suggested m)
-and the recall-against-m curves the index build stored (run's order, first-m, random, PCA).
+panel plots the importance spectrum (S sorted, its cumulative share, the suggested m),
+the recall-against-m curves the index build stored (run's order, first-m, random, PCA)
+and the frontier: recall against bytes per image for the run's codes (``index build
+--bytes``), every code measured beside them (the peers: int8, binary, PQ, OPQ) and float
+pruning. What depends on the index version (the header, the m / bytes choices, the panel)
+comes from :func:`live_values`, redrawn when ``--add`` or ``--overwrite`` swaps the version.
 """
 
 from __future__ import annotations
@@ -69,6 +73,21 @@ class ResultsPanel:
 
 
 @dataclass
+class FeaturePanel:
+    """The feature-selection panel's components (redrawn for each version)."""
+
+    spectrum: gr.Markdown
+    spectrum_plot: gr.Plot
+    recall: gr.Markdown
+    recall_plot: gr.Plot
+    frontier: gr.Markdown
+    frontier_plot: gr.Plot
+
+    def components(self) -> list:
+        return [self.spectrum, self.spectrum_plot, self.recall, self.recall_plot, self.frontier, self.frontier_plot]
+
+
+@dataclass
 class Knobs:
     """m (the dimensions searched), the funnel, k."""
 
@@ -79,12 +98,16 @@ class Knobs:
 
 def header(view: IndexView) -> gr.Markdown:
     """The title line: how many images, D, the run."""
+    return gr.Markdown(header_text(view), elem_id="header")
+
+
+def header_text(view: IndexView) -> str:
     searcher = view.searcher
     run_name = Path(searcher.manifest.get("run", "")).name or "?"
-    return gr.Markdown(
-        f"## triclip search · {len(searcher):,} images · D = {view.dim} · run `{run_name}`\n"
-        "Search by text or by image; click a result for more like it. "
-        "Pick m to search a pruned index (its measured text→image recall@10 is shown)."
+    return (
+        f"## triclip search · {len(searcher):,} images · D = {view.dim} · run `{run_name}` · version {view.version}\n"
+        "Search by text or by image; click a result for more like it. Pick m (a pruned index) or a byte budget"
+        " (compact codes): each choice shows its bytes per image, the index size and its measured text→image recall@10."
     )
 
 
@@ -125,37 +148,69 @@ def results_panel() -> ResultsPanel:
 
 def knobs_panel(view: IndexView, k: int) -> Knobs:
     """m among the index's pruned sizes (each with its measured recall), the funnel, and k."""
-    m = loose(gr.Radio(m_choices(view), value=view.dim, label="m: dimensions searched", elem_id="m"))
-    funnel = gr.Checkbox(False, label="funnel: shortlist at m, re-rank at full D", elem_id="funnel")
+    m = loose(gr.Radio(m_choices(view), value=view.dim, label="search: m dimensions, or a byte budget's codes",
+                       elem_id="m"))
+    funnel = gr.Checkbox(False, label="funnel: shortlist at m (or by the codes), re-rank at full D", elem_id="funnel")
     k = loose(gr.Slider(1, 100, value=k, step=1, label="results k", elem_id="k"))
     return Knobs(m, funnel, k)
 
 
-def m_choices(view: IndexView) -> list[tuple[str, int]]:
-    """Radio choices: (label with the measured recall, m)."""
-    out = []
+def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
+    """Radio choices: (label with bytes per image, index size and measured recall, m) for each m the index
+    holds (float32: 4m bytes), then (the same, ``"{B}B"``) for each byte budget's codes."""
+    from app.endpoints import code_label
+    from index.budgets import human_bytes
+
+    n = len(view.searcher)
+    out: list[tuple[str, int | str]] = []
     for m in view.dims:
         label = f"{m} = D" if m == view.dim else str(m)
+        label += f" · {4 * m} B/image · {human_bytes(4 * m * n)}"
         if view.recall.get(m) is not None:
             label += f" · R@10 {view.recall[m]:.3f}"
         out.append((label, m))
+    for budget, entry in sorted(view.budgets.items()):
+        used = entry.get("bytes_per_vector", budget)  # a smaller code may measure best within the budget
+        label = f"{budget} B: {code_label(entry)}{f' ({used} B/image)' if used != budget else ''}"
+        label += f" · {human_bytes(entry['index_bytes'])}"
+        if entry.get("recall") is not None:
+            label += f" · R@10 {entry['recall']:.3f}"
+        out.append((label, f"{budget}B"))
     return out
 
 
-def feature_selection_panel(view: IndexView) -> None:
-    """The importance spectrum (words and plot) beside the recall-against-m chart."""
+def feature_selection_panel(view: IndexView) -> FeaturePanel:
+    """The importance spectrum (words and plot), the recall-against-m chart and the bytes frontier."""
+    values = panel_values(view)
+    with gr.Column():
+        spectrum = gr.Markdown(values[0], elem_id="spectrum")
+        spectrum_plot = gr.Plot(values[1], show_label=False, elem_id="spectrum-plot", visible=values[1] is not None)
+    with gr.Column():
+        recall = gr.Markdown(values[2], elem_id="recall-text")
+        recall_plot = gr.Plot(values[3], show_label=False, elem_id="recall-chart", visible=values[3] is not None)
+    with gr.Column():
+        frontier = gr.Markdown(values[4], elem_id="frontier-text")
+        frontier_plot = gr.Plot(values[5], show_label=False, elem_id="frontier-chart", visible=values[5] is not None)
+    return FeaturePanel(spectrum, spectrum_plot, recall, recall_plot, frontier, frontier_plot)
+
+
+def panel_values(view: IndexView) -> tuple:
+    """The panel's contents for a version: (spectrum words, plot, recall words, chart, frontier words, chart)."""
     importance = list(view.searcher.manifest.get("importance") or [])
     words, suggested, power = spectrum_text(importance, view.curves)
-    with gr.Column():
-        gr.Markdown(words, elem_id="spectrum")
-        spectrum = spectrum_figure(importance, suggested, power)
-        if spectrum is not None:
-            gr.Plot(spectrum, show_label=False, elem_id="spectrum-plot")
-    with gr.Column():
-        gr.Markdown(recall_text(view.curves, view.dims), elem_id="recall-text")
-        chart = recall_figure(view.curves, view.dims)
-        if chart is not None:
-            gr.Plot(chart, show_label=False, elem_id="recall-chart")
+    return (words, spectrum_figure(importance, suggested, power), recall_text(view.curves, view.dims),
+            recall_figure(view.curves, view.dims), frontier_text(view), frontier_figure(view))
+
+
+def live_values(view: IndexView, m_value) -> list:
+    """Updates of everything drawn from the version (header, choices, panel), for :func:`app.gradio_app.refresh`."""
+    choices = m_choices(view)
+    keep = m_value if m_value in [value for _, value in choices] else view.dim  # a choice gone: back to D
+    plots = panel_values(view)
+    return [header_text(view), gr.update(choices=choices, value=keep), plots[0],
+            gr.update(value=plots[1], visible=plots[1] is not None), plots[2],
+            gr.update(value=plots[3], visible=plots[3] is not None), plots[4],
+            gr.update(value=plots[5], visible=plots[5] is not None)]
 
 
 # ---------------------------------------------------------------------------- the feature-selection panel's content
@@ -271,9 +326,58 @@ def recall_figure(curves: dict | None, dims: list[int]):
             ax.plot(*zip(*points), marker="o", markersize=3, label=ORDERING_LABELS.get(name, name))
     for m in dims:
         ax.axvline(m, color="0.85", linewidth=0.8, zorder=0)
+    return _recall_axes(fig, ax, "m (dimensions kept)", "recall against m", 7)
+
+
+def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int):
+    """Label a recall chart: log-2 x axis, recall@10 up, the legend and the title; returns the figure."""
     ax.set_xscale("log", base=2)
-    ax.set_xlabel("m (dimensions kept)")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("t2i recall@10")
-    ax.legend(fontsize=7)
-    ax.set_title("recall against m", fontsize=9)
+    ax.legend(fontsize=legend_size)
+    ax.set_title(title, fontsize=9)
     return fig
+
+# ---------------------------------------------------------------------------- the bytes frontier
+
+PEER_LABELS = {"float32": "float32 top-m", "int8": "int8 top-m", "binary": "binary top-m", "pq": "PQ", "opq": "OPQ + PQ",
+               "mixed": "mixed precision (S-aware)"}
+
+
+def frontier_text(view: IndexView) -> str:
+    """The words above the frontier chart."""
+    front = (view.curves or {}).get("bytes")
+    if not front:
+        return ("No byte budgets in this index: `triclip index build ... --bytes 8,16,32 --val-data VAL` stores"
+                " compact codes chosen by measured recall, and this panel plots recall against bytes per image.")
+    where = "the validation data" if front.get("split") == "validation" else "the indexed data"
+    chosen = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})" for b, c in sorted(front["chosen"].items(), key=lambda kv: int(kv[0])))
+    return (f"Text→image recall@10 against bytes per image on {where} ({front.get('queries', '?')} distinct captions):"
+            f" the codes this index stores ({chosen}), every code measured beside them, and float pruning (4m bytes).")
+
+
+def frontier_figure(view: IndexView):
+    """Recall against bytes per image (log 2): the stored codes, the best of each codec per budget, float
+    pruning; None without a frontier in the curves."""
+    from matplotlib.figure import Figure
+
+    front = (view.curves or {}).get("bytes")
+    if not front:
+        return None
+    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    best: dict[str, dict[int, float]] = {}
+    for tried in front["candidates"].values():
+        for c in tried:
+            if c.get("recall") is not None:
+                by = best.setdefault(c["codec"], {})
+                by[c["bytes"]] = max(by.get(c["bytes"], 0.0), c["recall"])
+    for codec, points in sorted(best.items()):
+        ax.plot(*zip(*sorted(points.items())), marker=".", markersize=4, linewidth=0.8, alpha=0.7,
+                label=PEER_LABELS.get(codec, codec))
+    pruning = sorted((int(b), r) for b, r in front.get("float_pruning", {}).items())
+    if pruning:
+        ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")
+    chosen = sorted((int(c["bytes"]), c["recall"]) for c in front["chosen"].values())
+    ax.plot(*zip(*chosen), color="black", marker="o", linewidth=2, label="this index's codes")
+    return _recall_axes(fig, ax, "bytes per image", "recall against bytes", 6)

@@ -6,7 +6,7 @@
 negative score, ``u = sqrt(D) z`` as in ``retrieval.losses.spectral``) is least at ``c* = P/N``.
 For each run, on the pairs (image, its first caption) of ``--data``: ``P``, ``N``, ``c*``, ``L_tri``
 at the learned S and at ``c* S``, the mean of ``w``, Eq. 8 per tower and the largest eigenvalue of
-``E[uu^T]`` (the trace is D: a large one is a collapsed direction). docs/results.md, "Eq. 6".
+``E[uu^T]`` (the trace is D: a large one is a collapsed direction). docs/results_archive.md, "Eq. 6".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Probes of the `lite` model's inputs for the quality issue (#13), not kept in the library.
 
 Each probe changes one input of a locked `lite` run and trains it with the normal
-``triclip train`` command line, so its numbers compare with the locked row of docs/results.md §9:
+``triclip train`` command line, so its numbers compare with the locked row of docs/results_archive.md §9:
 
     .venv/bin/python -m benchmarks.probe_lite VARIANT -- <triclip train arguments>
 
@@ -19,7 +19,7 @@ VARIANT:
                        every epoch), keywords5 (all captions + up to 5 single keywords of
                        the last, comma-separated caption)
 
-Example (the locked row of docs/results.md §9 with a probe):
+Example (the locked row of docs/results_archive.md §9 with a probe):
 
     .venv/bin/python -m benchmarks.probe_lite pool:avgmax -- train --train-data
         data/openclipart/train.jsonl --val-data data/openclipart/val.jsonl --model lite

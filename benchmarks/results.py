@@ -1,4 +1,4 @@
-"""The experiments of docs/results.md: one command each, mean ± sd over seeds, PNG plots.
+"""The experiments of docs/results.md and docs/results_archive.md: one command each, mean ± sd over seeds, PNG plots.
 
     .venv/bin/python -m benchmarks.results EXPERIMENT --data DIR --seeds 0,1,2 [--out runs/results/NAME] [--png P]
 
@@ -6,7 +6,7 @@ EXPERIMENT:
 
 - ``compact``: one model per variant and seed (``lite``, both towers locked and cached, MLP
   heads: only the heads, the logit scale and ``w`` train), evaluated on ``DIR/val.jsonl``:
-  full recall (over distinct texts, SPEC "Metrics") and the compact curve (t2i R@10 against
+  full recall (over distinct texts, docs/CONTRACT.md "Metrics") and the compact curve (t2i R@10 against
   m) of ``infonce`` (first / random / PCA), MRL (``infonce`` + prefix nesting; prefix and PCA), ``tricl``
   with and without nesting, ``tricl`` started flat, and the ``contrastive`` / ``triplet`` /
   ``sigmoid`` baselines; paired by seed: MRL minus ``tricl``. ``--curve-metric t2i_r1`` or
@@ -50,10 +50,12 @@ from pathlib import Path
 
 import torch
 
-# name -> TrainConfig overrides. Options are spelled out (not left to the trainer's defaults).
+from training.config import MRL_STEP, TUNE_STEP
+
+# name -> TrainConfig overrides. Objective options beyond the objective's own defaults (retrieval.losses) are spelled out.
 VARIANTS: dict[str, dict] = {
     "infonce": dict(loss="infonce", loss_options={"nested": 0}),  # plain CLIP, whatever the trainer defaults
-    "mrl": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}),
+    "mrl": dict(MRL_STEP),  # the demo's first step (training.config)
     # MRL with the closed form's head kind (affine, not MLP): separates the heads from the order in solve vs mrl
     "mrl_affine": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="affine"),
     "tricl": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}),
@@ -66,7 +68,7 @@ VARIANTS: dict[str, dict] = {
     "debiased_0.1": dict(loss="debiased", loss_options={"tau_plus": 0.1}),
     "debiased_0.2": dict(loss="debiased", loss_options={"tau_plus": 0.2}),
     "hard_negative": dict(loss="hard_negative", loss_options={}),
-    # Eq. 6 (docs/results.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
+    # Eq. 6 (docs/results_archive.md, "Eq. 6: tri-factor spectral objective (trained)"): S flat, paper's softplus form
     "spectral": dict(loss="spectral", loss_options={}),
     "tricl_spectral": dict(loss="tricl_spectral", loss_options={}, importance="softplus", importance_spread=1.0),
     "tricl_spectral_mean1": dict(
@@ -102,9 +104,11 @@ VARIANTS: dict[str, dict] = {
     "infonce_solved": dict(solve_on="infonce"),
     # and trained on from there (train --init: heads and maps train, S starts at the canonical correlations) under
     # the tri-factor InfoNCE nested on S's order: a short, gentle pass (10 epochs at lr 1e-4, whatever --steps says)
-    "mrl_solved_tricl": dict(
-        init_from="mrl_solved", loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}, epochs=10,
-        lr=1e-4, max_steps=None,
+    "mrl_solved_tricl": dict(init_from="mrl_solved", **TUNE_STEP, max_steps=None),  # the demo's third step
+    # the same step nested the other way: tricl's own terms at each prefix (MatryoshkaLoss), not InfoNCE's
+    "mrl_solved_tricl_inner": dict(
+        init_from="mrl_solved", **{**TUNE_STEP, "loss_options": {**TUNE_STEP["loss_options"], "nested_by": "inner"}},
+        max_steps=None,
     ),
 }
 EXPERIMENTS = {
@@ -153,6 +157,7 @@ CURVE_ROWS = [
     ("infonce_solved", "importance", "infonce, then Eq. 6 solved on its embeddings, S order"),
     ("mrl_solved_tricl", "importance", "MRL, then solved, then tricl nested on S (10 epochs), S order"),
     ("mrl_solved_tricl", "pca", "MRL, then solved, then tricl nested on S, PCA m"),
+    ("mrl_solved_tricl_inner", "importance", "the same, nested by tricl's own terms (nested_by=inner), S order"),
 ]
 
 

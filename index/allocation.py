@@ -130,7 +130,7 @@ def modelled_distortion(cost: np.ndarray, bits: np.ndarray) -> float:
 # ---------------------------------------------------------------------------- packed codes
 
 
-def _bit_layout(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def bit_layout(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For each stored bit, its dimension and its shift (MSB first). Shapes: (m,) -> (T,), (T,)."""
     dims = np.repeat(np.arange(len(bits)), bits)
     starts = np.cumsum(bits) - bits
@@ -140,7 +140,7 @@ def _bit_layout(bits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 def pack(codes: np.ndarray, bits: np.ndarray) -> np.ndarray:
     """Bit-pack cell indices. Shapes: (N, m) int, (m,) -> (N, ceil(sum(bits) / 8)) uint8."""
-    dims, shifts = _bit_layout(bits)
+    dims, shifts = bit_layout(bits)
     return np.packbits(((codes[:, dims] >> shifts) & 1).astype(np.uint8), axis=1)
 
 

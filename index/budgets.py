@@ -179,13 +179,15 @@ def table(budgets: dict) -> str:
     for b, entry in sorted(budgets.items(), key=lambda kv: int(kv[0])):
         spec = codecs.CodecSpec.from_json(entry["code"])
         recall = "-" if entry.get("recall") is None else f"{entry['recall']:.4f}"
-        lines.append(f"{b:>6}  {spec.label():<20} {spec.m:>5}  {recall:>9}  {_size(entry['index_bytes']):>11}")
+        lines.append(f"{b:>6}  {spec.label():<20} {spec.m:>5}  {recall:>9}  {human_bytes(entry['index_bytes']):>11}")
     return "\n".join(lines)
 
 
-def _size(n: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if n < 1024 or unit == "GB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+def human_bytes(n: float) -> str:
+    """``1536`` -> ``1.5 KB`` (powers of 1024)."""
+    unit = "B"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            break
         n /= 1024
-    return f"{n} B"
+    return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"

@@ -9,6 +9,8 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     ({str(m): factory}), factory_option, metric, count, text_count (None without a caption
     index), sources, skipped, embeddings (the shards' folder, or None), memory_budget,
     on_disk_option, nprobe / text_nprobe ({str(m): nprobe} of IVF indexes), nprobe_tuning,
+    budgets ({str(B): {"spec" (index.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
+    stored codes), "split", "index_bytes", "bytes_per_vector"}}: ``--bytes``, ``index.budgets``),
     created, updated (and on_disk, written by ``index.store``)
 
 Each image row of ``meta.jsonl`` records its file's identity (``"file"``: device, inode,

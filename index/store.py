@@ -8,6 +8,8 @@
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
+    INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``index.codecs``),
+                                  named by the manifest's ``budgets``; with codes the float vectors are memory-mapped
 
 An index on disk (``index.builder`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names

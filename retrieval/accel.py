@@ -23,7 +23,7 @@ runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
 parameters or buffers changes (PyTorch's in-place version counters), so a tower
 that trains between evaluations is never read stale. Outputs stay within cosine
 0.999 of the eager fp32 reference (tests/retrieval/test_accel.py). bf16 is never
-used: this CPU has no fast bf16 path (SPEC).
+used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Tri-factor contrastive learning (Zhang et al. 2023, https://arxiv.org/abs/2302.1
 learns a non-negative importance ``w`` (D,) per embedding dimension; the tri-factor
 similarity is ``sum_d w_d I_d T_d``. Ordering the dimensions by ``w`` and keeping the
 first m gives a compact embedding whose inner product ranks like the tri-factor
-similarity restricted to those dimensions (see SPEC "Compact features").
+similarity restricted to those dimensions (see docs/CONTRACT.md "Compact features").
 
 Orderings (a registry, :data:`ORDERINGS`):
 
@@ -110,7 +110,7 @@ def sign_flips(anchor_feats: torch.Tensor, rule: str = "anchor") -> torch.Tensor
       ``sum_i (z_id - mean_d)^3``; zero falls back to ``anchor``): a property of the
       distribution, not of one sample. On ``openclipart``'s CCA solution the flips of the
       two halves of the training images agree on 67% of the 256 dimensions (anchor: 51%,
-      a coin toss; majority: 63%); docs/results.md, "Eq. 6: closed form".
+      a coin toss; majority: 63%); docs/results_archive.md, "Eq. 6: closed form".
 
     Args:
         anchor_feats: features in dataset order (first row first). Shape: (N, D).
@@ -146,7 +146,7 @@ def suggest_m(
     The prediction is the cumulative share of ``w ** power`` over the dimensions sorted by
     ``w``. With ``power=2`` that is the share of the Eq. 6 objective the top-m dimensions
     carry (at the optimum ``L_tri = -sum_k s_k^2``, so dimension k contributes ``s_k^2``).
-    Measured on ``openclipart``'s test split with the CCA solution (docs/results.md, "Eq. 6:
+    Measured on ``openclipart``'s test split with the CCA solution (docs/results_archive.md, "Eq. 6:
     closed form"), the share of ``rho^2`` tracks recall(m) / recall(D) within 0.07 on
     average and its suggestions at 0.8 / 0.9 / 0.95 kept that much of the test recall;
     the share of ``rho`` itself (``power=1``) is off by 0.23 and suggests twice the m.

@@ -1,6 +1,6 @@
 """The global batch under ``torch.distributed``: all-gather with gradients kept for the local slice.
 
-Every objective is defined on the global batch (SPEC, "Notation"). Each rank gathers
+Every objective is defined on the global batch (docs/CONTRACT.md, "Notation"). Each rank gathers
 the image and text features of all ranks and evaluates the *same* global loss. The
 gather's backward sums the incoming gradients over ranks and returns the local slice,
 as ``torch.distributed.nn.functional.all_gather`` and open_clip's

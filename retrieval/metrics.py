@@ -1,4 +1,4 @@
-"""Retrieval metrics (SPEC, "Metrics"), computed in query chunks.
+"""Retrieval metrics (docs/CONTRACT.md, "Metrics"), computed in query chunks.
 
 Only a ``(chunk_size, gallery)`` block of similarities exists at a time, so a
 100k x 100k evaluation never holds the full matrix. Scores are inner products of
@@ -8,7 +8,7 @@ the right one ranks ahead of it, so duplicates never inflate a metric.
 
 - Recall@k both directions with several captions per image (CLIP, Radford et al. 2021,
   https://arxiv.org/abs/2103.00020, as in clip-retrieval / open_clip's evaluation), over
-  distinct caption texts when the texts are given (SPEC "Metrics": a repeated title is one
+  distinct caption texts when the texts are given (docs/CONTRACT.md "Metrics": a repeated title is one
   query with every image carrying it relevant, so duplicates neither reward nor punish).
 - Class-level mean average precision.
 - Zero-shot classification accuracy.
@@ -152,7 +152,7 @@ def retrieval_ranks(
     image without captions (a distractor, not a query). Text->image: the number of other
     images scoring at least as high as its own.
 
-    With ``texts`` (SPEC "Metrics": over distinct texts) captions with the same exact text
+    With ``texts`` (docs/CONTRACT.md "Metrics": over distinct texts) captions with the same exact text
     are one text: each distinct text is one text->image query, every image carrying it is
     relevant; image->text searches the distinct texts, a hit being any of the image's own.
     Equal to the per-caption ranks when every caption is unique.
@@ -196,7 +196,7 @@ def retrieval_recall(
 
     Image->text is correct when any of the image's captions is in the top k; text->image
     when its own image is (with ``texts``: any image carrying that exact text is; each
-    distinct text is one query and the gallery holds each distinct text once: SPEC
+    distinct text is one query and the gallery holds each distinct text once: docs/CONTRACT.md
     "Metrics"). Images without captions only act as distractors. Ties count against the
     query (see :func:`retrieval_ranks`).
 

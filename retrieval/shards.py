@@ -1,6 +1,6 @@
 """``triclip embed``: a data source embedded into numbered shards, resumable, one rank per shard.
 
-The folder (SPEC "Embeddings")::
+The folder (docs/CONTRACT.md "Embeddings")::
 
     EMB/manifest.json              run, fingerprint, data fingerprint, shard size, D, dtype, the
                                    compact transform (importance order, sqrt(w), sign fix)

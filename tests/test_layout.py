@@ -1,4 +1,4 @@
-"""Dependencies point one way (SPEC "Layout"): retrieval <- training, index <- app; no import circles.
+"""Dependencies point one way (docs/CONTRACT.md "Layout"): retrieval <- training, index <- app; no import circles.
 
 Read from the source with ``ast`` (every ``import`` / ``from ... import``, lazy ones
 inside functions included), so a backwards import anywhere fails here.

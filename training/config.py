@@ -31,9 +31,9 @@ class Recipe:
     patience: int  # with validation data: stop after this many epochs without a gain beyond noise (0: never)
 
 
-# lite*: the measured recipe (docs/results.md set-up and section 7; the demo): pretrained towers locked and
-# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (docs/results.md §9, partly unlocked);
-# stops after 5 epochs without a validation gain beyond noise (docs/results.md, "Early stopping": recall unchanged).
+# lite*: the measured recipe (docs/results_archive.md set-up and section 7; the demo): pretrained towers locked and
+# cached, MLP heads, batch 256, lr 1e-3, 40 epochs; a tower unlocked trains at lr/10 (docs/results_archive.md §9, partly unlocked);
+# stops after 5 epochs without a validation gain beyond noise (docs/results.md, "Early stopping").
 _LITE = Recipe(epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1, patience=5)
 RECIPES: dict[str, Recipe] = {
     "tiny": Recipe(epochs=1, batch_size=64, lr=1e-3, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0, patience=0),
@@ -45,6 +45,15 @@ OPEN_CLIP_RECIPE = Recipe(
     epochs=1, batch_size=64, lr=5e-4, head="linear", lock_image=False, lock_text=False, tower_lr_scale=1.0, patience=0
 )
 LOCKED_CHECKPOINT_EVERY = 20  # epochs between checkpoints when both towers are locked (an epoch takes seconds: a kill loses about a minute)
+
+
+# The demo's recipe, defined once: app/demo.py runs it, benchmarks.results names its steps (variants mrl,
+# mrl_solved, mrl_solved_tricl) and tests/test_readme.py checks the README's commands against it. Each step's
+# TrainConfig fields beside the lite preset's recipe (the objectives' own defaults: retrieval.losses).
+MRL_STEP = {"loss": "mrl"}  # 1. train: InfoNCE nested on the first m of D (the default objective)
+# 2. solve --run (step 1's run): Eq. 6 solved on the embeddings it serves (training.solve; no options)
+# 3. train --init (step 2's run): tricl nested on S's order, spelled out (the same as tricl's own defaults)
+TUNE_STEP = {"loss": "tricl", "loss_options": {"nested": 4, "nested_order": "importance"}, "epochs": 10, "lr": 1e-4}
 
 
 def recipe_for(model: str) -> Recipe:
@@ -106,7 +115,7 @@ class TrainConfig:
     tower_lr_scale: float | None = field(default=None, metadata={"help": _per_preset("tower_lr_scale", "a tower that trains: lr * this")})
     importance_block: bool = False  # one Adam second moment for all of theta (training.optim): steps keep relative sizes
     loss: str = "mrl"  # objective name (retrieval.losses); mrl = infonce + prefix nesting (docs/results.md)
-    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1 (default: the trainer's: mrl and tricl nested=4, mrl nested_order=prefix; others none)
+    loss_options: dict = field(default_factory=dict)  # options of the objective, e.g. tau_plus=0.1 (default: the objective's own, retrieval.losses: mrl and tricl nested=4, mrl nested_order=prefix; others none)
     fixed_logit_scale: float | None = None  # hold the logit scale s at this value, 1-100 (not trained); None: learned, clamped to 100
     epochs: int | None = field(default=None, metadata={"help": _per_preset("epochs", "passes over the training data")})
     batch_size: int | None = field(default=None, metadata={"help": _per_preset("batch_size", "pairs per step, per rank")})

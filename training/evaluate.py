@@ -1,4 +1,4 @@
-"""Evaluation of a dual encoder on paired data: the metrics of the SPEC.
+"""Evaluation of a dual encoder on paired data: the metrics of docs/CONTRACT.md "Metrics".
 
 ``evaluate`` embeds every image and every caption of a PairSet once, then
 computes recall@{1,5,10} both ways (any caption of an image counts) and class mAP
@@ -32,7 +32,7 @@ ORDERINGS = ("importance", "first", "random", "pca")
 def evaluate(
     model, pairs, device, dims=(), batch_size: int = 256, cache: dict | None = None, workers: int = 0, seed: int = 0
 ) -> dict:
-    """All metrics of the SPEC for ``model`` on ``pairs`` (a dict of floats / nested dicts).
+    """All metrics of docs/CONTRACT.md "Metrics" for ``model`` on ``pairs`` (a dict of floats / nested dicts).
 
     ``skipped`` (reason -> count) holds the records whose image did not decode, when there are any.
     ``dims`` larger than D are refused (UserError); empty means D/16, D/8, D/4.

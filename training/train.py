@@ -35,7 +35,7 @@ import torch.distributed as dist
 from retrieval.progress import progress
 
 from retrieval.unlock import eval_caches, partly_lock
-from retrieval.data import DataConfig, load_pairs
+from retrieval.data import load_pairs
 from retrieval.data.sources import check_source
 from retrieval.errors import UserError, first_line
 from retrieval.io import claim_output_dir, write_json_atomic, writing
@@ -43,24 +43,15 @@ from retrieval.losses import build_loss
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from training import checkpoint as ckpt
 from training.batches import BatchSource
-from training.config import TrainConfig, resolve_recipe
+from training.config import TrainConfig
 from training.evaluate import evaluate, format_table
 from training.selection import STOP_RULE, EarlyStop, Selection, early_stop, select
 from training.optim import AdamW
+from training.resolve import explicit_fields, flag, resolve_config
 
 __all__ = ["TrainConfig", "train"]
 
-DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results.md appendix: the importance ablation)
-# Objective options the trainer adds unless given (so config.json records them): tricl and mrl train their
-# top-m scores too; mrl (infonce + prefix nesting) is the default objective (docs/results.md, section 7).
-DEFAULT_LOSS_OPTIONS = {"tricl": {"nested": 4}, "mrl": {"nested": 4, "nested_order": "prefix"}}
-# (importance form, spread) an objective trains w from unless given: tricl_spectral is Eq. 6 as written, S =
-# softplus(theta) started flat; its squared negative term sets the scale of S (docs/results.md, "Eq. 6").
-DEFAULT_IMPORTANCE = {"tricl_spectral": ("softplus", 1.0)}
 BEST_METRIC = "t2i_r10"  # the validation metric that picks RUN/best
-EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
-RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget",
-           "checkpoint_every", "select_factor", "patience")  # --resume: as given
 
 
 def train(cfg: TrainConfig, given: set[str] | None = None) -> dict:
@@ -86,31 +77,24 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     if rank == 0:
         ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
-    explicit = _explicit(cfg) if given is None else set(given)  # before any default fills a field
-    if saved is not None:
-        cfg = _resumed_config(run, saved, cfg, explicit)
-    from_recipe = {name for name in ("batch_size",) if getattr(cfg, name) is None}
-    cfg = resolve_recipe(cfg)  # the preset's epochs, batch, lr, heads, locks (training.config.RECIPES)
-    _validate(cfg)
-    device = _pick_device(cfg.device, rank)
-    torch.manual_seed(cfg.seed)
+    explicit = explicit_fields(cfg) if given is None else set(given)  # before any default fills a field
+    resumed = (run / ckpt.CONFIG, saved) if saved is not None else None
+    init_model = ckpt.read_config(cfg.init)["model"] if cfg.init and saved is None else None
+    settled = resolve_config(cfg, explicit, resumed, init_model, world=world)  # all but what the data size says
+    _validate(settled)
+    device = _pick_device(settled.device, rank)
+    torch.manual_seed(settled.seed)
 
-    train_pairs = load_pairs(cfg.train_data, cfg.data)
-    val_pairs = load_pairs(cfg.val_data, cfg.data) if cfg.val_data else None
+    train_pairs = load_pairs(settled.train_data, settled.data)
+    val_pairs = load_pairs(settled.val_data, settled.data) if settled.val_data else None
     if saved is not None:
         _check_same_data(saved, train_pairs, val_pairs)
-    cfg = _fit_batch(cfg, len(train_pairs.records), world, "batch_size" in from_recipe)
-    cfg = replace(cfg, loss_options=_loss_options(cfg.loss, cfg.loss_options))  # to config.json
-    try:
-        loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)
-    except (KeyError, ValueError, TypeError) as err:
-        raise UserError(f"--loss {cfg.loss} {cfg.loss_options}: {err}") from None
+    cfg = resolve_config(cfg, explicit, resumed, init_model, len(train_pairs.records), world)
+    if cfg.batch_size != settled.batch_size:
+        print(f"{len(train_pairs.records)} training records: batch {cfg.batch_size} instead of the {cfg.model}"
+              f" recipe's {settled.batch_size}", flush=True)
+    loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)  # what build_loss(cfg.loss) alone makes, spelled out
     trains_importance = getattr(loss_fn, "needs_importance", False)
-    if saved is None:  # a resumed run keeps what its config.json recorded
-        cfg = _importance_defaults(cfg, explicit)
-        if cfg.init:
-            cfg = _init_defaults(cfg, explicit)
-    cfg = replace(cfg, importance_spread=_importance_spread(cfg.importance_spread, trains_importance))
     model_cfg = ModelConfig(
         preset=cfg.model,
         pretrained=cfg.pretrained,
@@ -132,7 +116,7 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (retrieval.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
-    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, section 5)
+    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results_archive.md, section 5)
         with torch.no_grad():
             model.logit_scale_param.fill_(math.log(cfg.fixed_logit_scale))
         model.logit_scale_param.requires_grad_(False)
@@ -382,8 +366,8 @@ def _final_summary(
     if selection is not None:
         decision, record = selection
         where = run / (ckpt.BEST if decision.kept == "best" else ckpt.MODEL)
-        unless = " unless given --weights last" if decision.kept == "best" else " (the last weights)"
-        text += f" {decision.reason()} Eval and index use {where}{unless} ({run / ckpt.SELECTION})."
+        which = "unless given --weights last" if decision.kept == "best" else "the last weights"
+        text += f" {decision.reason()} Eval and index use {where} ({which}; {run / ckpt.SELECTION})."
     else:
         text += " Without validation data there is no best epoch: eval and index use the last weights."
     total = sum(skipped.train.total().values()) + sum(skipped.val.total().values())
@@ -499,7 +483,7 @@ def _validate(cfg: TrainConfig) -> None:
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
-            raise UserError(f"{_flag(f.name)} must be a finite number, got {value}")
+            raise UserError(f"{flag(f.name)} must be a finite number, got {value}")
     at_least = {
         "epochs": 1,
         "batch_size": 2,  # contrastive losses need negatives
@@ -520,12 +504,13 @@ def _validate(cfg: TrainConfig) -> None:
         "unlock_text_layers": 0,
         "cached_views": 1,
         "cache_budget": 0,
+        "patience": 0,
     }
     for name, low in at_least.items():
         value = getattr(cfg, name)
         if value is not None and value < low:
             why = " (contrastive losses need negatives)" if name == "batch_size" else ""
-            raise UserError(f"{_flag(name)} must be >= {low}{why}, got {value}")
+            raise UserError(f"{flag(name)} must be >= {low}{why}, got {value}")
     if cfg.cached_views > 1 and not cfg.unlock_image_groups:
         raise UserError("--cached-views needs --unlock-image-groups N (views are cached below the cut)")
     if cfg.fixed_logit_scale is not None and not 1.0 <= cfg.fixed_logit_scale <= 100.0:
@@ -544,63 +529,6 @@ def _validate(cfg: TrainConfig) -> None:
     for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
         if path:
             check_source(path, option)
-
-
-def _flag(name: str) -> str:
-    return {"weight_decay": "--wd", "warmup_steps": "--warmup"}.get(name, "--" + name.replace("_", "-"))
-
-
-def _fit_batch(cfg: TrainConfig, records: int, world: int, from_recipe: bool) -> TrainConfig:
-    """A recipe's batch shrinks so that a small training set still gives two full batches an epoch
-    (one line says so); a batch the user gave that no epoch can fill is refused."""
-    if records // (cfg.batch_size * world) >= 2 or (not from_recipe and records // (cfg.batch_size * world) >= 1):
-        return cfg
-    if not from_recipe:
-        raise UserError(
-            f"--batch-size {cfg.batch_size}{f' x {world} ranks' if world > 1 else ''} is larger than the"
-            f" {records} usable training records: no full batch; give a smaller --batch-size"
-        )
-    batch = max(2, records // (2 * world))
-    print(f"{records} training records: batch {batch} instead of the {cfg.model} recipe's {cfg.batch_size}", flush=True)
-    return replace(cfg, batch_size=batch)
-
-
-def _importance_spread(spread: float | None, trains_importance: bool) -> float:
-    """The initial ramp of w: a model whose objective ignores w keeps w = 1 (plain cosine)."""
-    if spread is None:
-        return DEFAULT_SPREAD if trains_importance else 1.0
-    return spread
-
-
-def _importance_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """The objective's own importance form and spread (DEFAULT_IMPORTANCE) where the user gave none."""
-    if cfg.loss not in DEFAULT_IMPORTANCE:
-        return cfg
-    form, spread = DEFAULT_IMPORTANCE[cfg.loss]
-    return replace(
-        cfg,
-        importance=cfg.importance if "importance" in given else form,
-        importance_spread=cfg.importance_spread if "importance_spread" in given else spread,
-    )
-
-
-def _init_defaults(cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """``--init RUN``: its preset must be ``--model``; D, head kind (with ``solve --run``'s affine maps after
-    it), importance form and caption length come from it (D and head must agree when given: an MLP cannot
-    start equal to an affine head, a residual one can)."""
-    model = ckpt.read_config(cfg.init)["model"]
-    head, dim = model.get("head", "linear"), model.get("embed_dim")
-    if model.get("preset") != cfg.model:
-        raise UserError(f"--init {cfg.init} is a {model.get('preset')} run; give --model {model.get('preset')}")
-    if cfg.head is not None and cfg.head != head and (head, cfg.head) != ("affine", "residual"):
-        raise UserError(
-            f"--init {cfg.init} has {head} heads, --head {cfg.head} cannot start from them (the same head kind, or"
-            " residual from affine: an MLP's last layer has no bias, so it cannot start equal to an affine head)"
-        )
-    if cfg.embed_dim is not None and cfg.embed_dim != dim:
-        raise UserError(f"--init {cfg.init} has D={dim}, not --embed-dim {cfg.embed_dim}; leave --embed-dim out")
-    taken = {k: getattr(cfg, k) if k in given else model.get(k, getattr(cfg, k)) for k in ("importance", "text_max_length")}
-    return replace(cfg, head=cfg.head or head, embed_dim=dim, post_affine=bool(model.get("post_affine")), **taken)
 
 
 def _init_source(init: str | None, saved: dict | None) -> dict | None:
@@ -672,14 +600,6 @@ def _affine_to_residual(model: DualEncoder, state: dict) -> dict:
     return state
 
 
-def _loss_options(loss: str, options: dict) -> dict:
-    """The objective's options with the trainer's defaults filled in (what config.json records)."""
-    return {**DEFAULT_LOSS_OPTIONS.get(loss, {}), **options}
-
-
-# ---------------------------------------------------------------------------- the run folder
-
-
 def _check_out(run: Path, resume: bool, overwrite: bool) -> bool:
     """``--out`` must be a writable folder that is new, empty or a run (``retrieval.io.claim_output_dir``).
 
@@ -707,54 +627,6 @@ def _saved_run(run: Path, resume: bool, overwrite: bool = False) -> dict | None:
             raise UserError(f"{run} already holds a run; pass --resume to continue it or choose another --out")
         return None  # new, or killed before its first checkpoint: nothing trained to lose
     return ckpt.read_config(run)
-
-
-def _resumed_config(run: Path, saved: dict, cfg: TrainConfig, given: set[str]) -> TrainConfig:
-    """The run's own settings; UserError (one line) when an option in ``given`` disagrees with them."""
-    section = saved.get("train")
-    where = run / ckpt.CONFIG
-    if not isinstance(section, dict):
-        raise UserError(f"{where} is damaged (no train section)")
-    try:
-        old = TrainConfig(**{**section, "data": DataConfig(**(section.get("data") or {}))})
-    except (TypeError, ValueError) as err:
-        raise UserError(f"{where} is damaged (train section: {err})") from None
-    conflicts = []
-    for path in sorted(given):
-        name = path.split(".")[0]
-        if name in RUNTIME or name in EXTENDABLE:
-            continue
-        mine, theirs = _comparable(cfg, path), _comparable(old, path)
-        if mine != theirs:
-            conflicts.append(f"{_flag(path.split('.')[-1])} {mine!r} (the run's: {theirs!r})")
-    if conflicts:
-        raise UserError(
-            f"--resume: {', '.join(conflicts)} differ from {where}; leave them out to continue the run,"
-            " or train into a new --out"
-        )
-    keep = {name: getattr(cfg, name) for name in RUNTIME}
-    keep.update({name: getattr(cfg, name) for name in EXTENDABLE if name in given})
-    return replace(old, **keep)
-
-
-def _comparable(cfg: TrainConfig, path: str):
-    """A setting as config.json records it, so that typed values compare with recorded ones."""
-    if path.startswith("data."):
-        return getattr(cfg.data, path.split(".", 1)[1])
-    value = getattr(cfg, path)
-    if path in ("train_data", "val_data"):
-        return ckpt.abs_source(value)
-    if path == "loss_options":
-        return _loss_options(cfg.loss, value)
-    return value
-
-
-def _explicit(cfg: TrainConfig) -> set[str]:
-    """Fields that differ from their defaults (what a library caller set)."""
-    blank = TrainConfig(train_data="", out="")
-    out = {f.name for f in fields(cfg) if f.name != "data" and getattr(cfg, f.name) != getattr(blank, f.name)}
-    out |= {f"data.{f.name}" for f in fields(cfg.data) if getattr(cfg.data, f.name) != getattr(blank.data, f.name)}
-    return out
 
 
 def _check_same_data(saved: dict, train_pairs, val_pairs) -> None:

@@ -1,4 +1,4 @@
-"""Objectives (SPEC, "Objectives"): ``build_loss(name, **options)`` and the registered losses.
+"""Objectives (docs/CONTRACT.md, "Objectives"): ``build_loss(name, **options)`` and the registered losses.
 
 A loss is called as ``loss(image_features, text_features, logit_scale, importance=None)``
 and returns ``{"<term>_loss": scalar}``; the training objective is the sum of the terms.
@@ -7,16 +7,16 @@ Every loss uses the global batch under ``torch.distributed`` (:mod:`retrieval.di
 For the trainer:
 - a loss may own parameters (``sigmoid``'s bias): put ``loss.parameters()`` in the
   optimizer (no weight decay); their gradients are identical on every rank already;
-- ``loss.uses_logit_scale`` is False for ``align_uniform``, ``contrastive``, ``triplet``
-  (unless nested) and ``loss.needs_importance`` is True for ``tricl`` and for any loss with
-  ``nested_order=importance``: parameters a loss does not
-  use get no gradient (freeze them, or give DDP ``find_unused_parameters=True``);
+- ``loss.needs_importance`` is True for ``tricl``, ``tricl_spectral`` and any loss with
+  ``nested_order=importance``; ``align_uniform``, ``contrastive``, ``triplet``, ``spectral``
+  and ``tricl_spectral`` ignore the logit scale (unless nested by InfoNCE): parameters a loss
+  does not use get no gradient (freeze them, or give DDP ``find_unused_parameters=True``);
 - the global batch must hold at least 2 pairs (drop a last batch of 1).
 """
 
 from retrieval.losses.base import PairLoss
-from retrieval.losses.nested import NESTED_ORDERS, Nested
-from retrieval.losses.build import build_loss, loss_options
+from retrieval.losses.nested import NESTED_BY, NESTED_ORDERS, Nested
+from retrieval.losses.build import build_loss, loss_options, with_defaults
 from retrieval.losses.registry import LOSSES, LossConfigError, available_losses, register_loss
 
 # one module per family; importing them registers their losses
@@ -25,6 +25,7 @@ from retrieval.losses import align_uniform, hard_negative, infonce, margin, sigm
 __all__ = [
     "LOSSES",
     "LossConfigError",
+    "NESTED_BY",
     "NESTED_ORDERS",
     "Nested",
     "PairLoss",
@@ -32,4 +33,5 @@ __all__ = [
     "build_loss",
     "loss_options",
     "register_loss",
+    "with_defaults",
 ]

@@ -68,7 +68,6 @@ class AlignUniformLoss(PairLoss):
     """
 
     Config = AlignUniformConfig
-    uses_logit_scale = False
 
     def terms(self, image, text, scale, importance):
         cfg = self.config

@@ -114,9 +114,13 @@ class PairLoss(nn.Module):
 
     Config: ClassVar[type] = NoOptions  # the options dataclass
     name: ClassVar[str] = ""  # set by @register_loss
-    uses_logit_scale: ClassVar[bool] = True  # False: logit_scale is ignored (the trainer may freeze it)
     needs_importance: ClassVar[bool] = False  # True: importance must be given (D,)
-    nesting_defaults: ClassVar[dict] = {}  # nesting options build_loss applies unless given (mrl: nested=4, prefix)
+    # The loss's own defaults, the one place they live: ``build_loss(name)`` and ``train --loss name`` both apply
+    # them (config.json records them). nesting_defaults: nesting options unless given (mrl: nested=4, prefix);
+    # importance_defaults: how the model makes w when the objective trains it (TrainConfig fields importance /
+    # importance_spread), unless given (tricl_spectral: softplus started flat).
+    nesting_defaults: ClassVar[dict] = {}
+    importance_defaults: ClassVar[dict] = {}
 
     def __init__(self, **options) -> None:
         super().__init__()

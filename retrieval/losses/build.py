@@ -7,7 +7,7 @@ import dataclasses
 from torch import nn
 
 from retrieval.losses.nested import NESTING_OPTIONS, Nested, NestingConfig
-from retrieval.losses.registry import LossConfigError, lookup
+from retrieval.losses.registry import LOSSES, LossConfigError, lookup
 
 
 def loss_options(name: str) -> dict[str, object]:
@@ -17,8 +17,14 @@ def loss_options(name: str) -> dict[str, object]:
     return {**{f.name: f.default for f in fields}, **getattr(cls, "nesting_defaults", {})}
 
 
+def with_defaults(name: str, options: dict) -> dict:
+    """``options`` with the loss's own nesting defaults filled in: what ``build_loss(name, **options)`` builds,
+    spelled out (what ``config.json`` records). An unknown name gets none (``build_loss`` refuses it)."""
+    return {**getattr(LOSSES.get(name), "nesting_defaults", {}), **options}
+
+
 def build_loss(name: str, **options) -> nn.Module:
-    """Make the objective ``name`` with its options (SPEC, "Objectives").
+    """Make the objective ``name`` with its options (docs/CONTRACT.md, "Objectives").
 
     Args:
         name: a registered name, e.g. ``"infonce"``, ``"debiased"``, ``"tricl"``.

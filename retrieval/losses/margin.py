@@ -45,7 +45,6 @@ class ContrastiveLoss(PairLoss):
     """
 
     Config = ContrastiveConfig
-    uses_logit_scale = False
 
     def terms(self, image, text, scale, importance):
         batch = image.shape[0]
@@ -113,7 +112,6 @@ class TripletLoss(PairLoss):
     """
 
     Config = TripletConfig
-    uses_logit_scale = False
 
     def terms(self, image, text, scale, importance):
         dist = squared_distances(image, text)  # (B, B): rows image anchors, columns texts

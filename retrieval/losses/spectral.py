@@ -71,7 +71,6 @@ class SpectralLoss(PairLoss):
     scale and the importance are not used. Shape: features (B, D).
     """
 
-    uses_logit_scale = False
 
     def terms(self, image, text, scale, importance):
         return {"spectral_loss": spectral_terms(image, text)}
@@ -101,14 +100,14 @@ class TriCLSpectralLoss(PairLoss):
     ``importance`` (``w``, shape (D,)) is required; gradients reach it through ``L_tri``. Eq. 6
     has the free scale of ``S``: with the squared negative term, ``c S`` is optimal at one ``c``,
     so the trainer makes ``w`` with the paper's plain ``softplus`` form, started flat (``S = Id``),
-    not the mean-1 form (docs/results.md, "Eq. 6"). The order is ``argsort(w)`` at the end, which
+    not the mean-1 form (docs/results_archive.md, "Eq. 6"). The order is ``argsort(w)`` at the end, which
     is the compact order of :mod:`retrieval.compact`. The logit scale is not used (nesting, if
     on, uses it). Shape: features (B, D).
     """
 
     Config = TriCLSpectralConfig
     needs_importance = True
-    uses_logit_scale = False
+    importance_defaults = {"importance": "softplus", "importance_spread": 1.0}  # Eq. 6's free scale: S = Id at the start
 
     def terms(self, image, text, scale, importance):
         out = {"spectral_loss": spectral_terms(image, text, importance)}

@@ -69,7 +69,7 @@ def decorrelation(z: torch.Tensor) -> torch.Tensor:
 class TriCLConfig:
     """Options of ``tricl``."""
 
-    dec_weight: float = 10.0  # weight of decorrelation_loss (>= 0); ~1/B if uniform, ~1 if collapsed; 10: results.md appendix
+    dec_weight: float = 10.0  # weight of decorrelation_loss (>= 0); ~1/B if uniform, ~1 if collapsed; 10: docs/results_archive.md appendix
     tau_plus: float = 0.0  # > 0: debiased correction (Chuang et al.) on the tri-factor logits, [0, 1)
     renormalize: bool = False  # True: cosine of sqrt(w) * I and sqrt(w) * T (as the top-m embedding scores)
 
@@ -87,10 +87,10 @@ class TriCLLoss(PairLoss):
     Terms:
         ``contrastive_loss``: symmetric cross-entropy of the tri-factor logits
         ``L = s * I diag(w) T^T`` against the diagonal; with ``tau_plus > 0`` the debiased
-        correction of ``debiased`` on the same logits, clamp floor ``N*exp(-s)`` as the SPEC
+        correction of ``debiased`` on the same logits, clamp floor ``N*exp(-s)`` as docs/CONTRACT.md
         writes it. (With the importance in the logits the smallest possible ``neg_j`` is
         ``exp(-s*max(w))``, not ``exp(-s)``; any positive floor keeps ``Ng > 0``, which is the
-        clamp's job, so the SPEC's floor is kept: it binds a little earlier when ``max(w) > 1``.)
+        clamp's job, so that floor is kept: it binds a little earlier when ``max(w) > 1``.)
         ``decorrelation_loss``: ``dec_weight * 0.5 * sum_{Z in {I, T}} mean(((D/B) Z^T Z - Id)**2)``
         on the global batch (see :func:`decorrelation`).
         ``nested_loss`` (with ``nested=L > 0``, like every objective): the nesting wrapper of
@@ -98,11 +98,14 @@ class TriCLLoss(PairLoss):
         top-m embedding, what a compact index serves); ``nested_order=prefix`` for MRL's prefix.
 
     ``importance`` (``w``, shape (D,)) is required; gradients reach it through the logits.
+    Nested by default (``nested=4`` on the importance order): the trained top-m scores are
+    what a compact index serves (docs/results.md).
     The trainer must put the model's importance parameter ``theta`` in the optimizer
     without weight decay. Shape: features (B, D).
     """
 
     Config = TriCLConfig
+    nesting_defaults = {"nested": 4}  # on the importance order: the nesting default of an objective that reads w
     needs_importance = True
 
     def terms(self, image, text, scale, importance):

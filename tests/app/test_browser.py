@@ -160,7 +160,8 @@ def _whole_thumbnails_and_captions(page) -> bool:
 
 
 def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
-    """Search ``query`` on a running app (then pick ``m``: full D shown beside) and save a screenshot to ``out``."""
+    """Search ``query`` on a running app (then pick ``m``, e.g. "32" or a budget "8B": full D shown beside) and save
+    a screenshot to ``out``."""
     from playwright.sync_api import sync_playwright
 
     requests: list[str] = []
@@ -170,7 +171,7 @@ def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
         text_search(page, query)
         if m is not None:
             page.locator(f'#m input[value="{m}"]').click()
-            _wait_status(page, f"m = {m}")
+            _wait_status(page, f"{m[:-1]} B per image" if m.endswith("B") else f"m = {m}")  # a budget's codes, or an m
             page.wait_for_function(
                 "() => (document.querySelector('#overlap')?.innerText || '').includes('shared')", timeout=TIMEOUT_MS
             )
@@ -189,3 +190,34 @@ def screenshot(url: str, out: str, query: str, m: str | None = None) -> None:
 
 if __name__ == "__main__":
     screenshot(sys.argv[1], sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else "a red apple", sys.argv[4] if len(sys.argv) > 4 else None)
+
+
+def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests):
+    """The control offers the byte budgets with bytes and size, a budget answers, and the frontier chart is drawn;
+    after an --overwrite with other budgets the open page's choices follow without a reload."""
+    from playwright.sync_api import sync_playwright
+
+    from index.build import IndexBuildConfig, build_index
+    from tests.app.conftest import serving, small_index
+
+    index = small_index(tmp_path, num=60, bytes=[4, 8])
+    with serving(index, follow=0.2) as (url, _), sync_playwright() as p:
+        browser, page = open_page(p, url, browser_requests)
+        try:
+            page.wait_for_selector("#frontier-chart img", state="attached", timeout=TIMEOUT_MS)
+            assert "the codes this index stores (4 B →" in page.locator("#frontier-text").inner_text()
+            label = page.locator("#m").inner_text()
+            assert "B/image" in label and "8 B: " in label
+            text_search(page, "two red circles")
+            page.locator('#m input[value="8B"]').click()  # the last query again, by the 8-byte codes
+            status = _wait_status(page, "8 B per image")
+            assert status.startswith("12 results")
+            _wait_images_loaded(page)
+            build_index(IndexBuildConfig(run=str(tmp_path / "run"), data=str(tmp_path / "data" / "train.jsonl"),
+                                         out=str(index), dims=[8, 16], bytes=[16], overwrite=True))
+            page.wait_for_selector('#m input[value="16B"]', state="attached", timeout=TIMEOUT_MS)  # the timer redraws
+            assert page.locator('#m input[value="8B"]').count() == 0
+            assert "(16 B →" in page.locator("#frontier-text").inner_text()
+        finally:
+            browser.close()
+    assert {urlparse(u).netloc for u in browser_requests} == {urlparse(url).netloc}

@@ -320,6 +320,7 @@ ERRORS = {
     "out-unwritable": (_new(out=lambda t: "/proc/triclip-test/run"), "cannot write"),
     "max-steps-negative": (_new("--max-steps", "-3"), "--max-steps must be >= 1"),
     "save-every-negative": (_new("--save-every", "-1"), "--save-every must be >= 0"),
+    "patience-negative": (_new("--patience", "-1"), "--patience must be >= 0"),
     "warmup-negative": (_new("--warmup", "-1"), "--warmup must be >= 0"),
     "wd-negative": (_new("--wd", "-0.1"), "--wd must be >= 0"),
     "grad-clip-nan": (_new("--grad-clip", "nan"), "--grad-clip"),

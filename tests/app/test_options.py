@@ -125,3 +125,15 @@ def test_excluded_fields_keep_their_defaults():
     add_options(p, Outer, exclude={"lock", "reader.sep"})
     assert "--lock" not in p.format_help() and "--sep" not in p.format_help()
     assert to_config(Outer, p.parse_args(["--data", "a"])) == Outer(data="a")
+
+
+def test_overrides_replace_the_derived_arguments_of_one_field():
+    """What a command words its own way (``train``'s optional --train-data, ``index build``'s --no-text-index help)."""
+    parser = argparse.ArgumentParser(exit_on_error=False)
+    add_options(parser, Outer, overrides={"data": {"required": False}, "cache": {"help": "keep the tower cache"}})
+    assert parser.parse_args([]).data is None  # no longer required
+    assert "keep the tower cache" in parser.format_help()
+    strict = argparse.ArgumentParser()
+    add_options(strict, Outer)
+    with pytest.raises(SystemExit):  # --data required (argparse exits on a missing one)
+        strict.parse_args([])

@@ -80,7 +80,7 @@ def test_compact_experiment_end_to_end(small_experiment, capsys):
     assert {"t2i_r10", "align", "uniform", "curve", "class_map_i2i"} <= set(saved)
     assert set(saved["curve"]["first"]) == {str(m) for m in R.dims_for(32)}
     config = json.loads((R.run_dir(cfg, "mrl", 1) / "config.json").read_text())
-    assert config["loss"] == "infonce" and config["loss_options"] == {"nested": 4, "nested_order": "prefix"}
+    assert config["loss"] == "mrl" and config["loss_options"] == {"nested": 4, "nested_order": "prefix"}  # MRL_STEP
     assert {"t2i_r1", "class_map"} <= set(saved["curves"]) and saved["weights"] == "last"
     assert set(saved["curves"]["class_map"]["pca"]) == {str(m) for m in R.dims_for(32)}
     R.compact(R.ResultsConfig(**{**cfg.__dict__, "variants": ["mrl"], "curve_metric": "class_map", "png": None}))

@@ -43,7 +43,7 @@ def searcher(flat_index):
 
 @pytest.fixture(scope="module")
 def reference(run_dir, shapes_dir):
-    """Compact vectors computed straight from the SPEC's definition."""
+    """Compact vectors computed straight from the definition (docs/CONTRACT.md "Compact features")."""
     model, _ = load_run(run_dir)
     pairs = load_pairs(shapes_dir / "train.jsonl")
     transform = model.image_transform(train=False)

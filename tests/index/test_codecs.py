@@ -32,7 +32,7 @@ def data():
 
 
 # one small spec per codec (the PQ / OPQ ones keep training quick)
-SPECS = [
+CODEC_SPECS = [
     codecs.CodecSpec("float32", 8, 32),
     codecs.CodecSpec("int8", 24, 24),
     codecs.CodecSpec("binary", 32, 4),
@@ -46,7 +46,7 @@ SPECS = [
 def fitted(data):
     x, _ = data
     out = {}
-    for spec in SPECS:
+    for spec in CODEC_SPECS:
         codec = codecs.fit(spec, x)
         codec.add(x[:300])
         codec.add(x[300:])  # two adds: ids continue
@@ -174,12 +174,29 @@ def test_candidates_refuse_a_budget_below_one_byte():
 
 def test_pq_on_a_small_collection_uses_fewer_centroids_and_says_so():
     x = _vectors(40)
-    codec = codecs.fit(codecs.CodecSpec("opq", 16, 8, {"M": 8, "nbits": 8}), x)
+    codec = codecs.fit(codecs.CodecSpec("pq", 16, 8, {"M": 8, "nbits": 8}), x)
     assert codec.spec.params["nbits"] == 5 and codec.spec.bytes_per_vector == 5  # 8 x 5 bits
     codec.add(x)
     assert codec.code_bytes() == 5 * 40
     with pytest.raises(UserError, match="at least 2"):
         codecs.fit(codecs.CodecSpec("pq", 16, 8, {"M": 8, "nbits": 8}), x[:1])
+
+
+def test_opq_below_256_vectors_is_refused_in_one_line_not_a_crash():
+    """FAISS 1.15's OPQMatrix aborts the process (heap corruption) training codes under 8 bits (D=256, n=190):
+    the code refuses before FAISS sees it. Run in a child so that a regression fails here, not the suite."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np; from index import codecs; from retrieval.errors import UserError\n"
+        "x = np.random.default_rng(0).standard_normal((190, 256)).astype('float32')\n"
+        "try:\n    codecs.fit(codecs.CodecSpec('opq', 256, 16, {'M': 16, 'nbits': 8}), x)\n"
+        "except UserError as err:\n    print('refused:', err)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-500:]
+    assert "refused:" in done.stdout and "at least 256 training vectors" in done.stdout
 
 
 def test_bad_specs_and_inputs_are_one_line_errors(data):

@@ -51,7 +51,8 @@ def lite_index(tmp_path_factory, shapes_dir):
     old = os.environ.get("TRICLIP_CACHE")
     os.environ["TRICLIP_CACHE"] = str(cache)
     try:
-        assert main(["index", "build", "--run", str(run), "--data", str(data), "--out", str(root / "index"), "--dims", "8"]) == 0
+        assert main(["index", "build", "--run", str(run), "--data", str(data), "--out", str(root / "index"), "--dims", "8",
+                     "--bytes", "4"]) == 0
     finally:
         os.environ.pop("TRICLIP_CACHE") if old is None else os.environ.__setitem__("TRICLIP_CACHE", old)
     return root / "index", cache
@@ -100,14 +101,17 @@ def test_fast_searcher_is_thread_safe(lite_index, cache_env):
     assert texts == serial and all(hits == images[0] for hits in images)
 
 
-def test_search_text_cli_does_not_import_torch(lite_index, cache_env):
+@pytest.mark.parametrize("how", [[], ["--bytes", "4", "--rescore", "float"]], ids=["float", "codes"])
+def test_search_text_cli_does_not_import_torch(lite_index, cache_env, how):
     index, cache = lite_index
     Searcher.load(index, text_only=True)  # makes sure the export exists (whatever ran before)
-    expected = Searcher.load(index).search_text(QUERIES[:1], k=4)[0]
+    options = {"bytes": 4, "rescore": "float"} if how else {}
+    expected = Searcher.load(index).search_text(QUERIES[:1], k=4, **options)[0]
     code = (
         "import json, sys\n"
         "from app.cli import main\n"
-        f"rc = main(['search', '--index', {str(index)!r}, '--text', {QUERIES[0]!r}, '-k', '4', '--json', '--timing'])\n"
+        f"rc = main(['search', '--index', {str(index)!r}, '--text', {QUERIES[0]!r}, '-k', '4', '--json', '--timing',"
+        f" *{how!r}])\n"
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
         "print('HEAVY ' + json.dumps(heavy), file=sys.stderr)\n"
         "sys.exit(rc)\n"

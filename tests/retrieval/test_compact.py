@@ -1,4 +1,4 @@
-"""Compact features against their definitions (SPEC "Compact features")."""
+"""Compact features against their definitions (docs/CONTRACT.md "Compact features")."""
 
 from __future__ import annotations
 

@@ -12,6 +12,7 @@ from retrieval.losses import LossConfigError, available_losses, build_loss, loss
 from retrieval.losses.tricl import decorrelation
 
 ALL = ["infonce", "debiased", "tricl", "align_uniform", "contrastive", "triplet", "sigmoid", "hard_negative"]
+SCALE_FREE = {"align_uniform", "contrastive", "triplet", "spectral", "tricl_spectral"}  # plain: s gets no gradient
 
 
 def _features(batch: int, dim: int, seed: int = 0, dtype=torch.float32, noise: float = 0.8):
@@ -32,9 +33,9 @@ def _total(terms: dict[str, torch.Tensor]) -> torch.Tensor:
 def test_registry_has_the_eight_objectives():
     spectral = ["spectral", "tricl_spectral"]  # Eq. 6 + 8: tests/retrieval/test_losses_spectral.py
     assert sorted(ALL + ["mrl"] + spectral) == available_losses()  # mrl: infonce with prefix nesting on by default
-    nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None}  # every loss takes these
+    nesting = {"nested": 0, "nested_weight": 1.0, "nested_order": None, "nested_by": "infonce"}  # every loss takes these
     assert loss_options("debiased") == {"tau_plus": 0.1, **nesting}
-    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting}
+    assert loss_options("tricl") == {"dec_weight": 10.0, "tau_plus": 0.0, "renormalize": False, **nesting, "nested": 4}
     assert loss_options("triplet") == {"margin": 0.2, "mining": "semihard", **nesting}
 
 
@@ -42,8 +43,8 @@ def test_registry_has_the_eight_objectives():
     "name,opts,match",
     [
         ("nope", {}, "unknown loss 'nope'; choose from align_uniform"),
-        ("debiased", {"tau": 0.1}, "has no option tau .its options: nested, nested_order, nested_weight, tau_plus"),
-        ("infonce", {"tau_plus": 0.1}, "has no option tau_plus .its options: nested, nested_order, nested_weight"),
+        ("debiased", {"tau": 0.1}, "has no option tau .its options: nested, nested_by, nested_order, nested_weight, tau_plus"),
+        ("infonce", {"tau_plus": 0.1}, "has no option tau_plus .its options: nested, nested_by, nested_order, nested_weight"),
         ("debiased", {"tau_plus": 1.0}, r"tau_plus must be in \[0, 1\)"),
         ("debiased", {"tau_plus": -0.1}, r"tau_plus must be in \[0, 1\)"),
         ("tricl", {"tau_plus": "0.1"}, "tau_plus must be a number"),
@@ -63,7 +64,7 @@ def test_bad_name_or_option_is_one_clear_line(name, opts, match):
 
 
 def test_options_from_the_cli_parse_to_typed_values():
-    loss = build_loss("tricl", dec_weight=2, tau_plus=0)  # ints as json gives them
+    loss = build_loss("tricl", dec_weight=2, tau_plus=0, nested=0)  # ints as json gives them
     assert loss.config.dec_weight == 2.0 and isinstance(loss.config.dec_weight, float)
     assert build_loss("triplet", mining="hardest", margin=0.5).config.mining == "hardest"
 
@@ -157,7 +158,8 @@ def test_tricl_nested_term_scores_what_the_compact_index_serves():
     torch.testing.assert_close(got, sum(terms), rtol=1e-12, atol=1e-12)
     got.backward()
     assert w.grad is not None and w.grad.abs().sum() > 0
-    assert "nested_loss" not in build_loss("tricl")(image, text, 20.0, w)
+    assert "nested_loss" not in build_loss("tricl", nested=0)(image, text, 20.0, w)
+    assert "nested_loss" in build_loss("tricl")(image, text, 20.0, w)  # tricl nests by default (its own default)
 
 
 @pytest.mark.parametrize("opts", [{"nested": -1}, {"nested": 1.5}, {"nested": True}, {"nested_weight": -1.0}])
@@ -187,7 +189,7 @@ def test_gradients_reach_features_scale_and_importance(name):
     _total(loss(image, text, s, w)).backward()
     for x in (image, text):
         assert x.grad is not None and torch.isfinite(x.grad).all() and x.grad.abs().sum() > 0
-    if loss.uses_logit_scale:
+    if name not in SCALE_FREE:
         assert s.grad is not None and torch.isfinite(s.grad) and s.grad != 0
     else:
         assert s.grad is None

@@ -91,9 +91,9 @@ def test_default_order_is_importance_for_tricl_and_prefix_otherwise():
 
 
 def test_wrapper_uses_the_logit_scale_even_for_scale_free_objectives():
-    assert not build_loss("triplet").uses_logit_scale
-    assert build_loss("triplet", nested=1).uses_logit_scale
     image, text, s, w = _inputs(5, 8, 9.0, seed=2)
+    plain = sum(build_loss("triplet")(image, text, s).values())
+    assert torch.autograd.grad(plain, [s], allow_unused=True) == (None,)
     total = sum(build_loss("triplet", nested=1)(image, text, s).values())
     (grad,) = torch.autograd.grad(total, [s])
     assert grad.abs() > 0
@@ -103,7 +103,7 @@ def test_wrapper_uses_the_logit_scale_even_for_scale_free_objectives():
 def test_nested_zero_is_the_plain_objective(name):
     opts, _ = _case(name)
     torch.manual_seed(0)
-    plain = build_loss(name, **opts).double()
+    plain = build_loss(name, **{"nested": 0, **opts}).double()  # tricl nests by default
     torch.manual_seed(0)
     zero = build_loss(name, **opts, nested=0, nested_weight=3.0, nested_order="importance").double()
     assert type(zero) is type(plain)
@@ -174,3 +174,62 @@ def test_mrl_is_infonce_with_prefix_nesting_by_default():
     plain = build_loss("mrl", nested=0)(image, text, s)
     assert set(plain) == {"contrastive_loss"}
     assert build_loss("mrl", nested=2, nested_weight=0.5).config.nested == 2
+
+
+def ref_nested_inner(name, opts, image, text, s, w, levels, weight, order):
+    """weight * sum over m of the objective's own slow loop on the kept dimensions (``nested_by=inner``).
+
+    An objective that reads w gets w of the kept dimensions and unweighted features; another gets
+    the sqrt(w)-weighted compact embedding on the importance order (unweighted on the prefix).
+    """
+    _, ref = _case(name)
+    reads_w = build_loss(name, **opts, nested=0).needs_importance
+    d = image.shape[1]
+    ranked = list(range(d)) if order == "prefix" else sorted(range(d), key=lambda j: (-float(w[j].detach()), j))
+    weights = None if reads_w or order == "prefix" else w
+    total, m = 0.0, d // 2
+    for _ in range(levels):
+        if m < 1:
+            break
+        keep = ranked[:m]
+        kept_w = w[keep] if reads_w else None
+        total = total + ref(ref_compact(image, weights, keep), ref_compact(text, weights, keep), s, kept_w, None)
+        m //= 2
+    return weight * total
+
+
+@pytest.mark.parametrize("name", ["infonce", "tricl", "tricl_spectral", "triplet", "debiased"])
+@pytest.mark.parametrize("order", ["prefix", "importance"])
+def test_nested_by_inner_runs_the_objective_at_each_m(name, order):
+    """MatryoshkaLoss's nesting: the objective's own terms on each prefix, values and grads (float64)."""
+    opts, ref = _case(name)
+    image, text, s, w = _inputs(6, 8, 9.0, seed=11)
+    loss = build_loss(name, **opts, nested=2, nested_weight=0.7, nested_order=order, nested_by="inner").double()
+    fast = sum(loss(image, text, s, w).values())
+    slow = ref(image, text, s, w, None) + ref_nested_inner(name, opts, image, text, s, w, 2, 0.7, order)
+    torch.testing.assert_close(fast, slow, rtol=1e-9, atol=1e-9)
+    for got, want in zip(_grads(fast, [image, text, w]), _grads(slow, [image, text, w])):
+        if want is None:
+            assert got is None or torch.count_nonzero(got) == 0
+        else:
+            torch.testing.assert_close(got, want, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("order", ["prefix", "importance"])
+def test_nested_by_inner_of_infonce_is_nesting_by_infonce(order):
+    image, text, s, w = _inputs(6, 8, 9.0, seed=12)
+    by_inner = build_loss("infonce", nested=3, nested_order=order, nested_by="inner")(image, text, s, w)
+    by_infonce = build_loss("infonce", nested=3, nested_order=order)(image, text, s, w)
+    torch.testing.assert_close(by_inner["nested_loss"], by_infonce["nested_loss"], rtol=1e-12, atol=1e-12)
+
+
+def test_the_two_nestings_differ_where_the_objective_is_not_infonce():
+    image, text, s, w = _inputs(6, 8, 9.0, seed=13)
+    by_inner = build_loss("triplet", nested=2, nested_by="inner")
+    by_infonce = build_loss("triplet", nested=2)
+    assert by_infonce.config.nested_by == "infonce"  # the default: the nesting every measured run used
+    inner_term = by_inner(image, text, s)["nested_loss"]
+    assert abs(float(inner_term.detach()) - float(by_infonce(image, text, s)["nested_loss"].detach())) > 1e-3
+    assert torch.autograd.grad(inner_term, [s], allow_unused=True) == (None,)  # the triplet loss has no scale
+    with pytest.raises(LossConfigError, match="nested_by must be one of infonce, inner"):
+        build_loss("triplet", nested=2, nested_by="matryoshka")

@@ -102,9 +102,9 @@ def test_value_and_gradients_match_the_loop(name, opts, batch, dim, dtype):
 
 
 def test_options_and_flags():
-    assert not build_loss("spectral").uses_logit_scale and not build_loss("spectral").needs_importance
+    assert not build_loss("spectral").needs_importance
     loss = build_loss("tricl_spectral")
-    assert not loss.uses_logit_scale and loss.needs_importance and loss.config.dec_weight == 1.0
+    assert loss.needs_importance and loss.config.dec_weight == 1.0
     with pytest.raises(ValueError, match="dec_weight must be >= 0"):
         build_loss("tricl_spectral", dec_weight=-1.0)
     with pytest.raises(ValueError, match="has no option dec_weight"):
@@ -203,7 +203,6 @@ def test_nesting_composes_on_the_importance_order():
     s = torch.tensor(9.0, dtype=torch.float64, requires_grad=True)
     nested = build_loss("tricl_spectral", dec_weight=0.5, nested=2)
     assert isinstance(nested, Nested) and nested.order == "importance" and nested.needs_importance
-    assert nested.uses_logit_scale  # the nested InfoNCE uses the shared scale
     got = nested(image, text, s, w)
     plain = build_loss("tricl_spectral", dec_weight=0.5)(image, text, s, w)
     assert got.keys() == {*plain, "nested_loss"}

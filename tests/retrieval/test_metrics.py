@@ -128,7 +128,7 @@ def test_image_without_caption_is_only_a_distractor():
 
 
 def naive_distinct_recall(image, text, owner, texts, ks):
-    """SPEC "Metrics" read literally, one query at a time with Python lists.
+    """docs/CONTRACT.md "Metrics" read literally, one query at a time with Python lists.
 
     t2i: each distinct text once (embedded as its first caption row), relevant = every image
     with a caption of exactly that text; i2t: the gallery holds each distinct text once, a hit

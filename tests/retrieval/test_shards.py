@@ -1,4 +1,4 @@
-"""``triclip embed``: shards equal across rank counts, resume skips finished shards, SPEC vectors."""
+"""``triclip embed``: shards equal across rank counts, resume skips finished shards, the vectors of docs/CONTRACT.md "Embeddings"."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ from training.evaluate import evaluate
 
 
 def _t2i_recall_at_10(scores: torch.Tensor, text_to_image: torch.Tensor, texts: list[str]) -> float:
-    """Slow reference over distinct texts (SPEC Metrics): each caption text once, every image
+    """Slow reference over distinct texts (docs/CONTRACT.md "Metrics"): each caption text once, every image
     carrying it relevant; a hit when one of them is among the 10 best-scored images."""
     relevant: dict[str, set] = {}
     first_row: dict[str, int] = {}

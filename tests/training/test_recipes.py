@@ -36,7 +36,7 @@ def test_each_preset_brings_its_recipe(model, expected):
 
 
 def test_the_lite_recipe_is_the_measured_one():
-    """docs/results.md: locked cached towers, MLP heads, batch 256, lr 1e-3, 40 epochs, early stopping after 5."""
+    """docs/results_archive.md (set-up, section 7): locked cached towers, MLP heads, batch 256, lr 1e-3, 40 epochs, early stopping after 5."""
     assert RECIPES["lite"] == Recipe(
         epochs=40, batch_size=256, lr=1e-3, head="mlp", lock_image=True, lock_text=True, tower_lr_scale=0.1, patience=5
     )

@@ -90,7 +90,7 @@ def test_training_keeps_the_last_weights_when_the_best_is_within_noise(shapes_da
     assert torch.equal(kept.image_head.weight, last.image_head.weight)
     out = capsys.readouterr().out
     assert "within noise, kept the last weights" in out
-    assert f"Eval and index use {run / 'model.safetensors'} (the last weights)" in out  # issue 26 item 3
+    assert f"Eval and index use {run / 'model.safetensors'} (the last weights; " in out  # issue 26 item 3
     assert "unless given --weights last" not in out
     assert "Validation, epoch 3 (kept):" in out and "ordering     m=" in out  # the demo's per-m table
 
@@ -103,7 +103,7 @@ def test_training_keeps_the_best_epoch_when_it_is_well_above_noise(shapes_data, 
     assert best_info(run)["epoch"] == 2 and weights_path(run) == run / "best" / "model.safetensors"
     out = capsys.readouterr().out
     assert "Validation, epoch 2 (kept):" in out
-    assert f"Eval and index use {run / 'best'} unless given --weights last" in out
+    assert f"Eval and index use {run / 'best'} (unless given --weights last; " in out
 
     _forced(monkeypatch, [0.45, 0.44])  # resumed: epochs 4-5 lower, the held best still leads
     train(_cfg(shapes_data, run, epochs=5, resume=True))

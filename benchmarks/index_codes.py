@@ -1,0 +1,63 @@
+"""The stored codes of an index (``index build --bytes``) measured on one split of its images, and re-scoring.
+
+    python -m benchmarks.index_codes INDEX SPLIT.jsonl
+
+Takes the rows of INDEX whose images SPLIT lists (e.g. the demo's ``data/test.jsonl``, which
+the demo indexes too) and their caption vectors; prints text->image recall@10 over distinct
+captions (``index.budgets``) of float32 at full D, float top-m (pruning), each budget's stored
+code (its trained quantiser, filled with the split's images), and each code's shortlist of
+100 / 200 re-ranked with the float vectors (``index.search.rerank_from``). Torch-free.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import numpy as np
+
+from index.budgets import EvalSet, measure, recall_at_k
+from index.search import rerank_from
+from index.store import load_contents
+from index.vectors import exact_topk, prefix
+
+
+def split_set(index: str, split: str) -> tuple[EvalSet, dict]:
+    """The split's images and distinct captions as served vectors of ``index``, and its codes."""
+    contents = load_contents(index)
+    folder = os.path.dirname(os.path.abspath(split))
+    with open(split, encoding="utf-8") as fh:
+        paths = {os.path.join(folder, json.loads(line)["image"]) for line in fh if line.strip()}
+    rows = [i for i, row in enumerate(contents.meta) if row["image"] in paths]
+    position = {r: j for j, r in enumerate(rows)}
+    keep = [t for t, (r, _) in enumerate(contents.text_rows.tolist()) if r in position]
+    texts = [contents.meta[r]["captions"][c] for r, c in contents.text_rows[keep].tolist()]
+    owner = np.array([position[r] for r in contents.text_rows[keep, 0].tolist()])
+    image, text = np.asarray(contents.vectors[rows]), np.asarray(contents.text_vectors[keep])  # (n, D), (T, D)
+    return EvalSet.of(image, text, owner, texts, "split", split), contents.codes
+
+
+def main(index: str, split: str) -> None:
+    ev, codes = split_set(index, split)
+    dim = ev.image.shape[1]
+    print(f"{split}: {len(ev.image)} images, {len(ev.queries)} distinct captions; t2i recall@10")
+    full = recall_at_k(exact_topk(ev.image, ev.queries, 10), ev.positives)
+    print(f"float32 full D = {dim} ({4 * dim} B): {full:.3f}")
+    for m in (2, 4, 8, 16, 32):
+        found = exact_topk(prefix(ev.image, m), prefix(ev.queries, m), 10)
+        print(f"float32 top-m m = {m} ({4 * m} B): {recall_at_k(found, ev.positives):.3f}")
+    for budget, codec in sorted(codes.items()):
+        recall = measure(codec, ev)
+        gallery = codec.empty_copy()
+        gallery.add(ev.image)
+        rescored = []
+        for count in (100, 200):
+            _, ids = rerank_from(ev.image, ev.queries, gallery.search(ev.queries, count)[1], 10)
+            rescored.append(f"{recall_at_k(ids, ev.positives):.3f} ({count})")
+        print(f"{budget} B {codec.spec.label()}: {recall:.3f} ({recall / full:.0%} of full D);"
+              f" re-scored with float from a shortlist of: {', '.join(rescored)}")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
