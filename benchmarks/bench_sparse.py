@@ -92,7 +92,8 @@ def fit(image: np.ndarray, text: np.ndarray, owner: np.ndarray, k: int, hidden: 
 
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
-    img, txt = torch.from_numpy(np.ascontiguousarray(image, np.float32)), torch.from_numpy(np.ascontiguousarray(text, np.float32))
+    img = torch.from_numpy(np.ascontiguousarray(image, np.float32))
+    txt = torch.from_numpy(np.ascontiguousarray(text, np.float32))
     own = torch.from_numpy(np.asarray(owner, np.int64))
     model = SparseAutoencoder(image.shape[1], hidden, k, tied, seed)
     with torch.no_grad():  # start the decoder bias at the mean (as top-k SAEs do)
@@ -170,20 +171,22 @@ def report(per_seed: list[dict], bytes_runs: list[dict] | None) -> str:
     """Rows: the sparse codes, MRL's top-m at m = k, and (when given) bench_bytes' rows at equal bytes; then the
     paired differences of the better sparse row against top-m and against the best code of bench_bytes."""
     budgets = sorted({int(b) for b in per_seed[0]["CSR sparse.sparse"]})
-    rows = {name: [r[name] for r in per_seed] for name in ("CSR sparse.sparse", "CSR float.decoded", "float32 top-m (today)")}
+    ours = ("CSR sparse.sparse", "CSR float.decoded", "float32 top-m (today)")
+    rows = {name: [r[name] for r in per_seed] for name in ours}
     if bytes_runs:
         rows.update({f"{name} (bench_bytes)": [r.get(name, {}) for r in bytes_runs] for name in COMPARED[1:]})
     head = "| method | " + " | ".join(f"{b} B (k = {b // 4})" for b in budgets) + " |"
     lines = [head, "|---|" + "---:|" * len(budgets)]
     for name, runs in rows.items():
-        cells = [mean_sd([r[str(b)]["r10"] for r in runs]) if all(str(b) in r for r in runs) else "–" for b in budgets]
+        cells = [mean_sd([r[str(b)]["r10"] for r in runs]) if all(str(b) in r for r in runs) else "–"
+                 for b in budgets]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     full = [next(iter(r["float32 full D"].values()))["r10"] for r in per_seed]
     lines.append(f"\nfloat32 full D: {mean_sd(full)}\n")
-    lines += ["| B | k | CSR sparse − top-m (m = k) | CSR decoded − top-m (m = k) | best CSR − best code of bench_bytes |",
-              "|---:|---:|---:|---:|---|"]  # fmt: skip
+    lines += ["| B | k | CSR sparse − top-m (m = k) | CSR decoded − top-m (m = k) | best CSR − best code of "
+              "bench_bytes |", "|---:|---:|---:|---:|---|"]  # fmt: skip
     for b in budgets:
-        s, d, t = ([r[n][str(b)]["r10"] for r in per_seed] for n in ("CSR sparse.sparse", "CSR float.decoded", "float32 top-m (today)"))
+        s, d, t = ([r[n][str(b)]["r10"] for r in per_seed] for n in ours)
         best = max((s, d), key=statistics.mean)
         cell = "–"
         if bytes_runs:
@@ -220,7 +223,7 @@ def main(argv=None) -> int:
     bytes_runs = None
     if ns.bytes_json:
         saved = json.loads(Path(ns.bytes_json).read_text())
-        bytes_runs = saved["per_seed"][: len(seeds)]
+        bytes_runs = [saved["per_seed"][s] for s in seeds]  # bench_bytes' default seeds 0, 1, 2, in order
     per_seed = []
     for seed in seeds:
         run = Path(ns.runs) / f"seed{seed}"

@@ -1,4 +1,4 @@
-"""benchmarks.bench_sparse: exactly k active entries, 4k bytes, and a top-k autoencoder that learns a k-sparse dictionary."""
+"""benchmarks.bench_sparse: exactly k active entries, 4k bytes, a top-k autoencoder learns a k-sparse dictionary."""
 
 import numpy as np
 import pytest
