@@ -157,9 +157,10 @@ CASES = [
     ("infonce", {}, lambda i, t, s, w, b: ref_infonce(i, t, s)),
     ("debiased", {"tau_plus": 0.05}, lambda i, t, s, w, b: ref_debiased(i, t, s, 0.05)),
     ("debiased", {"tau_plus": 0.3}, lambda i, t, s, w, b: ref_debiased(i, t, s, 0.3)),
-    ("tricl", {"dec_weight": 1.0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 1.0, 0.0)),
-    ("tricl", {"dec_weight": 0.0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.0, 0.0)),
-    ("tricl", {"dec_weight": 0.5, "tau_plus": 0.2}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.5, 0.2)),
+    # tricl nests by default (nested=4, its own default): nested=0 is the objective alone, the cases after add nesting
+    ("tricl", {"dec_weight": 1.0, "nested": 0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 1.0, 0.0)),
+    ("tricl", {"dec_weight": 0.0, "nested": 0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.0, 0.0)),
+    ("tricl", {"dec_weight": 0.5, "tau_plus": 0.2, "nested": 0}, lambda i, t, s, w, b: ref_tricl(i, t, s, w, 0.5, 0.2)),
     (
         "tricl",
         {"dec_weight": 0.5, "nested": 1, "nested_weight": 0.7},
@@ -240,7 +241,7 @@ def _floor_flags(image, text, s, w, tau):
 
 
 @pytest.mark.parametrize(
-    "name,opts,tau", [("debiased", {"tau_plus": 0.5}, 0.5), ("tricl", {"tau_plus": 0.3, "dec_weight": 0.0}, 0.3)]
+    "name,opts,tau", [("debiased", {"tau_plus": 0.5}, 0.5), ("tricl", {"tau_plus": 0.3, "dec_weight": 0.0, "nested": 0}, 0.3)]
 )
 def test_clamp_branch_matches_reference(name, opts, tau):
     """Some pairs aligned, some not: rows where the N*exp(-s) floor binds (with Ng <= -pos or not)
