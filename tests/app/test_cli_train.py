@@ -369,16 +369,18 @@ def test_user_errors_are_one_line_exit_2_and_lose_nothing(trained, tmp_path, cap
     "argv, message",
     [
         (["eval", "--run", "/no/such/run", "--data", "x.jsonl", "--json"], "not a triclip run"),
-        (["train", "--train-data", "/no/such.jsonl", "--out", "/tmp/x"], "data source not found"),
+        (["train", "--train-data", "/no/such.jsonl", "--out", "x"], "data source not found"),
         (["train", "--train-data", "x", "--out", "y", "--epochs", "zero"], "invalid int value"),
         (["eval", "--run", "r", "--data", "d", "--dims", "4,a"], "--dims"),
         (["train", "--train-data", "x", "--out", "y", "--text-max-length", "1"], "--text-max-length must be >= 2"),
     ],
 )
-def test_user_errors_are_one_line_and_exit_2(argv, message, capsys):
+def test_user_errors_are_one_line_and_exit_2(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths land here (not in a folder other test runs share)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # a refused command writes nothing (no --out folder, no lock)
 
 
 # ---------------------------------------------------------------------------- the check
