@@ -407,7 +407,7 @@ def _acquire(fd: int, root: Path, timeout: float) -> None:
 @contextlib.contextmanager
 def writing(
     path: str | os.PathLike, kind: str, overwrite: bool = False, reuse: bool = False, option: str = "--out",
-    timeout: float = 0.0, stage: bool = True,
+    timeout: float = 0.0, stage: bool = True, hint: str | None = None,
 ) -> Iterator[Path]:  # fmt: skip
     """Claim, lock and mark the folder ``path`` for the command writing ``kind``; yield where to write.
 
@@ -418,14 +418,14 @@ def writing(
     one) in a new folder beside it that replaces it by rename when the block ends (``stage``
     False: in place, for writers that keep versions of their own, like the index). When the
     block ends without an error the mark says done; after an error or a kill it does not, and the
-    next run of the command takes the folder as its own.
+    next run of the command takes the folder as its own. ``hint``: as for :func:`claim_output_dir`.
     """
     root = Path(path)
     _swap_back(root)
-    claim_output_dir(root, kind, overwrite, reuse, option)
+    claim_output_dir(root, kind, overwrite, reuse, option, hint)
     made = not root.exists()
     with folder_lock(root, timeout), _unmade_on_error(root, made):
-        found = claim_output_dir(root, kind, overwrite, reuse, option)  # what the writer before us left
+        found = claim_output_dir(root, kind, overwrite, reuse, option, hint)  # what the writer before us left
         for leftover in root.parent.glob(f".{glob.escape(root.name)}.new-*"):  # killed replacements
             if read_mark(leftover) is not None or not any(leftover.iterdir()):
                 _rmtree(leftover)

@@ -42,7 +42,7 @@ from retrieval.data import load_pairs
 from retrieval.data.sources import check_source
 from retrieval.embed import _project_rows, pick_device
 from retrieval.errors import UserError
-from retrieval.io import claim_output_dir, write_json_atomic, writing
+from retrieval.io import write_json_atomic, writing
 from retrieval.metrics import first_captions
 from retrieval.model import DualEncoder, ModelConfig, build_model
 from retrieval.run import build_seeded, load_run, weights_path, weights_reference
@@ -94,8 +94,8 @@ def solve(cfg: SolveConfig) -> dict:
         UserError: bad settings or data (one line), before anything is written.
     """
     _validate(cfg)
-    claim_output_dir(cfg.out, "run", overwrite=cfg.overwrite, hint="pass --overwrite to replace it, or choose another --out")
-    with writing(cfg.out, "run", overwrite=cfg.overwrite) as folder:  # a replacement is built beside, then swapped in
+    hint = "pass --overwrite to replace it, or choose another --out"  # solve has no --resume
+    with writing(cfg.out, "run", overwrite=cfg.overwrite, hint=hint) as folder:  # a replacement is built beside, then swapped in
         return _solve(cfg, folder)
 
 

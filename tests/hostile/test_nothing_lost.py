@@ -118,19 +118,25 @@ def _solve_args(shapes: Path, out: Path, *extra) -> list:
             *extra]  # fmt: skip
 
 
-def _solve_killed_before_config(cli, monkeypatch, args) -> None:
-    """``triclip ARGS`` (a solve) killed after its weights, before its config.json (the last file it writes)."""
-    import training.checkpoint as ckpt
+def _killed_in(monkeypatch, module, name: str, args) -> None:
+    """``triclip ARGS`` killed (``kill -9`` stands in) when it reaches ``module.name``."""
 
     def killed(*_a, **_k):
         raise Killed("kill -9")
 
-    monkeypatch.setattr(ckpt, "write_config", killed)
+    monkeypatch.setattr(module, name, killed)
     with pytest.raises(Killed):
         from app.cli import main
 
         main([str(a) for a in args])
     monkeypatch.undo()
+
+
+def _solve_killed_before_config(cli, monkeypatch, args) -> None:
+    """``triclip ARGS`` (a solve) killed after its weights, before its config.json (the last file it writes)."""
+    import training.checkpoint as ckpt
+
+    _killed_in(monkeypatch, ckpt, "write_config", args)
 
 
 def test_a_killed_solve_runs_again(cli, tmp_path, shapes, monkeypatch):
@@ -234,15 +240,7 @@ def _init_train(shapes: Path, init: Path, out: Path, *extra) -> list:
 def _killed_before_first_checkpoint(monkeypatch, args) -> None:
     import training.train as train_mod
 
-    def killed(*_a, **_k):
-        raise Killed("kill -9")
-
-    monkeypatch.setattr(train_mod, "_save", killed)
-    with pytest.raises(Killed):
-        from app.cli import main
-
-        main([str(a) for a in args])
-    monkeypatch.undo()
+    _killed_in(monkeypatch, train_mod, "_save", args)
 
 
 def test_a_resume_before_the_first_checkpoint_starts_from_the_init_again(cli, tmp_path, shapes, monkeypatch):
