@@ -546,7 +546,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
     p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
     p.add_argument("--bytes", type=int, default=None, metavar="B",
-                   help="search the image codes of B bytes per image (index build --bytes; default: none, float at m)")
+                   help="search the codes of B bytes per vector (index build --bytes): the image codes, the caption codes"
+                        " with --target text (default: none, float at m)")
     p.add_argument("--rescore", default=None, metavar="float|B2",
                    help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")
     p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")

@@ -6,8 +6,8 @@
 Each public method of :class:`SearchApp` is one named API endpoint of the page
 (``gradio_client``): ``search_text``, ``search_image``, ``more_like_this``,
 ``image_to_text``; ``m`` and ``k`` may be numbers or numeric strings; ``m`` may also name a
-byte budget's codes, e.g. ``"16B"`` (``index build --bytes``), where the funnel re-scores
-the codes' shortlist with the float vectors. Bad input gives a
+byte budget's codes, e.g. ``"16B"`` (``index build --bytes``; ``image_to_text`` searches that
+budget's caption codes), where the funnel re-scores the codes' shortlist with the float vectors. Bad input gives a
 message, never a traceback. The indexed images are answered at ``IMAGE_ROUTE``.
 """
 
@@ -161,7 +161,7 @@ class SearchApp:
             return empty_rows(), self._message("Upload an image first.")
         try:
             search = _explained(image, lambda **kw: view.searcher.search_image([image], target="text", **kw))
-            hits, ms, where = self._run(view, search, m, funnel, k)
+            hits, ms, where = self._run(view, search, m, funnel, k, target="text")
         except UserError as err:
             return empty_rows(), self._message(str(err))
         rows = pd.DataFrame(
@@ -225,8 +225,9 @@ class SearchApp:
         """The URL of an indexed image: its row in the version that found it."""
         return f"{base}{IMAGE_ROUTE}/{view.rows[image_id]}?v={view.version}"
 
-    def _run(self, view, search, m, funnel, k) -> tuple[list[dict], float, str]:
-        """Call ``search(k=, m=, funnel=)``; returns (hits of the one query, milliseconds, a description)."""
+    def _run(self, view, search, m, funnel, k, target: str = "image") -> tuple[list[dict], float, str]:
+        """Call ``search(k=, m=, funnel=)`` (or ``bytes=, rescore=``) on the ``target`` vectors; returns (hits of
+        the one query, milliseconds, a description)."""
         m, k = self._check_m(view, m), self._check_k(k)
         use_funnel = self._check_funnel(funnel) and m != view.dim
         kwargs = search_kwargs(view, m, k, use_funnel)
@@ -239,7 +240,7 @@ class SearchApp:
             log.exception("search failed")
             raise UserError(f"search failed: {type(err).__name__}: {err}") from None
         ms = (time.perf_counter() - started) * 1000
-        return hits, ms, self._describe(view, m, use_funnel)
+        return hits, ms, self._describe(view, m, use_funnel, target)
 
     def _base(self, request) -> str:
         """The app's address as the client reached it (so image URLs work from any host it is served to)."""
@@ -277,11 +278,13 @@ class SearchApp:
         cache = "public, max-age=86400" if version else "no-cache"
         return Response(content, media_type=why, headers={"Cache-Control": cache})
 
-    def _describe(self, view, m: int | str, funnel: bool) -> str:
-        if isinstance(m, str):  # a budget's codes
+    def _describe(self, view, m: int | str, funnel: bool, target: str = "image") -> str:
+        if isinstance(m, str):  # a budget's codes: the image codes, or the caption codes (image -> text)
             entry = view.budgets[_budget(m)]
-            recall = f" (recall@10 {entry['recall']:.3f})" if entry.get("recall") is not None else ""
-            what = f"{_budget(m)} B per image: {code_label(entry)}{recall}"
+            entry = entry if target == "image" else entry["text"]
+            metric = "recall@10" if target == "image" else "i2t recall@10"
+            recall = f" ({metric} {entry['recall']:.3f})" if entry.get("recall") is not None else ""
+            what = f"{_budget(m)} B per {'image' if target == 'image' else 'caption'}: {code_label(entry)}{recall}"
             return f"{what}, re-scored at D = {view.dim}" if funnel else what
         recall = view.recall.get(m)
         measured = f" (recall@10 {recall:.3f})" if recall is not None else ""

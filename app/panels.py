@@ -352,8 +352,14 @@ def frontier_text(view: IndexView) -> str:
                 " compact codes chosen by measured recall, and this panel plots recall against bytes per image.")
     where = "the validation data" if front.get("split") == "validation" else "the indexed data"
     chosen = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})" for b, c in sorted(front["chosen"].items(), key=lambda kv: int(kv[0])))
-    return (f"Text→image recall@10 against bytes per image on {where} ({front.get('queries', '?')} distinct captions):"
-            f" the codes this index stores ({chosen}), every code measured beside them, and float pruning (4m bytes).")
+    words = (f"Text→image recall@10 against bytes per image on {where} ({front.get('queries', '?')} distinct captions):"
+             f" the codes this index stores ({chosen}), every code measured beside them, and float pruning (4m bytes).")
+    text = (view.curves or {}).get("text_bytes")
+    if text:
+        captions = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})"
+                             for b, c in sorted(text["chosen"].items(), key=lambda kv: int(kv[0])))
+        words += f" Image→text searches the caption codes of the same budgets, by i2t recall@10: {captions}."
+    return words
 
 
 def frontier_figure(view: IndexView):

@@ -40,20 +40,20 @@ def split_set(index: str, split: str) -> tuple[EvalSet, dict]:
 
 def main(index: str, split: str) -> None:
     ev, codes = split_set(index, split)
-    dim = ev.image.shape[1]
-    print(f"{split}: {len(ev.image)} images, {len(ev.queries)} distinct captions; t2i recall@10")
-    full = recall_at_k(exact_topk(ev.image, ev.queries, 10), ev.positives)
+    dim = ev.gallery.shape[1]
+    print(f"{split}: {len(ev.gallery)} images, {len(ev.queries)} distinct captions; t2i recall@10")
+    full = recall_at_k(exact_topk(ev.gallery, ev.queries, 10), ev.positives)
     print(f"float32 full D = {dim} ({4 * dim} B): {full:.3f}")
     for m in (2, 4, 8, 16, 32):
-        found = exact_topk(prefix(ev.image, m), prefix(ev.queries, m), 10)
+        found = exact_topk(prefix(ev.gallery, m), prefix(ev.queries, m), 10)
         print(f"float32 top-m m = {m} ({4 * m} B): {recall_at_k(found, ev.positives):.3f}")
     for budget, codec in sorted(codes.items()):
         recall = measure(codec, ev)
         gallery = codec.empty_copy()
-        gallery.add(ev.image)
+        gallery.add(ev.gallery)
         rescored = []
         for count in (100, 200):
-            _, ids = rerank_from(ev.image, ev.queries, gallery.search(ev.queries, count)[1], 10)
+            _, ids = rerank_from(ev.gallery, ev.queries, gallery.search(ev.queries, count)[1], 10)
             rescored.append(f"{recall_at_k(ids, ev.positives):.3f} ({count})")
         print(f"{budget} B {codec.spec.label()}: {recall:.3f} ({recall / full:.0%} of full D);"
               f" re-scored with float from a shortlist of: {', '.join(rescored)}")

@@ -3,14 +3,16 @@
 For each budget B (bytes per vector, codes only) every codec and m that fits
 (``index.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
 ``FIT_ROWS``), then measured on an evaluation set: the validation split's served vectors
-(``--val-data``), else the indexed data's first images. The measure is text->image
-recall@10 over distinct caption texts (a text's positives are every image carrying it),
-searched through the code itself (float queries against the codes; binary codes
-binarise the query, as their users do). The best code is kept (``--codec`` forces the
-codec, the best m of it is kept); the very codec that was measured is filled with the
-collection and stored, so the recall the manifest records is the measured recall of the
-codes actually stored. Every candidate's recall goes to ``curves.json`` (``bytes``), beside
-float pruning (the index ordering's curve at 4m bytes): the frontier the app draws.
+(``--val-data``), else the indexed data's first images. The image codes are measured by
+text->image recall@10 over distinct caption texts (a text's positives are every image
+carrying it); the caption codes, when the index holds captions, by image->text recall@10
+over the same distinct texts (:meth:`EvalSet.reverse`). Either is searched through the
+code itself (float queries against the codes; binary codes binarise the query, as their
+users do). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
+the very codec that was measured is filled with the collection and stored, so the recall
+the manifest records is the measured recall of the codes actually stored. Every
+candidate's recall goes to ``curves.json`` (``bytes``; ``text_bytes`` for the captions),
+beside float pruning (the index ordering's curve at 4m bytes): the frontier the app draws.
 """
 
 from __future__ import annotations
@@ -30,13 +32,18 @@ K = 10  # recall@K
 
 @dataclass
 class EvalSet:
-    """Served vectors and captions to measure a code on: images, distinct texts and their positives."""
+    """Served vectors to measure a code on: a gallery, queries and each query's positives.
 
-    image: np.ndarray  # (n, D) float32 full-D compact image vectors (the gallery)
-    queries: np.ndarray  # (Q, D) float32: one vector per distinct caption text
-    positives: list[set[int]]  # per query: the gallery rows carrying that text
+    As :meth:`of` makes it, the gallery is images and the queries distinct caption texts
+    (text->image); :meth:`reverse` swaps them (image->text, for the caption codes).
+    """
+
+    gallery: np.ndarray  # (n, D) float32 full-D compact vectors searched (images; texts when reversed)
+    queries: np.ndarray  # (Q, D) float32: one vector per distinct caption text (per image when reversed)
+    positives: list[set[int]]  # per query: the gallery rows that answer it
     split: str  # "validation" (--val-data) or "indexed" (the indexed data's first images)
     data: str  # where it came from
+    metric: str = "t2i_r10"  # what recall@10 measures: t2i_r10 (image codes) or i2t_r10 (caption codes)
 
     @classmethod
     def of(cls, image: np.ndarray, text: np.ndarray, owner: np.ndarray, texts: list[str], split: str, data: str):
@@ -50,6 +57,18 @@ class EvalSet:
         queries = np.ascontiguousarray(np.asarray(text, np.float32)[rows])
         return cls(np.ascontiguousarray(image, dtype=np.float32), queries, [positives[c] for c in first], split, data)
 
+    def reverse(self) -> "EvalSet":
+        """Image -> text over the same distinct texts: an image's positives are the texts it carries.
+        Images carrying none of them are left out (they have no answer)."""
+        answers: list[set[int]] = [set() for _ in range(len(self.gallery))]
+        for text, rows in enumerate(self.positives):
+            for row in rows:
+                answers[row].add(text)
+        keep = [row for row, texts in enumerate(answers) if texts]
+        metric = "i2t_r10" if self.metric == "t2i_r10" else "t2i_r10"
+        return EvalSet(self.queries, np.ascontiguousarray(self.gallery[keep]), [answers[r] for r in keep], self.split,
+                       self.data, metric)
+
 
 def recall_at_k(ids: np.ndarray, positives: list[set[int]], k: int = K) -> float:
     """Share of queries with a positive among their first k ids. ids: (Q, >= k), -1 for none."""
@@ -60,7 +79,7 @@ def recall_at_k(ids: np.ndarray, positives: list[set[int]], k: int = K) -> float
 def measure(codec: codecs.Codec, evaluation: EvalSet) -> float:
     """Recall@10 of ``codec``'s trained code on the evaluation set (a copy holding its gallery)."""
     gallery = codec.empty_copy()
-    gallery.add(evaluation.image)
+    gallery.add(evaluation.gallery)
     _, ids = gallery.search(evaluation.queries, K)
     return recall_at_k(ids, evaluation.positives)
 
@@ -112,19 +131,21 @@ def _sample(train: np.ndarray, seed: int) -> np.ndarray:
     return np.ascontiguousarray(train[rows], dtype=np.float32)
 
 
-def choose_all(budgets: list[int], image, evaluation: EvalSet, force: str | None = None, seed: int = 0) -> list[Choice]:
-    """:func:`choose` for every budget, fitted on a sample of ``image`` (``index.vectors.ShardVectors``)."""
-    rows = np.arange(image.count)
+def choose_all(budgets: list[int], vectors, evaluation: EvalSet, force: str | None = None,
+               seed: int = 0) -> list[Choice]:
+    """:func:`choose` for every budget, fitted on a sample of ``vectors`` (``index.vectors.ShardVectors``: the
+    image rows, or the caption rows with a reversed ``evaluation``)."""
+    rows = np.arange(vectors.count)
     if len(rows) > FIT_ROWS:
-        rows = np.sort(np.random.default_rng(seed).choice(image.count, size=FIT_ROWS, replace=False))
-    train = image.rows(rows, image.dim)  # (n, D) unit rows, as stored
+        rows = np.sort(np.random.default_rng(seed).choice(vectors.count, size=FIT_ROWS, replace=False))
+    train = vectors.rows(rows, vectors.dim)  # (n, D) unit rows, as stored
     return [choose(b, train, evaluation, force, seed) for b in budgets]
 
 
-def fill(codec: codecs.Codec, image) -> codecs.Codec:
-    """A copy of the trained ``codec`` holding every row of ``image`` (shards), in order."""
+def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
+    """A copy of the trained ``codec`` holding every row of ``vectors`` (shards), in order."""
     full = codec.empty_copy()
-    for part in image.parts:
+    for part in vectors.parts:
         if len(part):
             full.add(np.asarray(part, np.float32))
     return full
@@ -155,13 +176,14 @@ def parse_budgets(values) -> list[int]:
 
 
 def frontier(choices: list[Choice], float_curve: dict[str, float] | None, evaluation: EvalSet) -> dict:
-    """The ``bytes`` entry of ``curves.json``: recall against bytes per vector for the kept codes, every
-    candidate (the peers: int8, binary, PQ, OPQ, float top-m) and float pruning (4m bytes per m)."""
+    """The ``bytes`` entry of ``curves.json`` (``text_bytes`` for the caption codes): recall against bytes
+    per vector for the kept codes, every candidate (the peers: int8, binary, PQ, OPQ, float top-m) and
+    float pruning (4m bytes per m; the t2i curve, so the image codes only)."""
     return {
-        "metric": "t2i_r10",
+        "metric": evaluation.metric,
         "split": evaluation.split,
         "data": evaluation.data,
-        "images": int(len(evaluation.image)),
+        "gallery": int(len(evaluation.gallery)),
         "queries": int(len(evaluation.queries)),
         "chosen": {str(c.budget): {**_entry(c.codec.spec), "recall": c.recall} for c in choices},
         "candidates": {str(c.budget): c.tried for c in choices},
@@ -174,12 +196,19 @@ def _entry(spec: codecs.CodecSpec) -> dict:
 
 
 def table(budgets: dict) -> str:
-    """The lines ``index build`` prints: bytes / code / m / recall / index size per budget (summary["budgets"])."""
-    lines = [f"{'bytes':>6}  {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>11}"]
+    """The lines ``index build`` prints: bytes / codes / code / m / recall / index size per budget and side
+    (summary["budgets"]; the caption codes under ``"text"``)."""
+    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>11}"]
     for b, entry in sorted(budgets.items(), key=lambda kv: int(kv[0])):
-        spec = codecs.CodecSpec.from_json(entry["code"])
-        recall = "-" if entry.get("recall") is None else f"{entry['recall']:.4f}"
-        lines.append(f"{b:>6}  {spec.label():<20} {spec.m:>5}  {recall:>9}  {human_bytes(entry['index_bytes']):>11}")
+        for side, e in (("image", entry), ("text", entry.get("text"))):
+            if e is None:
+                continue
+            spec = codecs.CodecSpec.from_json(e["code"])
+            recall = "-" if e.get("recall") is None else f"{e['recall']:.4f}"
+            lines.append(f"{b:>6}  {side:<6} {spec.label():<20} {spec.m:>5}  {recall:>9}"
+                         f"  {human_bytes(e['index_bytes']):>11}")
+    if any(entry.get("text") for entry in budgets.values()):
+        lines.append("recall@10: text->image for the image codes, image->text for the caption (text) codes")
     return "\n".join(lines)
 
 

@@ -277,6 +277,8 @@ def _add(cfg, base: IndexContents, origin: Origin, vectors, text_vectors, record
         live.manifest = make_manifest(cfg, live, origin, decided, live.manifest)
         for budget, codec in live.codes.items():  # same code and measured recall; more rows
             live.manifest["budgets"][str(budget)]["index_bytes"] = codec.spec.bytes_per_vector * len(codec)
+        for budget, codec in live.text_codes.items():
+            live.manifest["budgets"][str(budget)]["text"]["index_bytes"] = codec.spec.bytes_per_vector * len(codec)
         curves = read_curves(cfg.out, live.version)  # the same run and ordering: the curve carries over
         if curves is None and cfg.val_data:
             device = pick_device(cfg.device)
@@ -307,6 +309,8 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
         picked = text_vectors[np.concatenate([np.arange(starts[i], starts[i + 1]) for i in rows])]  # (t, D)
         for m, index in live.text_indexes.items():
             fi.add_vectors(index, prefix(picked, m), progress=True)
+        for codec in live.text_codes.values():
+            codec.add(picked)
         live.text_vectors = np.concatenate([live.text_vectors, picked])
         live.text_rows = np.concatenate([live.text_rows, text_rows(meta, offset)])
     return len(rows)

@@ -152,8 +152,10 @@ def build_and_write(
 
 
 def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, evaluation) -> tuple[dict, dict]:
-    """The codes of every ``--bytes`` budget, chosen by measured recall (``index.budgets``), put in
-    ``contents.codes``; returns the manifest's ``budgets`` and the curves with their frontier."""
+    """The codes of every ``--bytes`` budget, chosen by measured recall (``index.budgets``): image codes by
+    text->image recall, caption codes (with captions) by image->text recall. Puts them in
+    ``contents.codes`` / ``contents.text_codes``; returns the manifest's ``budgets`` and the curves with
+    their frontiers (``bytes``, ``text_bytes``)."""
     from index import budgets as bud
     from index.store import code_name
 
@@ -163,8 +165,9 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
                             " or --val-data")
         evaluation = bud.indexed_evaluation(coll.image, coll.text, coll.text_rows, coll.meta, bud.EVAL_MAX_IMAGES,
                                             str(coll.origin.source.get("data") or coll.origin.embeddings))
-    choices = bud.choose_all(bud.parse_budgets(cfg.bytes), coll.image, evaluation, cfg.codec, cfg.seed)
+    budgets = bud.parse_budgets(cfg.bytes)
     entries = {}
+    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed)
     for choice in choices:
         contents.codes[choice.budget] = stored = bud.fill(choice.codec, coll.image)
         entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, code_name(choice.budget))
@@ -172,6 +175,14 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
                       "ordering": coll.origin.transform["ordering"], "curves": {}}
     curves["bytes"] = bud.frontier(choices, own, evaluation)
+    if coll.text is not None:
+        reverse = evaluation.reverse()
+        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed)
+        for choice in text_choices:
+            contents.text_codes[choice.budget] = stored = bud.fill(choice.codec, coll.text)
+            entries[str(choice.budget)]["text"] = bud.manifest_entry(choice, stored, reverse,
+                                                                     code_name(choice.budget, "text"))
+        curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
     return entries, curves
 
 

@@ -10,7 +10,8 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     index), sources, skipped, embeddings (the shards' folder, or None), memory_budget,
     on_disk_option, nprobe / text_nprobe ({str(m): nprobe} of IVF indexes), nprobe_tuning,
     budgets ({str(B): {"spec" (index.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
-    stored codes), "split", "index_bytes", "bytes_per_vector"}}: ``--bytes``, ``index.budgets``),
+    stored codes), "split", "index_bytes", "bytes_per_vector", "text" (the caption codes, the same
+    keys, recall = i2t; absent without captions)}}: ``--bytes``, ``index.budgets``),
     created, updated (and on_disk, written by ``index.store``)
 
 Each image row of ``meta.jsonl`` records its file's identity (``"file"``: device, inode,
@@ -99,9 +100,14 @@ def summary(manifest: dict, index: str, started: float, **extra) -> dict:
     out = {"index": os.path.abspath(index), **{k: manifest.get(k) for k in keys}}
     out["on_disk"] = out["on_disk"] or {}
     if manifest.get("budgets"):
-        out["budgets"] = {b: {k: e[k] for k in ("recall", "index_bytes", "bytes_per_vector")} | {"code": e["spec"]}
+        out["budgets"] = {b: _budget_summary(e) | ({"text": _budget_summary(e["text"])} if e.get("text") else {})
                           for b, e in manifest["budgets"].items()}
     return {**out, **extra, "seconds": round(time.perf_counter() - started, 2)}
+
+
+def _budget_summary(entry: dict) -> dict:
+    """One side's codes of a budget, as the summary shows them: recall, sizes and the code."""
+    return {k: entry[k] for k in ("recall", "index_bytes", "bytes_per_vector")} | {"code": entry["spec"]}
 
 
 # ---------------------------------------------------------------------------- meta rows

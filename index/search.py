@@ -7,6 +7,7 @@
     s.search_text(["a red circle"], k=10, bytes=16)     # the codes of 16 bytes per image (index build --bytes)
     s.search_text(["a red circle"], bytes=8, rescore="float")  # shortlist by the 8-byte codes, re-rank at full D
     s.search_text(["a red circle"], bytes=8, rescore=32)       # ... or with the decoded 32-byte codes
+    s.search_image(["query.png"], target="text", bytes=16)       # image -> text by the 16-byte caption codes
     s.search_image(["query.png", pil_image], k=10)      # files or PIL images
     s.search_ids(["img_0007"], k=10)                    # "more like this": an indexed image's stored vector
     Searcher.load("INDEX", text_only=True)              # text queries without torch (lite runs, once exported)
@@ -258,7 +259,8 @@ class Searcher:
             m: the index searched (None: D); ignored with ``funnel``.
             target: ``image`` or ``text`` (the caption vectors).
             funnel: shortlist at m = ``funnel`` (``k * shortlist_factor`` candidates), re-rank at D.
-            bytes: search the image codes of this budget (``index build --bytes``) instead of an m.
+            bytes: search the codes of this budget (``index build --bytes``) instead of an m: the image
+                codes, or the caption codes with ``target="text"``.
             rescore: with ``bytes``, re-rank a shortlist of ``k * shortlist_factor`` from the codes with
                 ``"float"`` (the full-D vectors, memory-mapped from disk) or with the codes of a larger
                 budget (their decoded vectors); None: the codes' own ranking.
@@ -281,15 +283,15 @@ class Searcher:
         if rescore is not None and bytes is None:
             raise UserError("rescore re-ranks the shortlist of a budget's codes: give bytes too")
         if bytes is not None:
-            if target != "image" or funnel is not None:
-                raise UserError("bytes searches the image codes: not with target=text or funnel")
-            codes = self._check_bytes(bytes, "bytes")
+            if funnel is not None:
+                raise UserError("bytes searches a budget's codes: not with funnel (rescore re-ranks their shortlist)")
+            codes = self._check_bytes(bytes, "bytes", target)
             if rescore is None:
                 scores, ids = self._search_codes(codes, queries, k)
             else:
                 wanted = min(len(vectors), k * max(1, int(self.shortlist_factor)))
                 candidates = self._search_codes(codes, queries, wanted)[1]  # (Q, C)
-                fine = vectors if rescore == "float" else self._check_bytes(rescore, "rescore")
+                fine = vectors if rescore == "float" else self._check_bytes(rescore, "rescore", target)
                 scores, ids = rerank_from(fine, queries, candidates, k)
         elif funnel is not None:
             small = self._check_m(funnel, "funnel")
@@ -306,11 +308,18 @@ class Searcher:
         """The byte budgets with image codes (``index build --bytes``), ascending."""
         return sorted(self.contents.codes)
 
-    def _check_bytes(self, budget, what: str) -> "Codec":
-        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or int(budget) not in self.contents.codes:
-            built = self.budgets or "none (index build --bytes builds some)"
-            raise UserError(f"{what}={budget!r}: no codes of that many bytes here; choose from {built}")
-        return self.contents.codes[int(budget)]
+    @property
+    def text_budgets(self) -> list[int]:
+        """The byte budgets with caption codes (image -> text by bytes), ascending."""
+        return sorted(self.contents.text_codes)
+
+    def _check_bytes(self, budget, what: str, target: str = "image") -> "Codec":
+        codes = self.contents.codes if target == "image" else self.contents.text_codes
+        if isinstance(budget, bool) or not isinstance(budget, numbers.Integral) or int(budget) not in codes:
+            built = sorted(codes) or "none (index build --bytes builds some)"
+            side = "" if target == "image" else " for the captions"
+            raise UserError(f"{what}={budget!r}: no codes of that many bytes{side} here; choose from {built}")
+        return codes[int(budget)]
 
     def _search_codes(self, codes, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top k by the codes of one budget (``index.codecs``; FAISS-backed ones under the GPU lock if any)."""

@@ -10,6 +10,7 @@
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
     INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``index.codecs``),
                                   named by the manifest's ``budgets``; with codes the float vectors are memory-mapped
+    INDEX/v000003/text.b16.codec  the caption codes of the same budget (``budgets[B]["text"]``), with captions
 
 An index on disk (``index.builder`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
@@ -65,9 +66,9 @@ VERSION_RE = re.compile(r"^v(\d{6,})$")
 READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
 
 
-def code_name(budget: int) -> str:
-    """The file of the image codes of ``budget`` bytes per vector (``index build --bytes``)."""
-    return f"image.b{budget}.codec"
+def code_name(budget: int, kind: str = "image") -> str:
+    """The file of the ``kind`` ("image" / "text") codes of ``budget`` bytes per vector (``index build --bytes``)."""
+    return f"{kind}.b{budget}.codec"
 
 
 def image_index_name(m: int) -> str:
@@ -95,6 +96,7 @@ class IndexContents:
     text_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (T, 2) image row, caption no.
     text_indexes: dict[int, faiss.Index] = field(default_factory=dict)  # m -> caption index (empty: none)
     codes: dict = field(default_factory=dict)  # budget (bytes per vector) -> index.codecs.Codec over the image rows
+    text_codes: dict = field(default_factory=dict)  # budget -> index.codecs.Codec over the caption rows
     version: str | None = None  # the folder it was read from, e.g. "v000003"
     files: dict[str, Path] = field(default_factory=dict)  # name in the version -> a file written elsewhere (same
     # filesystem) that the writer moves in: the .ivfdata lists of on-disk indexes, vectors written in pieces
@@ -289,6 +291,8 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
     for budget, codec in c.codes.items():
         codec.save(folder / code_name(budget))
+    for budget, codec in c.text_codes.items():
+        codec.save(folder / code_name(budget, "text"))
     with open(folder / META, "w", encoding="utf-8") as fh:
         for row in c.meta:
             fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
@@ -381,7 +385,7 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
     meta = _read_meta(folder / META, folder)
     if len(meta) != count:
         raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
-    budgets = _check_budgets(manifest, folder)
+    budgets, text_budgets = _check_budgets(manifest, text_count is not None, folder)
     mmap = bool(on_disk) or bool(budgets)  # too big for memory, or codes in memory: the float vectors are mapped
     vectors = _read_vectors(folder / VECTORS, (count, dim), folder, mmap)
     contents = IndexContents(manifest, meta, vectors, {})
@@ -404,16 +408,25 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
             )
     for budget in budgets if indexes else ():
         contents.codes[budget] = _read_codes(folder / code_name(budget), dim, count, folder)
+    for budget in text_budgets if indexes else ():
+        contents.text_codes[budget] = _read_codes(folder / code_name(budget, "text"), dim, text_count, folder)
     return contents
 
 
-def _check_budgets(manifest: dict, folder: Path) -> list[int]:
-    """The byte budgets the manifest's ``budgets`` names (``index build --bytes``), ascending."""
+def _check_budgets(manifest: dict, has_text: bool, folder: Path) -> tuple[list[int], list[int]]:
+    """The byte budgets the manifest's ``budgets`` names (``index build --bytes``), ascending: those with
+    image codes, and those with caption codes too (``budgets[B]["text"]``; an older index has none)."""
     entry = manifest.get("budgets") or {}
-    if not isinstance(entry, dict) or not all(isinstance(b, str) and b.isdigit() and isinstance(v, dict)
-                                              and v.get("file") == code_name(int(b)) for b, v in entry.items()):
+
+    def fine(b, v) -> bool:
+        text = v.get("text") if isinstance(v, dict) else None
+        return (isinstance(b, str) and b.isdigit() and isinstance(v, dict) and v.get("file") == code_name(int(b))
+                and (text is None or (has_text and isinstance(text, dict)
+                                      and text.get("file") == code_name(int(b), "text"))))
+
+    if not isinstance(entry, dict) or not all(fine(b, v) for b, v in entry.items()):
         raise _damaged(folder, f"{MANIFEST} garbles budgets (the codes of index build --bytes)")
-    return sorted(int(b) for b in entry)
+    return sorted(int(b) for b in entry), sorted(int(b) for b, v in entry.items() if v.get("text") is not None)
 
 
 def _read_codes(file: Path, dim: int, count: int, folder: Path):

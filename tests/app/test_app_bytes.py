@@ -41,6 +41,28 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     _, status, _ = app.search_text(QUERY, "5B", False, 5)
     assert "bytes must be one of [4, 8]" in status
     assert "the codes this index stores (4 B →" in frontier_text(view) and frontier_figure(view) is not None
+    assert "Image→text searches the caption codes of the same budgets, by i2t recall@10: 4 B →" in frontier_text(view)
+
+
+def test_image_to_text_by_a_budget_searches_its_caption_codes(bytes_index):
+    import json
+
+    from app.endpoints import AppConfig, SearchApp
+    from index.search import Searcher
+
+    searcher = Searcher.load(bytes_index)
+    app = SearchApp(searcher, AppConfig(index=str(bytes_index), follow=0))
+    data = bytes_index.parent / "data"
+    image = str(data / json.loads((data / "train.jsonl").read_text().splitlines()[0])["image"])
+    rows, status = app.image_to_text(image, "8B", False, 5)
+    expected = searcher.search_image([image], k=5, target="text", bytes=8)[0]
+    assert list(rows["caption"]) == [h["caption"] for h in expected] and len(rows) == 5
+    entry = searcher.manifest["budgets"]["8"]["text"]
+    assert f"8 B per caption: {entry['spec']['codec']}" in status and f"i2t recall@10 {entry['recall']:.3f}" in status
+    rows, status = app.image_to_text(image, "8B", True, 5)
+    assert list(rows["caption"]) == [h["caption"] for h in
+                                     searcher.search_image([image], k=5, target="text", bytes=8, rescore="float")[0]]
+    assert "re-scored at D = 32" in status
 
 
 def test_the_json_route_takes_bytes(bytes_index):

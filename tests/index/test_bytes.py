@@ -1,5 +1,6 @@
-"""``index build --bytes``: per budget the best measured code is stored, and the recall the manifest records
-is the recall of those stored codes, recomputed here from the index files alone (issue 25 items 2 and 3)."""
+"""``index build --bytes``: per budget the best measured code is stored, for the images and for the captions, and
+the recall the manifest records is the recall of those stored codes, recomputed here from the index files alone
+(issue 25 items 1 to 3)."""
 
 from __future__ import annotations
 
@@ -46,6 +47,28 @@ def _recall_from_files(folder, budget: int) -> float:
     return hits / len(first)
 
 
+def _text_recall_from_files(folder, budget: int) -> float:
+    """i2t recall@10 over distinct captions of the stored caption codes, from the version's files only: each
+    distinct caption once (its first row, whose stored code is checked to be its own encoding), every image
+    that carries one as a query."""
+    manifest = json.loads((folder / "manifest.json").read_text())
+    stored = codecs.load(folder / manifest["budgets"][str(budget)]["text"]["file"], manifest["dim"])
+    image, text = np.load(folder / "vectors.npy"), np.load(folder / "text_vectors.npy")  # (N, D), (T, D)
+    rows = np.load(folder / "text_rows.npy")  # (T, 2)
+    meta = [json.loads(line) for line in (folder / "meta.jsonl").read_text().splitlines()]
+    first = {}  # caption -> its first row
+    for t, (row, c) in enumerate(rows.tolist()):
+        first.setdefault(meta[row]["captions"][c], t)
+    captions = list(first)
+    gallery = stored.empty_copy()
+    gallery.add(text[list(first.values())])
+    np.testing.assert_allclose(gallery.reconstruct(), stored.reconstruct(np.array(list(first.values()))), atol=1e-6)
+    queries = [i for i, row in enumerate(meta) if row["captions"]]
+    _, ids = gallery.search(image[queries], 10)
+    hits = [bool(set(meta[i]["captions"]) & {captions[j] for j in found if j >= 0}) for i, found in zip(queries, ids)]
+    return float(np.mean(hits))
+
+
 def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_recall(by_bytes):
     out, summary = by_bytes
     folder = out / current_version(out)
@@ -62,6 +85,42 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
     assert {c["codec"] for c in curves["candidates"]["4"]} == {"float32", "int8", "binary", "pq", "opq", "mixed"}
     assert set(curves["float_pruning"]) >= {str(4 * m) for m in (2, 4, 8)}  # float top-m at 4m bytes
+
+
+def test_each_budget_stores_caption_codes_chosen_by_their_own_image_to_text_recall(by_bytes):
+    out, summary = by_bytes
+    folder = out / current_version(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    text_curves = json.loads((folder / "curves.json").read_text())["text_bytes"]
+    assert text_curves["metric"] == "i2t_r10" and text_curves["split"] == "indexed"
+    for b in BUDGETS:
+        entry = manifest["budgets"][str(b)]["text"]
+        assert entry["file"] == f"text.b{b}.codec" and entry["spec"]["bytes_per_vector"] <= b
+        assert entry["recall"] == pytest.approx(_text_recall_from_files(folder, b), abs=1e-9)
+        tried = [c["recall"] for c in text_curves["candidates"][str(b)] if c["recall"] is not None]
+        assert len(tried) >= 4 and entry["recall"] == max(tried) == text_curves["chosen"][str(b)]["recall"]
+        assert entry["index_bytes"] == entry["bytes_per_vector"] * manifest["text_count"]
+        assert summary["budgets"][str(b)]["text"]["recall"] == entry["recall"]
+
+
+def test_image_to_text_by_bytes_searches_the_caption_codes(by_bytes):
+    out, _ = by_bytes
+    searcher = Searcher.load(out)
+    assert searcher.text_budgets == BUDGETS
+    contents = searcher.contents
+    queries = np.asarray(contents.vectors[:20])  # (20, D) served image vectors
+    hits = searcher.search_vectors(queries, k=5, target="text", bytes=8)
+    _, ids = contents.text_codes[8].search(queries, 5)
+    rows = contents.text_rows
+    assert [[(h["id"], h["caption"]) for h in row] for row in hits] == [
+        [(contents.meta[rows[t, 0]]["id"], contents.meta[rows[t, 0]]["captions"][rows[t, 1]]) for t in r]
+        for r in ids.tolist()]
+    searcher.shortlist_factor = len(contents.text_vectors)  # every caption re-ranked by its float vector: exact
+    exact = np.sort(queries @ np.asarray(contents.text_vectors).T, axis=1)[:, ::-1][:, :5]  # (20, 5)
+    rescored = searcher.search_vectors(queries, k=5, target="text", bytes=4, rescore="float")
+    np.testing.assert_allclose([[h["score"] for h in row] for row in rescored], exact, atol=1e-5)
+    with pytest.raises(UserError, match="no codes of that many bytes for the captions here"):
+        searcher.search_vectors(queries, target="text", bytes=12)
 
 
 def test_search_bytes_is_the_codes_ranking_and_rescoring_reaches_exact(by_bytes):
@@ -126,14 +185,20 @@ def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_di
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     lines = [line.split() for line in captured.err.splitlines() if line.strip().startswith(("bytes", "4 "))]
-    assert lines[0][:3] == ["bytes", "code", "m"] and lines[1][:2] == ["4", "binary"] and lines[1][2] in ("m=16", "m=32")
-    assert summary["budgets"]["4"]["code"]["codec"] == "binary"
+    assert lines[0][:4] == ["bytes", "codes", "code", "m"]
+    for line, side in zip(lines[1:], ("image", "text"), strict=True):
+        assert line[:3] == ["4", side, "binary"] and line[3] in ("m=16", "m=32")
+    assert summary["budgets"]["4"]["code"]["codec"] == summary["budgets"]["4"]["text"]["code"]["codec"] == "binary"
     out, _ = by_bytes
     assert main(["search", "--index", str(out), "--text", "a red circle", "--bytes", "8", "--json", "-k", "3"]) == 0
     hits = json.loads(capsys.readouterr().out)
     assert len(hits) == 3
     assert main(["search", "--index", str(out), "--text", "x", "--bytes", "5"]) == 2
     assert "no codes of that many bytes" in capsys.readouterr().err
+    image = shapes_dir / json.loads((shapes_dir / "train.jsonl").read_text().splitlines()[0])["image"]
+    assert main(["search", "--index", str(out), "--image", str(image), "--target", "text", "--bytes", "8", "--json",
+                 "-k", "3"]) == 0
+    assert len(json.loads(capsys.readouterr().out)) == 3
     assert EMBED_DIM == load_contents(out).manifest["dim"]
 
 
@@ -152,6 +217,12 @@ def test_add_extends_the_codes_of_every_budget(run_dir, shapes_dir, tmp_path):
     assert (entry["spec"], entry["recall"]) == (old["spec"], old["recall"])  # the same trained code, measured once
     assert entry["index_bytes"] == entry["bytes_per_vector"] * after.manifest["count"]
     np.testing.assert_allclose(after.codes[8].reconstruct(np.arange(50)), before.codes[8].reconstruct(), atol=1e-6)
+    text, old_text = entry["text"], old["text"]  # the caption codes too
+    assert (text["spec"], text["recall"]) == (old_text["spec"], old_text["recall"])
+    assert len(after.text_codes[8]) == after.manifest["text_count"] > before.manifest["text_count"]
+    assert text["index_bytes"] == text["bytes_per_vector"] * after.manifest["text_count"]
+    kept = np.arange(before.manifest["text_count"])
+    np.testing.assert_allclose(after.text_codes[8].reconstruct(kept), before.text_codes[8].reconstruct(), atol=1e-6)
 
 
 def test_validation_recall_is_the_stored_codes_on_the_validation_split(run_dir, shapes_dir, tmp_path):
@@ -175,6 +246,13 @@ def test_validation_recall_is_the_stored_codes_on_the_validation_split(run_dir, 
     recall = np.mean([bool(positives[t] & set(row.tolist())) for t, row in zip(texts, ids)])
     entry = searcher.manifest["budgets"]["8"]
     assert entry["split"] == "validation" and entry["recall"] == pytest.approx(recall, abs=1e-9)
+    # the caption codes: each distinct val caption once, every val image a query (image -> text)
+    captions = searcher.contents.text_codes[8].empty_copy()
+    captions.add(searcher.embed_texts(texts))
+    _, ids = captions.search(searcher.embed_images([r.path for r in records]), 10)
+    i2t = np.mean([bool(set(r.captions) & {texts[j] for j in row if j >= 0}) for r, row in zip(records, ids)])
+    text = entry["text"]
+    assert text["split"] == "validation" and text["recall"] == pytest.approx(i2t, abs=1e-9)
 
 
 def test_opq_on_too_few_vectors_is_skipped_not_a_crash():
