@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python -m benchmarks.bench_bytes measure --data DIR --runs OUT --seeds 0,1,2 --steps N \\
-        [--batch-size B] [--variant mrl_solved_tricl] [--budgets 8,16,32,64,128] --json FILE
+        [--batch-size B] [--variant mrl_solved_tricl] [--budgets 8,16,32,64,128] [--direction t2i|i2t] --json FILE
     .venv/bin/python -m benchmarks.bench_bytes plot FILE [FILE ...] --png docs/results_bytes.png
 
 ``measure`` trains (or reuses) one run per seed with ``benchmarks.results``' recipes (``OUT/VARIANT/seedN``), embeds
@@ -11,6 +11,9 @@ DIR's train / val / test splits with it, and serves them as the index does (``sq
 L2-normalised, signs anchored on the train images; cached in ``RUN/served.npz``). Every code is fitted on the
 train split's image vectors and measured on the test split: its gallery is the test images, its queries the test
 split's distinct texts (docs/CONTRACT.md, "Metrics"), scored as the code scores them (``Codec.search``); t2i R@1 / R@10.
+``--direction i2t`` measures the caption codes instead (what ``index build --bytes`` stores for image -> text): every
+code fitted on the train split's caption vectors, the gallery the test split's distinct texts, the queries its
+images; i2t R@1 / R@10.
 
 Rows (bytes = what a vector costs in memory):
 
@@ -104,6 +107,16 @@ def _embed_splits(run: Path, data: Path, out: Path) -> None:
 # ---------------------------------------------------------------------------- queries and recall
 
 
+def sides(split: dict, direction: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(gallery, queries, relevant) of a split: t2i searches the images with the distinct texts, i2t the distinct
+    texts with the images (those carrying a text). Shapes: (N, D), (U, D), (U, N) bool."""
+    q, relevant = queries(split)
+    if direction == "t2i":
+        return split["image"], q, relevant
+    keep = relevant.any(0)  # images with a caption
+    return q, split["image"][keep], np.ascontiguousarray(relevant.T[keep])
+
+
 def queries(split: dict) -> tuple[np.ndarray, np.ndarray]:
     """Distinct texts as queries and which gallery images each finds relevant. Shapes: (U, D), (U, N) bool."""
     import torch
@@ -122,16 +135,17 @@ def recall(ids: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
     return {"r1": float(hit[:, :1].any(1).mean()), "r10": float(hit[:, :K].any(1).mean())}
 
 
-def check_against_metrics(split: dict, q: np.ndarray, relevant: np.ndarray) -> None:
+def check_against_metrics(split: dict, direction: str = "t2i") -> None:
     """Exact float32 recall here equals ``retrieval.metrics.retrieval_recall`` (over distinct texts)."""
     import torch
 
     from retrieval.metrics import retrieval_recall
 
-    ids = np.argsort(-(q @ split["image"].T), axis=1, kind="stable")[:, :K]
+    gallery, q, relevant = sides(split, direction)
+    ids = np.argsort(-(q @ gallery.T), axis=1, kind="stable")[:, :K]
     ours = recall(ids, relevant)["r10"]
     theirs = retrieval_recall(torch.from_numpy(split["image"]), torch.from_numpy(split["text"]),
-                              torch.from_numpy(split["owner"]), texts=split["texts"])["t2i_r10"]  # fmt: skip
+                              torch.from_numpy(split["owner"]), texts=split["texts"])[f"{direction}_r10"]  # fmt: skip
     if abs(ours - theirs) > 0.01:  # ties count against the query there, not here
         raise SystemExit(f"recall check failed: {ours:.4f} here vs {theirs:.4f} in retrieval.metrics")
 
@@ -216,17 +230,18 @@ PEERS = {"float32 top-m (today)": today, "PCA+PQ": pca_pq, "ST binary+rescore": 
 FAMILY = {"float32": "float32 (codec)", "int8": "int8", "binary": "binary", "pq": "PQ", "opq": "OPQ+PQ", "mixed": "mixed"}
 
 
-def measure_run(splits: dict, budgets: list[int], log=print) -> dict:
-    """``{method: {budget: {"r1", "r10", "label"}}}`` on test for one run (codes fitted on train)."""
-    train_img, train_txt = splits["train"]["image"], splits["train"]["text"]
-    val_q, val_rel = queries(splits["val"])
-    test_q, test_rel = queries(splits["test"])
-    check_against_metrics(splits["test"], test_q, test_rel)
-    val_g, test_g = splits["val"]["image"], splits["test"]["image"]
+def measure_run(splits: dict, budgets: list[int], log=print, direction: str = "t2i") -> dict:
+    """``{method: {budget: {"r1", "r10", "label"}}}`` on test for one run (codes fitted on train): the image codes
+    (t2i), or the caption codes (i2t)."""
+    coded, asking = ("image", "text") if direction == "t2i" else ("text", "image")
+    train_img, train_q = splits["train"][coded], splits["train"][asking]  # the coded side, the query side
+    val_g, val_q, val_rel = sides(splits["val"], direction)
+    test_g, test_q, test_rel = sides(splits["test"], direction)
+    check_against_metrics(splits["test"], direction)
     dim = train_img.shape[1]
     full = np.argsort(-(test_q @ test_g.T), axis=1, kind="stable")[:, :K]
     out: dict = {"float32 full D": {4 * dim: recall(full, test_rel)}}
-    weights = query_weights(train_txt)  # the mixed code's query weights: the train texts' second moment
+    weights = query_weights(train_q)  # the mixed code's query weights: the train queries' second moment
     for budget in budgets:
         tried = []  # (val r10, test result, family, codec)
         for spec in codecs.candidates(budget, dim):
@@ -328,7 +343,7 @@ def plot(files: list[str], png: str) -> None:
         ax.set_xscale("log", base=2)
         ax.set_xticks(saved["budgets"], [str(b) for b in saved["budgets"]])
         ax.set_xlabel("bytes per vector in memory")
-        ax.set_ylabel("test t2i recall@10 (distinct texts)")
+        ax.set_ylabel(f"test {saved.get('direction', 't2i')} recall@10 (distinct texts)")
         ax.set_title(f"{saved['name']}: {saved['variant']}, {len(per_seed)} seeds", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=6, loc="lower right")
@@ -350,6 +365,8 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=840)
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--budgets", default="8,16,32,64,128")
+    p.add_argument("--direction", choices=["t2i", "i2t"], default="t2i",
+                   help="t2i: the image codes, text queries; i2t: the caption codes, image queries")
     p.add_argument("--json", required=True, help="write every number here")
     p = sub.add_parser("report", help="the tables of saved measurements")
     p.add_argument("files", nargs="+")
@@ -361,7 +378,8 @@ def main(argv=None) -> int:
         for path in ns.files:
             saved = json.loads(Path(path).read_text())
             runs = saved["per_seed"]
-            print(f"\n### {saved['name']} ({saved['variant']}, {len(runs)} seeds): test t2i R@10\n\n{table(runs)}\n")
+            what = saved.get("direction", "t2i")
+            print(f"\n### {saved['name']} ({saved['variant']}, {len(runs)} seeds): test {what} R@10\n\n{table(runs)}\n")
             for ours in ("triclip (chosen on val)", "mixed", "triclip rescore (float32 on disk)"):
                 print(paired(runs, ours, saved["budgets"]) + "\n")
         return 0
@@ -379,12 +397,13 @@ def main(argv=None) -> int:
         run = train_run(cfg, ns.variant, seed)
         splits = served(run, Path(ns.data))
         print(f"{run}: train {len(splits['train']['image'])}, test {len(splits['test']['image'])} images", flush=True)
-        per_seed.append(json.loads(json.dumps(measure_run(splits, budgets, lambda s: print(s, flush=True)))))
+        measured = measure_run(splits, budgets, lambda s: print(s, flush=True), ns.direction)
+        per_seed.append(json.loads(json.dumps(measured)))
         dim = splits["train"]["image"].shape[1]
         write_json_atomic(ns.json, {"name": ns.name or Path(ns.data).name, "variant": ns.variant, "dim": dim,
-                                    "budgets": budgets, "per_seed": per_seed})  # fmt: skip
-    print(f"\ntest t2i R@10, mean ± sd over {len(per_seed)} seeds:\n\n{table(per_seed)}")
-    print(f"\ntest t2i R@1:\n\n{table(per_seed, 'r1')}")
+                                    "direction": ns.direction, "budgets": budgets, "per_seed": per_seed})  # fmt: skip
+    print(f"\ntest {ns.direction} R@10, mean ± sd over {len(per_seed)} seeds:\n\n{table(per_seed)}")
+    print(f"\ntest {ns.direction} R@1:\n\n{table(per_seed, 'r1')}")
     return 0
 
 

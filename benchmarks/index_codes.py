@@ -6,7 +6,9 @@ Takes the rows of INDEX whose images SPLIT lists (e.g. the demo's ``data/test.js
 the demo indexes too) and their caption vectors; prints text->image recall@10 over distinct
 captions (``index.budgets``) of float32 at full D, float top-m (pruning), each budget's stored
 code (its trained quantiser, filled with the split's images), and each code's shortlist of
-100 / 200 re-ranked with the float vectors (``index.search.rerank_from``). Torch-free.
+100 / 200 re-ranked with the float vectors (``index.search.rerank_from``). Then the same for
+image->text over the split's distinct captions (``EvalSet.reverse``) and the stored caption
+codes, where the index has them. Torch-free.
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ from index.store import load_contents
 from index.vectors import exact_topk, prefix
 
 
-def split_set(index: str, split: str) -> tuple[EvalSet, dict]:
-    """The split's images and distinct captions as served vectors of ``index``, and its codes."""
+def split_set(index: str, split: str) -> tuple[EvalSet, dict, dict]:
+    """The split's images and distinct captions as served vectors of ``index``, its image and caption codes."""
     contents = load_contents(index)
     folder = os.path.dirname(os.path.abspath(split))
     with open(split, encoding="utf-8") as fh:
@@ -35,13 +37,13 @@ def split_set(index: str, split: str) -> tuple[EvalSet, dict]:
     texts = [contents.meta[r]["captions"][c] for r, c in contents.text_rows[keep].tolist()]
     owner = np.array([position[r] for r in contents.text_rows[keep, 0].tolist()])
     image, text = np.asarray(contents.vectors[rows]), np.asarray(contents.text_vectors[keep])  # (n, D), (T, D)
-    return EvalSet.of(image, text, owner, texts, "split", split), contents.codes
+    return EvalSet.of(image, text, owner, texts, "split", split), contents.codes, contents.text_codes
 
 
-def main(index: str, split: str) -> None:
-    ev, codes = split_set(index, split)
+def report(ev: EvalSet, codes: dict, what: str) -> None:
+    """Full D, float top-m and every budget's stored code (filled with ``ev``'s gallery), plain and re-scored."""
     dim = ev.gallery.shape[1]
-    print(f"{split}: {len(ev.gallery)} images, {len(ev.queries)} distinct captions; t2i recall@10")
+    print(f"{len(ev.gallery)} gallery rows, {len(ev.queries)} queries; {what} recall@10")
     full = recall_at_k(exact_topk(ev.gallery, ev.queries, 10), ev.positives)
     print(f"float32 full D = {dim} ({4 * dim} B): {full:.3f}")
     for m in (2, 4, 8, 16, 32):
@@ -57,6 +59,15 @@ def main(index: str, split: str) -> None:
             rescored.append(f"{recall_at_k(ids, ev.positives):.3f} ({count})")
         print(f"{budget} B {codec.spec.label()}: {recall:.3f} ({recall / full:.0%} of full D);"
               f" re-scored with float from a shortlist of: {', '.join(rescored)}")
+
+
+def main(index: str, split: str) -> None:
+    ev, codes, text_codes = split_set(index, split)
+    print(f"# {split}: image codes, text -> image")
+    report(ev, codes, "t2i")
+    if text_codes:
+        print(f"\n# {split}: caption codes, image -> text")
+        report(ev.reverse(), text_codes, "i2t")
 
 
 if __name__ == "__main__":

@@ -40,13 +40,23 @@ def test_rescore_reranks_the_shortlist_by_the_stored_vectors():
     assert bb.rescore(shortlist, q, stored)[0, :4].tolist() == [2, 3, 1, 0]
 
 
-def test_recall_matches_retrieval_metrics():
-    split = _split(60, 16, 1)
-    q, relevant = bb.queries(split)
-    bb.check_against_metrics(split, q, relevant)  # raises SystemExit when the two disagree
-    broken = dict(split, owner=np.roll(split["owner"], 1))
-    with pytest.raises(SystemExit, match="recall check failed"):
-        bb.check_against_metrics(broken, q, relevant)
+def test_image_to_text_sides_swap_gallery_and_queries_and_drop_images_without_a_text():
+    split = _split(4, 8, 0, texts=["a", "b", "a"])
+    split["owner"] = np.array([0, 1, 3])  # image 2 carries no text
+    gallery, q, relevant = bb.sides(split, "i2t")
+    assert gallery.shape == (2, 8) and q.shape == (3, 8)
+    np.testing.assert_array_equal(q, split["image"][[0, 1, 3]])
+    assert relevant.tolist() == [[True, False], [False, True], [True, False]]
+
+
+@pytest.mark.parametrize("direction", ["t2i", "i2t"])
+def test_recall_matches_retrieval_metrics(direction, monkeypatch):
+    split = _split(60, 16, 1, texts=[f"t{i % 45}" for i in range(60)])  # some texts on two images
+    bb.check_against_metrics(split, direction)  # raises SystemExit when the two disagree
+    sides = bb.sides
+    monkeypatch.setattr(bb, "sides", lambda s, d: (lambda g, q, r: (g, q, np.roll(r, 1, axis=1)))(*sides(s, d)))
+    with pytest.raises(SystemExit, match="recall check failed"):  # relevance off by one row here, not there
+        bb.check_against_metrics(split, direction)
 
 
 @pytest.mark.slow
@@ -60,3 +70,6 @@ def test_measure_run_gives_every_method_a_recall_within_its_budget():
     assert chosen["val_r10"] == max(out[f][str(4)]["val_r10"] for f in bb.FAMILY.values() if f in out)
     assert out["triclip rescore (float32 on disk)"]["4"]["r10"] >= chosen["r10"] - 0.05
     assert "PCA+PQ" in out and "float32 top-m (today)" in out
+    flipped = json.loads(json.dumps(bb.measure_run(splits, [4], log=lambda s: None, direction="i2t")))
+    assert flipped["float32 full D"]["128"]["r10"] == pytest.approx(1.0, abs=0.05)
+    assert 0.0 < flipped["triclip (chosen on val)"]["4"]["r10"] <= 1.0
