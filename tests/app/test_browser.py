@@ -13,6 +13,7 @@ Also a tool for the README's screenshot, on a running app:
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from urllib.parse import urlparse
@@ -213,6 +214,13 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
             status = _wait_status(page, "8 B per image")
             assert status.startswith("12 results")
             _wait_images_loaded(page)
+            page.get_by_role("tab", name="Image → image / text").click()  # image -> text by the 8-byte caption codes
+            upload = tmp_path / "data" / json.loads((tmp_path / "data" / "train.jsonl").read_text().splitlines()[0])["image"]
+            page.locator("#query-image input[type=file]").set_input_files(str(upload))
+            _wait_status(page, "for the uploaded image")
+            page.locator("#image-to-text").click()
+            status = _wait_status(page, "8 B per caption")
+            assert status.startswith("12 captions") and "i2t recall@10" in status
             build_index(IndexBuildConfig(run=str(tmp_path / "run"), data=str(tmp_path / "data" / "train.jsonl"),
                                          out=str(index), dims=[8, 16], bytes=[16], overwrite=True))
             page.wait_for_selector('#m input[value="16B"]', state="attached", timeout=TIMEOUT_MS)  # the timer redraws
