@@ -340,7 +340,7 @@ def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int):
 
 # ---------------------------------------------------------------------------- the bytes frontier
 
-PEER_LABELS = {"float32": "float32 top-m", "int8": "int8 top-m", "binary": "binary top-m", "pq": "PQ", "opq": "OPQ + PQ",
+PEER_LABELS = {"float32": "float32 top-m", "int8": "int8 top-m", "binary": "binary top-m", "pq": "PQ", "opq": "OPQ + PQ", "rq": "RQ",
                "mixed": "mixed precision (S-aware)"}
 
 

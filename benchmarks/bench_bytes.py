@@ -227,7 +227,8 @@ def _hit_ids(hits: list[list[dict]], k: int) -> np.ndarray:
 
 PEERS = {"float32 top-m (today)": today, "PCA+PQ": pca_pq, "ST binary+rescore": st_binary,
          "ST int8+rescore": st_int8, "ST binary->int8 (rescore)": st_binary_int8}  # fmt: skip
-FAMILY = {"float32": "float32 (codec)", "int8": "int8", "binary": "binary", "pq": "PQ", "opq": "OPQ+PQ", "mixed": "mixed"}
+FAMILY = {"float32": "float32 (codec)", "int8": "int8", "binary": "binary", "pq": "PQ", "opq": "OPQ+PQ", "rq": "RQ",
+          "mixed": "mixed"}
 
 
 def measure_run(splits: dict, budgets: list[int], log=print, direction: str = "t2i") -> dict:
@@ -292,7 +293,7 @@ def table(per_seed: list[dict], metric: str = "r10") -> str:
     return "\n".join(lines)
 
 
-PEER_ROWS = ["int8", "binary", "PQ", "OPQ+PQ", "PCA+PQ", "ST binary+rescore", "ST int8+rescore"]  # in-memory peers
+PEER_ROWS = ["int8", "binary", "PQ", "OPQ+PQ", "RQ", "PCA+PQ", "ST binary+rescore", "ST int8+rescore"]  # in-memory peers
 
 
 def paired(per_seed: list[dict], ours: str, budgets: list[int]) -> str:
@@ -313,7 +314,7 @@ def paired(per_seed: list[dict], ours: str, budgets: list[int]) -> str:
     return "\n".join(lines)
 
 
-SHOWN = ["float32 top-m (today)", "int8", "binary", "OPQ+PQ", "PCA+PQ", "mixed", "triclip (chosen on val)",
+SHOWN = ["float32 top-m (today)", "int8", "binary", "OPQ+PQ", "RQ", "PCA+PQ", "mixed", "triclip (chosen on val)",
          "ST binary+rescore", "ST int8+rescore", "ST binary->int8 (rescore)", "triclip rescore (float32 on disk)"]  # fmt: skip
 
 

@@ -83,7 +83,8 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
         assert len(tried) >= 4 and entry["recall"] == max(tried)  # the best of every codec and m that fits
         assert curves["chosen"][str(b)]["recall"] == entry["recall"]
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
-    assert {c["codec"] for c in curves["candidates"]["4"]} == {"float32", "int8", "binary", "pq", "opq", "mixed"}
+    assert {c["codec"] for c in curves["candidates"]["4"]} == {"float32", "int8", "binary", "pq", "opq", "rq",
+                                                                 "mixed"}
     assert set(curves["float_pruning"]) >= {str(4 * m) for m in (2, 4, 8)}  # float top-m at 4m bytes
 
 

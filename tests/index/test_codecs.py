@@ -38,6 +38,7 @@ CODEC_SPECS = [
     codecs.CodecSpec("binary", 32, 4),
     codecs.CodecSpec("pq", 32, 8, {"M": 8, "nbits": 8}),
     codecs.CodecSpec("opq", 16, 4, {"M": 4, "nbits": 8}),
+    codecs.CodecSpec("rq", D, 4, {"M": 4, "nbits": 8}),
     codecs.CodecSpec("mixed", D, 8),
 ]
 
@@ -148,6 +149,7 @@ def test_codes_get_closer_with_more_bytes(data):
 
     assert recall(codecs.CodecSpec("mixed", D, 4)) < recall(codecs.CodecSpec("mixed", D, 32))
     assert recall(codecs.CodecSpec("int8", 4, 4)) < recall(codecs.CodecSpec("int8", 32, 32))
+    assert recall(codecs.CodecSpec("rq", D, 2, {"M": 2, "nbits": 8})) < recall(codecs.CodecSpec("rq", D, 8, {"M": 8, "nbits": 8}))
     assert recall(codecs.CodecSpec("float32", D, 4 * D)) == 1.0
 
 
@@ -157,7 +159,10 @@ def test_candidates_fit_the_budget(budget):
     assert specs and all(s.bytes_per_vector <= budget and 1 <= s.m <= 256 for s in specs)
     assert {s.codec for s in specs} >= {"int8", "binary", "mixed"}
     assert ("opq" in {s.codec for s in specs}) == (budget <= 32)  # OPQ up to D/8 sub-quantisers
+    assert ("rq" in {s.codec for s in specs}) == (budget <= codecs.RQ_MAX_CODES)
     for s in specs:
+        if s.codec == "rq":  # one byte per codebook, each over the whole width
+            assert s.m == 256 and s.params == {"M": budget, "nbits": 8} and s.bytes_per_vector == budget
         if s.codec in ("pq", "opq"):
             assert s.m % s.params["M"] == 0 and s.params["M"] * s.params["nbits"] // 8 == s.bytes_per_vector
             assert s.m // s.params["M"] >= (codecs.PQ_DIMS_PER_CODE if s.codec == "pq" else codecs.OPQ_DIMS_PER_CODE)
