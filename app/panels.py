@@ -9,7 +9,7 @@ returns them for the event wiring (``app.gradio_app.build_app``). The feature-se
 panel plots the importance spectrum (S sorted, its cumulative share, the suggested m),
 the recall-against-m curves the index build stored (run's order, first-m, random, PCA)
 and the frontier: recall against bytes per image for the run's codes (``index build
---bytes``), every code measured beside them (the peers: int8, binary, PQ, OPQ) and float
+--bytes``), every code measured beside them (the peers: int8, binary, PQ, OPQ, RQ) and float
 pruning. What depends on the index version (the header, the m / bytes choices, the panel)
 comes from :func:`live_values`, redrawn when ``--add`` or ``--overwrite`` swaps the version.
 """

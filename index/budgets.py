@@ -177,7 +177,7 @@ def parse_budgets(values) -> list[int]:
 
 def frontier(choices: list[Choice], float_curve: dict[str, float] | None, evaluation: EvalSet) -> dict:
     """The ``bytes`` entry of ``curves.json`` (``text_bytes`` for the caption codes): recall against bytes
-    per vector for the kept codes, every candidate (the peers: int8, binary, PQ, OPQ, float top-m) and
+    per vector for the kept codes, every candidate (the peers: int8, binary, PQ, OPQ, RQ, float top-m) and
     float pruning (4m bytes per m; the t2i curve, so the image codes only)."""
     return {
         "metric": evaluation.metric,

@@ -23,7 +23,7 @@ class IndexBuildConfig:
     out: str = ""  # index folder to write
     dims: list[int] | None = None  # m's indexed besides D, which always is, e.g. 16,32,64 (None: D only; with --add: the index's)
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
-    bytes: list[int] | None = None  # byte budgets per image, e.g. 8,16,32,64: per budget the code (int8, binary, PQ, OPQ, mixed, float top-m) with the best recall measured on --val-data is stored (search --bytes B)
+    bytes: list[int] | None = None  # byte budgets per image, e.g. 8,16,32,64: per budget the code (int8, binary, PQ, OPQ, RQ, mixed, float top-m) with the best recall measured on --val-data is stored (search --bytes B)
     codec: Literal["float32", "int8", "binary", "pq", "opq", "rq", "mixed"] | None = None  # with --bytes: use this codec (its best m) instead of the best of all
     add: bool = False  # append to the existing index at --out instead of building a new one
     overwrite: bool = False  # replace the index at --out (its previous version is kept: triclip index rollback --index OUT)
