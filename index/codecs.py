@@ -362,6 +362,8 @@ def _faiss_parts(spec: CodecSpec, n: int):
         raise UserError(f"{spec.codec} needs at least 2 training vectors, got {n}")
     spec = replace(spec, bytes_per_vector=math.ceil(sub * nbits / 8), params={"M": sub, "nbits": nbits})
     if spec.codec == "rq":
+        if n < spec.m:  # its progressive training starts from a PCA of the training vectors (FAISS asserts)
+            raise UserError(f"{spec.label()} needs at least {spec.m} training vectors, got {n}")
         inner = faiss.IndexResidualQuantizer(spec.m, sub, nbits, METRIC)
         inner.rq.search_type = faiss.AdditiveQuantizer.ST_LUT_nonorm  # exact for inner products, no norm bytes
         inner.rq.cp.min_points_per_centroid = 1

@@ -256,9 +256,9 @@ def test_validation_recall_is_the_stored_codes_on_the_validation_split(run_dir, 
     assert text["split"] == "validation" and text["recall"] == pytest.approx(i2t, abs=1e-9)
 
 
-def test_opq_on_too_few_vectors_is_skipped_not_a_crash():
-    """OPQ trained on fewer than 256 vectors of D = 256 aborted the whole process inside FAISS; a budget then
-    measures the other codes and says why OPQ was left out."""
+def test_opq_and_rq_on_too_few_vectors_are_skipped_not_a_crash():
+    """OPQ trained on fewer than 256 vectors of D = 256 aborted the whole process inside FAISS (RQ raised in its
+    PCA); a budget then measures the other codes and says why OPQ and RQ were left out."""
     from index.budgets import EvalSet, choose
 
     rng = np.random.default_rng(0)
@@ -266,6 +266,7 @@ def test_opq_on_too_few_vectors_is_skipped_not_a_crash():
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     evaluation = EvalSet.of(x[:40], x[:40], np.arange(40), [f"t{i}" for i in range(40)], "indexed", "synthetic")
     choice = choose(16, x, evaluation)
-    opq = [c for c in choice.tried if c["codec"] == "opq"]
-    assert opq and all(c["recall"] is None and "at least 256" in c["error"] for c in opq)
+    opq = [c for c in choice.tried if c["codec"] in ("opq", "rq")]
+    assert {c["codec"] for c in opq} == {"opq", "rq"}
+    assert all(c["recall"] is None and "at least 256" in c["error"] for c in opq)
     assert choice.recall == max(c["recall"] for c in choice.tried if c["recall"] is not None)
