@@ -272,3 +272,15 @@ def test_pack_unpack_round_trip():
     packed = allocation.pack(codes, bits)
     assert packed.shape == (50, 3)  # 17 bits -> 3 bytes
     np.testing.assert_array_equal(allocation.unpack(packed, bits), codes)
+
+
+def test_rq_encodes_with_capped_memory_after_fit_copy_and_load(fitted, tmp_path):
+    """FAISS's RQ keeps 5 GB of beam-search tables by default (adding 300k vectors peaked at 6.8 GB) and does not save
+    the cap in its file: every way to get an RQ code (fit, empty copy, load) encodes within ``RQ_MEMORY``."""
+    import faiss
+
+    codec = fitted["rq"]
+    codec.save(tmp_path / "rq.codec")
+    loaded = codecs.load(tmp_path / "rq.codec")
+    for c in (codec, codec.empty_copy(), loaded, loaded.empty_copy()):
+        assert faiss.downcast_index(c.index.index).rq.max_mem_distances == codecs.RQ_MEMORY < 5 << 30
