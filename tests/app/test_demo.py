@@ -112,9 +112,9 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, o
                 time.sleep(0.5)
         serving = time.perf_counter() - started
         assert serving < 60, f"not serving after {serving:.0f} s"
-        gallery, status = Client(url, verbose=False, download_files=False).predict(
-            "a red apple", 64, True, 5, api_name="/search_text"
-        )
+        client = Client(url, verbose=False, download_files=False)
+        gallery, status = client.predict("a red apple", 64, True, 5, api_name="/search_text")
+        client.close()  # its heartbeat stream is not left open to the server being stopped
         assert len(gallery) == 5 and "funnel: shortlist at m = 64" in status
         config = httpx.get(url + "config", timeout=30).json()  # the page as served: the feature-selection panel
         shown = {c["props"].get("elem_id"): c["props"] for c in config["components"] if c["props"].get("elem_id")}
