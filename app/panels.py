@@ -329,11 +329,11 @@ def recall_figure(curves: dict | None, dims: list[int]):
     return _recall_axes(fig, ax, "m (dimensions kept)", "recall against m", 7)
 
 
-def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int):
+def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int, ylabel: str = "t2i recall@10"):
     """Label a recall chart: log-2 x axis, recall@10 up, the legend and the title; returns the figure."""
     ax.set_xscale("log", base=2)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("t2i recall@10")
+    ax.set_ylabel(ylabel)
     ax.legend(fontsize=legend_size)
     ax.set_title(title, fontsize=9)
     return fig
@@ -363,8 +363,8 @@ def frontier_text(view: IndexView) -> str:
 
 
 def frontier_figure(view: IndexView):
-    """Recall against bytes per image (log 2): the stored codes, the best of each codec per budget, float
-    pruning; None without a frontier in the curves."""
+    """Recall against bytes per vector (log 2): the stored image codes, the best of each codec per budget, float
+    pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
     from matplotlib.figure import Figure
 
     front = (view.curves or {}).get("bytes")
@@ -384,6 +384,15 @@ def frontier_figure(view: IndexView):
     pruning = sorted((int(b), r) for b, r in front.get("float_pruning", {}).items())
     if pruning:
         ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")
-    chosen = sorted((int(c["bytes"]), c["recall"]) for c in front["chosen"].values())
-    ax.plot(*zip(*chosen), color="black", marker="o", linewidth=2, label="this index's codes")
-    return _recall_axes(fig, ax, "bytes per image", "recall against bytes", 6)
+    ax.plot(*zip(*_chosen_points(front)), color="black", marker="o", linewidth=2, label="this index's image codes")
+    captions = _chosen_points((view.curves or {}).get("text_bytes"))
+    if captions:
+        ax.plot(*zip(*captions), color="black", marker="s", linestyle=":", linewidth=1.5,
+                label="its caption codes (image→text recall@10)")
+    ylabel = "recall@10 (t2i; captions i2t)" if captions else "t2i recall@10"
+    return _recall_axes(fig, ax, "bytes per vector", "recall against bytes", 6, ylabel)
+
+
+def _chosen_points(front: dict | None) -> list[tuple[int, float]]:
+    """(bytes, recall) of a frontier's stored codes, by bytes; [] without one."""
+    return sorted((int(c["bytes"]), c["recall"]) for c in ((front or {}).get("chosen") or {}).values())

@@ -42,6 +42,11 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     assert "bytes must be one of [4, 8]" in status
     assert "the codes this index stores (4 B →" in frontier_text(view) and frontier_figure(view) is not None
     assert "Image→text searches the caption codes of the same budgets, by i2t recall@10: 4 B →" in frontier_text(view)
+    lines = {line.get_label(): line for line in frontier_figure(view).axes[0].get_lines()}
+    for label, side in (("this index's image codes", searcher.manifest["budgets"]),
+                        ("its caption codes (image→text recall@10)", {b: e["text"] for b, e in searcher.manifest["budgets"].items()})):
+        drawn = sorted(zip(*lines[label].get_data()))
+        assert drawn == sorted((side[b]["bytes_per_vector"], side[b]["recall"]) for b in ("4", "8"))  # codes' own bytes
 
 
 def test_image_to_text_by_a_budget_searches_its_caption_codes(bytes_index):
