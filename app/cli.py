@@ -577,7 +577,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default: 40)")
     p.add_argument("--dims", default=None, help="m's of the index folder, e.g. 16,32,64,256 (the default)")
     p.add_argument("--bytes", default=None,
-                   help="byte budgets of the index's codes (default 8,16,32: 97/100/99%% of full-D recall, docs/results_bytes.md); '' for none")
+                   help="byte budgets of the index's codes (default 4,8,16,32: 95/97/100/99%% of full-D recall, docs/results_bytes.md); '' for none")
     p.set_defaults(func=cmd_demo)
     return parser
 

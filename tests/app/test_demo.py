@@ -31,7 +31,7 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
 
     searcher = Searcher.load(first["index"])
     assert searcher.dims == [16, 64, 256]
-    assert searcher.budgets == [8, 16, 32] and len(searcher.contents.codes[8]) == len(searcher)  # codes of every split
+    assert searcher.budgets == [4, 8, 16, 32] and len(searcher.contents.codes[4]) == len(searcher)  # codes of every split
     assert all(e["split"] == "validation" for e in searcher.manifest["budgets"].values())  # chosen on val
     splits = ("train", "val", "test")
     records = sum(1 for split in splits for _ in open(tmp_path / "demo" / "data" / f"{split}.jsonl"))
