@@ -82,12 +82,13 @@ def main(argv=None) -> int:
         gallery, q, relevant = sides(split["test"], "t2i")
         full = recall(np.argsort(-(q @ gallery.T), axis=1)[:, :K], relevant)["r10"]
         print(f"{run}: full D {full:.3f}", flush=True)
+        maps = {(how, eps): weighting(text, how, eps) for how, eps in WEIGHTINGS}  # one A per weighting and run
         for budget in (int(b) for b in ns.budgets.split(",")):
             for codec in ns.codecs.split(","):
-                for how, eps in WEIGHTINGS:
+                for (how, eps), a in maps.items():
                     if codec == "opq" and how == "full":
                         continue  # OPQ learns its own rotation; only the diagonal scaling is new to it
-                    r = recall(weighted_ids(codec, budget, weighting(text, how, eps), train, gallery, q), relevant)["r10"]
+                    r = recall(weighted_ids(codec, budget, a, train, gallery, q), relevant)["r10"]
                     rows.setdefault((budget, codec, how, eps), []).append((r, full))
                     print(f"  {budget:>3} B {codec:<4} {how:<4} eps={eps:<5} {r:.3f}", flush=True)
     print("\n| B | code | weighting | test t2i R@10 | share of full D | − unweighted (paired) |\n|---:|---|---|---:|---:|---:|")
