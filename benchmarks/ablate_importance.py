@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from training.evaluate import evaluate_run
-from training.train import TrainConfig, train
+from triclip.training.evaluate import evaluate_run
+from triclip.training.train import TrainConfig, train
 
 # Every variant starts from the paper's importance (w = softplus(theta), all ones at the start), linear heads.
 PAPER = dict(importance="softplus", importance_spread=1.0, head="linear")

@@ -1,4 +1,4 @@
-"""Recall against bytes per vector: every code of ``index.codecs`` and the peers, on a run's served embeddings.
+"""Recall against bytes per vector: every code of ``triclip.index.codecs`` and the peers, on a run's served embeddings.
 
 Usage::
 
@@ -18,7 +18,7 @@ images; i2t R@1 / R@10.
 Rows (bytes = what a vector costs in memory):
 
 - ``float32 top-m (today)``: the first m coordinates re-normalised, exact (today's pruned index);
-- ``int8`` / ``binary`` / ``PQ`` / ``OPQ+PQ`` / ``mixed``: ``index.codecs`` (MRL-style prefixes for the first
+- ``int8`` / ``binary`` / ``PQ`` / ``OPQ+PQ`` / ``mixed``: ``triclip.index.codecs`` (MRL-style prefixes for the first
   two: for an MRL run, MRL's prefix as int8 / binary); each family's m picked on the val split;
 - ``triclip (chosen on val)``: of every ``codecs.candidates(B, D)``, the one best on val (what
   ``index build --bytes`` keeps), scored on test;
@@ -53,9 +53,9 @@ import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from index import codecs  # noqa: E402
-from index.allocation import query_weights  # noqa: E402
-from index.build import prefix  # noqa: E402
+from triclip.index import codecs  # noqa: E402
+from triclip.index.allocation import query_weights  # noqa: E402
+from triclip.index.sources import prefix  # noqa: E402
 
 K = 10
 SHORTLIST = 40  # re-scoring candidates: 4 x k, sentence-transformers' rescore_multiplier 4
@@ -81,12 +81,12 @@ def served(run: Path, data: Path) -> dict:
 def _embed_splits(run: Path, data: Path, out: Path) -> None:
     import torch
 
-    from retrieval.cache import locked_tower_outputs
-    from retrieval.compact import make_transform
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.io import atomic_path
-    from retrieval.run import load_run
+    from triclip.model.cache import locked_tower_outputs
+    from triclip.compact.features import make_transform
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.core.io import atomic_path
+    from triclip.model.run import load_run
 
     model, _ = load_run(run, "cpu")
     arrays, transform = {}, None
@@ -121,7 +121,7 @@ def queries(split: dict) -> tuple[np.ndarray, np.ndarray]:
     """Distinct texts as queries and which gallery images each finds relevant. Shapes: (U, D), (U, N) bool."""
     import torch
 
-    from retrieval.metrics import distinct_texts
+    from triclip.compact.metrics import distinct_texts
 
     text_id, first_row = distinct_texts(split["texts"])
     relevant = np.zeros((len(first_row), len(split["image"])), bool)
@@ -136,10 +136,10 @@ def recall(ids: np.ndarray, relevant: np.ndarray) -> dict[str, float]:
 
 
 def check_against_metrics(split: dict, direction: str = "t2i") -> None:
-    """Exact float32 recall here equals ``retrieval.metrics.retrieval_recall`` (over distinct texts)."""
+    """Exact float32 recall here equals ``triclip.compact.metrics.retrieval_recall`` (over distinct texts)."""
     import torch
 
-    from retrieval.metrics import retrieval_recall
+    from triclip.compact.metrics import retrieval_recall
 
     gallery, q, relevant = sides(split, direction)
     ids = np.argsort(-(q @ gallery.T), axis=1, kind="stable")[:, :K]
@@ -147,7 +147,7 @@ def check_against_metrics(split: dict, direction: str = "t2i") -> None:
     theirs = retrieval_recall(torch.from_numpy(split["image"]), torch.from_numpy(split["text"]),
                               torch.from_numpy(split["owner"]), texts=split["texts"])[f"{direction}_r10"]  # fmt: skip
     if abs(ours - theirs) > 0.01:  # ties count against the query there, not here
-        raise SystemExit(f"recall check failed: {ours:.4f} here vs {theirs:.4f} in retrieval.metrics")
+        raise SystemExit(f"recall check failed: {ours:.4f} here vs {theirs:.4f} in triclip.compact.metrics")
 
 
 # ---------------------------------------------------------------------------- methods
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
         print(f"plot: {ns.png}")
         return 0
     from benchmarks.results import ResultsConfig, train_run
-    from retrieval.io import write_json_atomic
+    from triclip.core.io import write_json_atomic
 
     cfg = ResultsConfig(data=ns.data, out=ns.runs, steps=ns.steps, batch_size=ns.batch_size)
     budgets = [int(b) for b in ns.budgets.split(",")]

@@ -46,9 +46,9 @@ with open("/proc/self/stat") as fh:
 with open("/proc/uptime") as fh:
     startup = max(0.0, float(fh.read().split()[0]) - ticks / os.sysconf("SC_CLK_TCK"))
 index, text, path = sys.argv[1], sys.argv[2], sys.argv[3]
-from index.search import Searcher
-if path == "torch":  # what index.search imported before the ONNX path
-    import torch, retrieval.compact, retrieval.embed, retrieval.run  # noqa: F401
+from triclip.index.search import Searcher
+if path == "torch":  # what triclip.index.search imported before the ONNX path
+    import torch, triclip.compact.features, triclip.model.embed, triclip.model.run  # noqa: F401
 t1 = time.perf_counter()
 searcher = Searcher.load(index, text_only=path == "onnx")
 t2 = time.perf_counter()
@@ -78,7 +78,7 @@ def run_driver(index: str, text: str, path: str) -> dict:
 def run_cli(index: str, text: str) -> dict:
     """``triclip search --index I --text T --timing`` in a fresh process: its own timing line and the wall."""
     start, cpu = time.perf_counter(), _children_cpu()
-    cmd = [sys.executable, "-m", "app", "search", "--index", index, "--text", text, "--timing"]
+    cmd = [sys.executable, "-m", "triclip", "search", "--index", index, "--text", text, "--timing"]
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
     if done.returncode != 0:

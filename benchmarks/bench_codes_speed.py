@@ -1,4 +1,4 @@
-"""Speed and memory of the codes of ``index.codecs`` as ratios against float32 Flat, in one run.
+"""Speed and memory of the codes of ``triclip.index.codecs`` as ratios against float32 Flat, in one run.
 
 Usage::
 
@@ -31,8 +31,8 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_index import synthetic  # noqa: E402
-from index import codecs  # noqa: E402
-from index.faiss_index import recall_at_k  # noqa: E402
+from triclip.index import codecs  # noqa: E402
+from triclip.index.faiss_index import recall_at_k  # noqa: E402
 
 K = 10
 CHUNK = 500_000  # vectors generated and added at once
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         peak = next((int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:")), float("nan"))
     print(f"\npeak resident memory of the whole run (VmHWM): {peak:.0f} MB")
     if ns.json:
-        from retrieval.io import write_json_atomic
+        from triclip.core.io import write_json_atomic
 
         write_json_atomic(ns.json, {"n": ns.n, "dim": ns.dim, "budget": ns.budget, "rows": rows})
     return 0

@@ -8,7 +8,7 @@ Usage::
 
 Funnel search is the adaptive retrieval of Matryoshka Representation Learning
 (Kusupati et al. 2022): the index at a small m returns ``k * factor`` candidates,
-which are re-ranked exactly on the stored full-D vectors (``index.search.rerank``,
+which are re-ranked exactly on the stored full-D vectors (``triclip.index.search.rerank``,
 what ``Searcher(..., funnel=m)`` runs). Three ways to answer the same queries:
 
 - ``full D``: exact search at D (Flat): the reference for recall and speed;
@@ -58,13 +58,13 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_index import prune, synthetic  # noqa: E402
-from index import faiss_index as fi  # noqa: E402
-from index.search import matmul_shortlist, rerank, shortlist_flat  # noqa: E402
-from index.vectors import exact_topk  # noqa: E402
+from triclip.index import faiss_index as fi  # noqa: E402
+from triclip.index.search import matmul_shortlist, rerank, shortlist_flat  # noqa: E402
+from triclip.index.vectors import exact_topk  # noqa: E402
 
 K = 10
 TIE_TOL = 1e-5  # scores this close to the 10th count as tied (float32 sums differ by ~1e-7)
-BLAS_CHUNK = 64  # queries per matmul of full D (blas), as index.search.SHORTLIST_CHUNK
+BLAS_CHUNK = 64  # queries per matmul of full D (blas), as triclip.index.search.SHORTLIST_CHUNK
 
 
 @dataclass
@@ -99,7 +99,7 @@ def plain(index: faiss.Index, m: int):
 
 def funnel(index: faiss.Index, m: int, base: np.ndarray, candidates: int):
     """What ``Searcher.search_vectors(..., funnel=m)`` runs: a small Flat shortlist as a chunked matmul
-    (``index.search.matmul_shortlist``), any other index through FAISS; then ``rerank`` at D."""
+    (``triclip.index.search.matmul_shortlist``), any other index through FAISS; then ``rerank`` at D."""
     params = fi.search_parameters(index, candidates)
     flat = matmul_shortlist(index)
 
@@ -201,7 +201,7 @@ def synthetic_case(args) -> tuple[np.ndarray, np.ndarray, dict]:
 
 
 def folder_case(args) -> tuple[np.ndarray, np.ndarray, dict]:
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     contents = load_contents(args.index)
     base = contents.vectors  # (N, D)

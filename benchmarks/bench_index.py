@@ -53,7 +53,7 @@ import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from index import faiss_index as fi  # noqa: E402
+from triclip.index import faiss_index as fi  # noqa: E402
 
 K = 10  # recall@K and hits per query
 CHUNK = 100_000  # rows generated at once
@@ -110,7 +110,7 @@ def exact(base: np.ndarray, queries: np.ndarray) -> np.ndarray:
 
 def measure(index: faiss.Index, queries: np.ndarray, singles: int) -> tuple[float, np.ndarray, np.ndarray]:
     """Batch queries/s, single-query latencies in ms (Q,) and the batch's ids (Q, K)."""
-    params = fi.search_parameters(index, K)  # per call, as index.search.Searcher does
+    params = fi.search_parameters(index, K)  # per call, as triclip.index.search.Searcher does
     index.search(queries[:8], K, params=params)  # warm-up
     start = time.perf_counter()
     _, ids = index.search(queries, K, params=params)

@@ -4,9 +4,9 @@ Usage::
 
     OMP_NUM_THREADS=1 .venv/bin/python -m benchmarks.bench_lite_variants --images 128 --rounds 3
 
-For each preset, ``retrieval.embed.embed_records`` over the first ``--images`` records of
+For each preset, ``triclip.model.embed.embed_records`` over the first ``--images`` records of
 ``--data`` (decode, eval transform at the preset's resolution, the fast tower path of
-``retrieval.accel``, head), DataLoader workers 0. The presets alternate within each round,
+``triclip.model.accel``, head), DataLoader workers 0. The presets alternate within each round,
 so a load change on a shared machine hits them all alike; a preset's speed is its best
 round and its ratio is to ``lite``'s best round of the same run. ``tower img/s`` times the
 tower's fast path alone on the same images, already transformed.
@@ -46,10 +46,10 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     if not os.path.exists(args.data):
         raise SystemExit(f"{args.data} not found: triclip data prepare openclipart --out data/openclipart")
-    from retrieval import accel
-    from retrieval.data import PairDataset, PairSet, load_pairs
-    from retrieval.embed import embed_records
-    from retrieval.model import ModelConfig, build_model
+    from triclip.model import accel
+    from triclip.data import PairDataset, PairSet, load_pairs
+    from triclip.model.embed import embed_records
+    from triclip.model.model import ModelConfig, build_model
 
     torch.set_grad_enabled(False)
     pairs = load_pairs(args.data)
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"{e['preset']:<7} {size:>5} {e['per_s']:12.1f} {e['ratio_to_first']:7.2f} {t['per_s']:12.1f} {t['ratio_to_first']:7.2f}")
     print(f"backends {result['backend']}, load average after {result['load_after']}")
     if args.json:
-        from retrieval.io import write_json_atomic
+        from triclip.core.io import write_json_atomic
 
         write_json_atomic(args.json, result)
     return result

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
-from retrieval.losses import build_loss
+from triclip.losses import build_loss
 
 # (row label, loss name, options)
 OBJECTIVES: list[tuple[str, str, dict]] = [

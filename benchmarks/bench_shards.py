@@ -19,10 +19,10 @@ costs). Peak memory is ``VmHWM`` (resident, file-backed pages of a memory map in
 20 ms: the process's own memory, which a memory-mapped file's pages are not (the kernel
 drops those under pressure). ``base_mb`` is the peak after the imports; the table's
 ``own`` is the ``RssAnon`` peak minus its value after the imports. An on-disk index is
-searched twice: as triclip opens it (``index.faiss_index.PREFETCH_THREADS`` = 32 threads
+searched twice: as triclip opens it (``triclip.index.faiss_index.PREFETCH_THREADS`` = 32 threads
 prefetching the lists of each batch, FAISS's default) and without them (``prefetch 0``).
 
-- ``shards``: ``index.builder`` (IVF trained once on a sample drawn across the
+- ``shards``: ``triclip.index.build`` (IVF trained once on a sample drawn across the
   shards, each shard added to a copy of the trained index, merged in memory with id
   offsets), ``nprobe`` tuned to ``--recall-target`` on held-out queries.
 - ``ondisk``: the same, merged on disk (``on_disk="always"``: parts with global ids,
@@ -30,7 +30,7 @@ prefetching the lists of each batch, FAISS's default) and without them (``prefet
   after evicting it from the page cache (``posix_fadvise(DONTNEED)``), so the first batch
   (``cold q/s``) reads from the disk.
 - ``single`` (today's ``index build`` path): all vectors concatenated in memory, then
-  ``index.faiss_index.build`` with the same factory, ``nprobe`` tuned the same way.
+  ``triclip.index.faiss_index.build`` with the same factory, ``nprobe`` tuned the same way.
 
 Queries are fresh draws from the same clusters (held out: never in the base). Recall@10 is
 against exact search at m over all N vectors (computed once, by the parent, shard by
@@ -126,9 +126,9 @@ def _build(pipeline: str, files: list[str], queries_file: str, m: int, factory: 
     """Child process: build one way, tune nprobe, save the index under ``out_dir``; put a result dict on ``out``."""
     import faiss
 
-    from index import faiss_index as fi
-    from index.builder import ShardedBuilder, choose_factory, tune_nprobe
-    from index.vectors import ShardFile, ShardVectors, prefix
+    from triclip.index import faiss_index as fi
+    from triclip.index.build import ShardedBuilder, choose_factory, tune_nprobe
+    from triclip.index.vectors import ShardFile, ShardVectors, prefix
 
     base_mb = _peak_mb()
     anon = PeakAnon()
@@ -175,7 +175,7 @@ def _search(index_dir: str, on_disk: bool, queries_file: str, truth_file: str, n
     """
     import faiss
 
-    from index import faiss_index as fi
+    from triclip.index import faiss_index as fi
 
     base_mb = _peak_mb()
     queries, truth = np.load(queries_file), np.load(truth_file)  # (Q, m), (Q, K)
@@ -217,7 +217,7 @@ def _speed(indexes: list[tuple], queries_file: str, out, rounds: int = 5) -> Non
     """
     import faiss
 
-    from index import faiss_index as fi
+    from triclip.index import faiss_index as fi
 
     queries = np.load(queries_file)  # (Q, m)
     opened = {}
@@ -264,7 +264,7 @@ def run_child(target, *args) -> dict:
 
 def exact_truth(files: list[Path], queries: np.ndarray, m: int) -> np.ndarray:
     """Exact top-K ids of the held-out queries at m over all shards, a shard at a time. Shape: (Q, K)."""
-    from index.vectors import ShardFile, ShardVectors, exact_topk
+    from triclip.index.vectors import ShardFile, ShardVectors, exact_topk
 
     return exact_topk(ShardVectors.of([ShardFile(f) for f in files]), queries, K, m)
 
@@ -284,9 +284,9 @@ def main(argv=None) -> None:
     p.add_argument("--json", default=None, help="also write the results here")
     args = p.parse_args(argv)
 
-    from index import faiss_index as fi
-    from index.config import parse_bytes
-    from index.vectors import prefix
+    from triclip.index import faiss_index as fi
+    from triclip.index.config import parse_bytes
+    from triclip.index.vectors import prefix
 
     pipelines = [x for x in args.pipelines.split(",") if x and not (args.no_single and x == "single")]
     if not set(pipelines) <= {"shards", "ondisk", "single"}:

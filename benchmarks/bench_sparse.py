@@ -215,7 +215,7 @@ def main(argv=None) -> int:
     ns = parser.parse_args(argv)
     import torch
 
-    from retrieval.io import write_json_atomic
+    from triclip.core.io import write_json_atomic
 
     torch.set_num_threads(1)
     seeds = [int(s) for s in ns.seeds.split(",")]

@@ -10,8 +10,8 @@ thumbnails through the eval transform when ``--data`` exists, else Gaussian nois
 
 - ``eager``: the module as trained, NCHW, fp32.
 - ``channels_last``: the same module and input in ``channels_last``.
-- ``jit``: ``retrieval.accel``'s fallback (trace, freeze, optimize_for_inference).
-- ``onnxruntime``: ``retrieval.accel``'s default where ``onnx`` + ``onnxruntime`` import.
+- ``jit``: ``triclip.model.accel``'s fallback (trace, freeze, optimize_for_inference).
+- ``onnxruntime``: ``triclip.model.accel``'s default where ``onnx`` + ``onnxruntime`` import.
 - ``openvino``: for comparison only, where the ``openvino`` package imports.
 
 Every method runs once per round, the methods alternating, so a load change on a
@@ -20,7 +20,7 @@ ratio is to ``eager``'s best round of the same run. ``min cos`` is the lowest
 cosine between a method's output rows and eager's. Text tower (all-MiniLM-L6-v2):
 ``--texts`` captions in batches of ``--text-batch``, in data order and sorted by
 length (less padding), eager and ``onnxruntime``. Input pipeline: decode + eval
-transform in one process (images/s, no model), and ``retrieval.embed.embed_records``
+transform in one process (images/s, no model), and ``triclip.model.embed.embed_records``
 end to end (decode, fast tower, head) with DataLoader ``workers`` 0 and 1. The
 header prints threads and the load average.
 """
@@ -38,8 +38,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from retrieval import accel
-from retrieval.towers import IMAGE_SIZE, ImageTower, TextTower
+from triclip.model import accel
+from triclip.model.towers import IMAGE_SIZE, ImageTower, TextTower
 
 DEFAULT_DATA = "data/openclipart/train.jsonl"  # prepared by `triclip data prepare openclipart` (or the demo)
 
@@ -128,7 +128,7 @@ def _image_batch(pairs, tower, batch: int) -> torch.Tensor:
     """(B, 3, 224, 224): real thumbnails through the eval transform, else noise."""
     if pairs is None:
         return torch.randn(batch, 3, IMAGE_SIZE, IMAGE_SIZE, generator=torch.Generator().manual_seed(0))
-    from retrieval.data import PairDataset
+    from triclip.data import PairDataset
 
     dataset = PairDataset(pairs, tower.image_transform(train=False), train=False)
     items = [dataset[i] for i in range(min(len(dataset), 4 * batch))]
@@ -207,8 +207,8 @@ def _race(methods: dict, inputs, reference: torch.Tensor, rounds: int, items: in
 
 def bench_decode(pairs, count: int) -> float:
     """Images/s of decode + eval transform in this process (no model)."""
-    from retrieval.data import PairDataset
-    from retrieval.towers import efficientnet_lite0_transform
+    from triclip.data import PairDataset
+    from triclip.model.towers import efficientnet_lite0_transform
 
     dataset = PairDataset(pairs, efficientnet_lite0_transform(train=False), train=False)
     n = min(count, len(dataset))
@@ -219,10 +219,10 @@ def bench_decode(pairs, count: int) -> float:
 
 
 def bench_pipeline(pairs, count: int, batch: int, workers: int) -> float:
-    """Images/s of ``retrieval.embed.embed_records`` (the default fast path) over the first ``count`` records."""
-    from retrieval.data import PairSet
-    from retrieval.embed import embed_records
-    from retrieval.model import ModelConfig, build_model
+    """Images/s of ``triclip.model.embed.embed_records`` (the default fast path) over the first ``count`` records."""
+    from triclip.data import PairSet
+    from triclip.model.embed import embed_records
+    from triclip.model.model import ModelConfig, build_model
 
     global _LITE
     if _LITE is None:
@@ -249,7 +249,7 @@ def _pairs(path: str):
     if not path or not os.path.exists(path):
         print(f"{path}: not found, timing on noise and synthetic captions")
         return None
-    from retrieval.data import load_pairs
+    from triclip.data import load_pairs
 
     return load_pairs(path)
 

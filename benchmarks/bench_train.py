@@ -15,7 +15,7 @@ transform and tokenizer), with the same objective (symmetric InfoNCE), AdamW set
 learning-rate warmup + cosine and gradient clipping; image decoding and tokenizing
 are timed in both (``--workers`` DataLoader processes on both sides):
 
-(A) triclip: ``training.batches.BatchSource`` batches into ``training.train._train_step``
+(A) triclip: ``triclip.training.batches.BatchSource`` batches into ``triclip.training.train._train_step``
     with ``build_loss("infonce")`` and ``_make_optimizer`` (what ``triclip train`` runs);
 (B) open_clip: ``open_clip_train.train.train_one_epoch`` itself, over a DataLoader of
     ``(images, tokens)`` and ``open_clip.loss.ClipLoss``, the model wrapped so that
@@ -53,16 +53,16 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from retrieval.data import load_pairs
-from retrieval.data.dataset import pick_caption
-from retrieval.data.records import PairSet
-from retrieval.errors import UserError
-from retrieval.losses import build_loss
-from retrieval.model import DualEncoder, ModelConfig, build_model
-from training.batches import BatchSource
-from retrieval.cache import cache_dir
-from training.config import recipe_for
-from training.train import _lr_scale, _make_optimizer, _StepModule, _train_step
+from triclip.data import load_pairs
+from triclip.data.dataset import pick_caption
+from triclip.data.records import PairSet
+from triclip.core.errors import UserError
+from triclip.losses import build_loss
+from triclip.model.model import DualEncoder, ModelConfig, build_model
+from triclip.training.batches import BatchSource
+from triclip.model.cache import cache_dir
+from triclip.training.config import recipe_for
+from triclip.training.train import _lr_scale, _make_optimizer, _StepModule, _train_step
 
 
 
@@ -474,7 +474,7 @@ def _describe(plan: Plan) -> str:
 def load_training_pairs(cfg: BenchConfig, scratch: str) -> PairSet:
     """The training records: ``--data`` (a folder means its train.jsonl), or a fresh shapes set."""
     if cfg.data is None:
-        from retrieval.data.builtin import prepare
+        from triclip.data.builtin import prepare
 
         path = prepare("shapes", scratch, num=cfg.num, seed=cfg.seed)["train_manifest"]
     else:

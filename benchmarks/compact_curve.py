@@ -21,8 +21,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from retrieval.run import read_config
-from training.evaluate import ORDERINGS, evaluate_run
+from triclip.model.run import read_config
+from triclip.training.evaluate import ORDERINGS, evaluate_run
 
 
 @dataclass

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     p.add_argument("-k", type=int, default=10)
     ns = p.parse_args(argv)
 
-    from retrieval.data import load_pairs
+    from triclip.data import load_pairs
 
     pairs = load_pairs(ns.data)
     captions = [c for r in pairs.records for c in r.captions]
@@ -51,10 +51,10 @@ def main(argv=None) -> int:
     if ns.run is None:
         return 0
 
-    from retrieval.metrics import retrieval_ranks
-    from training import checkpoint as ckpt
-    from retrieval.embed import embed_pairs
-    from training.evaluate import model_score_embeddings
+    from triclip.compact.metrics import retrieval_ranks
+    from triclip.training import checkpoint as ckpt
+    from triclip.model.embed import embed_pairs
+    from triclip.training.evaluate import model_score_embeddings
 
     model, _ = ckpt.load_run(ns.run)
     image, text, owner, keep, _ = embed_pairs(model, pairs, "cpu")

@@ -3,7 +3,7 @@
     .venv/bin/python -m benchmarks.eq6_scale --data DIR/train.jsonl --runs RUN [RUN ...]
 
 ``L_tri(cS) = -2cP + c^2 N`` (``P``: mean positive score ``u_i^T S v_i``, ``N``: mean squared
-negative score, ``u = sqrt(D) z`` as in ``retrieval.losses.spectral``) is least at ``c* = P/N``.
+negative score, ``u = sqrt(D) z`` as in ``triclip.losses.spectral``) is least at ``c* = P/N``.
 For each run, on the pairs (image, its first caption) of ``--data``: ``P``, ``N``, ``c*``, ``L_tri``
 at the learned S and at ``c* S``, the mean of ``w``, Eq. 8 per tower and the largest eigenvalue of
 ``E[uu^T]`` (the trace is D: a large one is a collapsed direction). docs/results_archive.md, "Eq. 6".
@@ -15,7 +15,7 @@ import argparse
 
 import torch
 
-from retrieval.losses.spectral import decorrelation_eq8
+from triclip.losses.spectral import decorrelation_eq8
 
 
 def scale_stats(image: torch.Tensor, text: torch.Tensor, w: torch.Tensor) -> dict[str, float]:
@@ -37,7 +37,7 @@ def scale_stats(image: torch.Tensor, text: torch.Tensor, w: torch.Tensor) -> dic
         "P": pos,
         "N": neg,
         "c_star": pos / neg,
-        "L_tri": -2 * pos + neg,  # Eq. 6 (retrieval.losses.spectral.spectral_terms) from the same scores
+        "L_tri": -2 * pos + neg,  # Eq. 6 (triclip.losses.spectral.spectral_terms) from the same scores
         "L_tri_at_c_star": -pos * pos / neg,
         "mean_w": float(w.mean()),
         "L_dec_image": float(decorrelation_eq8(image)),
@@ -48,11 +48,11 @@ def scale_stats(image: torch.Tensor, text: torch.Tensor, w: torch.Tensor) -> dic
 
 def run_stats(run: str, data: str) -> dict[str, float]:
     """:func:`scale_stats` of ``run`` (its best weights if kept, else the last) on ``data``."""
-    from retrieval.cache import locked_tower_outputs
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.metrics import first_captions
-    from retrieval.run import load_run
+    from triclip.model.cache import locked_tower_outputs
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.compact.metrics import first_captions
+    from triclip.model.run import load_run
 
     device = torch.device("cpu")
     model, _ = load_run(run, device)

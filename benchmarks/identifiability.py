@@ -13,7 +13,7 @@ the CCA is fitted on what RUN serves instead (``triclip solve --run``: its heads
 2. Identifiability per canonical dimension: the CCA fitted on two disjoint random halves of
    the training images (one split per seed), val images mapped through both; ``|corr|`` of
    dimension k of half A with dimension k of half B, and the signed corr after each half's own
-   sign fix (rules ``anchor``, ``majority``, ``skew`` of ``retrieval.compact.sign_flips``,
+   sign fix (rules ``anchor``, ``majority``, ``skew`` of ``triclip.compact.features.sign_flips``,
    anchored on that half's training images), beside ``rho_k`` and the spectral gap
    ``g_k = min(rho_{k-1} - rho_k, rho_k - rho_{k+1})`` (the theorem: dimension k is identified
    when its correlation is separated from its neighbours'). Spearman of g_k with |corr|.
@@ -43,8 +43,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from retrieval.compact import SIGN_RULES, compact_curve, sign_flips, suggest_m
-from retrieval.metrics import first_captions, retrieval_recall
+from triclip.compact.features import SIGN_RULES, compact_curve, sign_flips, suggest_m
+from triclip.compact.metrics import first_captions, retrieval_recall
 
 SHARES = (0.8, 0.9, 0.95)
 WEIGHTINGS = (0.0, 0.5, 1.0, 2.0)
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="lite")
     p.add_argument("--embed-dim", type=int, default=None)
     p.add_argument("--seeds", default="0,1,2", help="one random half split per seed")
-    p.add_argument("--ridge", type=float, default=None, help="r (default: the best on val of training.solve.RIDGE_GRID)")
+    p.add_argument("--ridge", type=float, default=None, help="r (default: the best on val of triclip.training.solve.RIDGE_GRID)")
     p.add_argument("--sklearn", type=int, default=0, help="also fit scikit-learn CCA with this many components")
     p.add_argument("--runs", default="", help="comma-separated trained runs (seeds of one objective) to compare")
     p.add_argument("--map-runs", default="", help="only the class mAP table of these runs (mean ± sd) on DIR/val.jsonl")
@@ -103,11 +103,11 @@ class Feats:
     @classmethod
     def load(cls, folder: str, preset: str, embed_dim: int | None, run: str | None = None) -> "Feats":
         """Tower outputs per split; with ``run``, that run's served embeddings of them (D = its D)."""
-        from retrieval.cache import locked_tower_outputs
-        from retrieval.data import load_pairs
-        from retrieval.model import ModelConfig, build_model
-        from retrieval.run import load_run
-        from training.solve import paired_features, served_embeddings
+        from triclip.model.cache import locked_tower_outputs
+        from triclip.data import load_pairs
+        from triclip.model.model import ModelConfig, build_model
+        from triclip.model.run import load_run
+        from triclip.training.solve import paired_features, served_embeddings
 
         if run:
             model = load_run(run)[0]
@@ -134,7 +134,7 @@ class Feats:
 
     def fit(self, images: torch.Tensor, ridge: float):
         """CCA on the training images ``images`` (row indices) and all their captions."""
-        from training.solve import fit_cca, pair_stats
+        from triclip.training.solve import fit_cca, pair_stats
 
         keep = torch.zeros(self.x.shape[0], dtype=torch.bool)
         keep[images] = True
@@ -159,7 +159,7 @@ def recall(solution, split: Split, weighting: float = 1.0) -> float:
 
 
 def pick_ridge(data: Feats) -> float:
-    from training.solve import RIDGE_GRID
+    from triclip.training.solve import RIDGE_GRID
 
     scores = {r: recall(data.fit(torch.arange(data.x.shape[0]), r), data.val) for r in RIDGE_GRID}
     print("\nRidge grid (val t2i R@10): " + ", ".join(f"{r:g}: {v:.3f}" for r, v in scores.items()))
@@ -335,10 +335,10 @@ def sklearn_table(data: Feats, ridge: float, k: int) -> None:
 
 def runs_table(runs: list[str], val: str) -> None:
     """Seeds of a trained objective: per-dimension signed corr (own order, skew rule) of val image features."""
-    from retrieval.cache import locked_tower_outputs
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.run import load_run
+    from triclip.model.cache import locked_tower_outputs
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.model.run import load_run
 
     feats, ws = [], []
     pairs = load_pairs(val)
@@ -368,12 +368,12 @@ def runs_table(runs: list[str], val: str) -> None:
 
 def class_map_table(val: str, runs: list[str]) -> None:
     """Class mAP of each ordering at m = 16 / 32 and full D, mean ± sd over ``runs``."""
-    from retrieval.cache import locked_tower_outputs
-    from retrieval.compact import compact_embeddings, fit_pca
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.metrics import class_map
-    from retrieval.run import load_run
+    from triclip.model.cache import locked_tower_outputs
+    from triclip.compact.features import compact_embeddings, fit_pca
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.compact.metrics import class_map
+    from triclip.model.run import load_run
 
     pairs = load_pairs(val)
     cells = [("own", "importance", 256), ("own", "importance", 16), ("own", "importance", 32), ("PCA", "pca", 16),

@@ -4,9 +4,9 @@
 
 Takes the rows of INDEX whose images SPLIT lists (e.g. the demo's ``data/test.jsonl``, which
 the demo indexes too) and their caption vectors; prints text->image recall@10 over distinct
-captions (``index.budgets``) of float32 at full D, float top-m (pruning), each budget's stored
+captions (``triclip.index.budgets``) of float32 at full D, float top-m (pruning), each budget's stored
 code (its trained quantiser, filled with the split's images), and each code's shortlist of
-100 / 200 re-ranked with the float vectors (``index.search.rerank_from``). Then the same for
+100 / 200 re-ranked with the float vectors (``triclip.index.search.rerank_from``). Then the same for
 image->text over the split's distinct captions (``EvalSet.reverse``) and the stored caption
 codes, where the index has them. Torch-free.
 """
@@ -19,10 +19,10 @@ import sys
 
 import numpy as np
 
-from index.budgets import EvalSet, measure, recall_at_k
-from index.search import rerank_from
-from index.store import load_contents
-from index.vectors import exact_topk, prefix
+from triclip.index.budgets import EvalSet, measure, recall_at_k
+from triclip.index.search import rerank_from
+from triclip.index.store import load_contents
+from triclip.index.vectors import exact_topk, prefix
 
 
 def split_set(index: str, split: str) -> tuple[EvalSet, dict, dict]:

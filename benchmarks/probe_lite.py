@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-import retrieval.towers as towers
+import triclip.model.towers as towers
 
 CAPTION_SETS = ("titles", "first2", "rows", "keywords5")
 POOLS = ("avgmax", "gem", "multi")
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         made = train_args[at] = captions_manifest(train_args[at], value)
     else:
         raise SystemExit(f"probe_lite: unknown variant {variant!r}\n{__doc__}")
-    from app.cli import main as cli_main
+    from triclip.app.cli import main as cli_main
 
     try:
         return cli_main(train_args)

@@ -50,12 +50,12 @@ from pathlib import Path
 
 import torch
 
-from training.config import MRL_STEP, TUNE_STEP
+from triclip.training.config import MRL_STEP, TUNE_STEP
 
-# name -> TrainConfig overrides. Objective options beyond the objective's own defaults (retrieval.losses) are spelled out.
+# name -> TrainConfig overrides. Objective options beyond the objective's own defaults (triclip.losses) are spelled out.
 VARIANTS: dict[str, dict] = {
     "infonce": dict(loss="infonce", loss_options={"nested": 0}),  # plain CLIP, whatever the trainer defaults
-    "mrl": dict(MRL_STEP),  # the demo's first step (training.config)
+    "mrl": dict(MRL_STEP),  # the demo's first step (triclip.training.config)
     # MRL with the closed form's head kind (affine, not MLP): separates the heads from the order in solve vs mrl
     "mrl_affine": dict(loss="infonce", loss_options={"nested": 4, "nested_order": "prefix"}, head="affine"),
     "tricl": dict(loss="tricl", loss_options={"nested": 4, "nested_order": "importance"}),
@@ -195,7 +195,7 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         run: the run folder (None: ``run_dir``).
         overrides: further ``TrainConfig`` fields (``fixed_logit_scale``, ``val_data``).
     """
-    from training.train import TrainConfig, train
+    from triclip.training.train import TrainConfig, train
 
     spec = dict(VARIANTS[variant])
     if spec.pop("solve", False):  # deterministic: the same run for every seed
@@ -234,8 +234,8 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
 def solve_run(cfg: ResultsConfig, on: Path | None = None, out: Path | None = None) -> Path:
     """``triclip solve`` on DIR/train.jsonl (ridge picked on DIR/val.jsonl) into OUT/solve/seed0, unless it
     exists; ``on``: ``solve --run ON`` (Eq. 6 on that run's embeddings) into ``out``."""
-    from training.config import SolveConfig
-    from training.solve import solve
+    from triclip.training.config import SolveConfig
+    from triclip.training.solve import solve
 
     run = out or run_dir(cfg, "solve", 0)
     if not (run / "model.safetensors").exists():
@@ -260,19 +260,19 @@ def dims_for(dim: int) -> list[int]:
 @torch.no_grad()
 def run_results(run: Path, val: str, zero_shot: dict | None = None, curve_metric: str = "t2i_r10") -> dict:
     """Every number the tables need, for one run (cached in ``run/result.json``): ``triclip eval``'s
-    metrics (:func:`training.evaluate.metrics`, its compact curve as ``curve``) and the tables' extras.
+    metrics (:func:`triclip.training.evaluate.metrics`, its compact curve as ``curve``) and the tables' extras.
 
     Args:
         curve_metric: a cached result without this compact curve is evaluated again.
     """
-    from retrieval.cache import locked_tower_outputs
-    from retrieval.compact import topm_embed
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_texts
-    from retrieval.io import write_text_atomic
-    from retrieval.metrics import class_map, zero_shot_accuracy
-    from retrieval.run import load_run, weights_path
-    from training.evaluate import embed_for_eval, metrics
+    from triclip.model.cache import locked_tower_outputs
+    from triclip.compact.features import topm_embed
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_texts
+    from triclip.core.io import write_text_atomic
+    from triclip.compact.metrics import class_map, zero_shot_accuracy
+    from triclip.model.run import load_run, weights_path
+    from triclip.training.evaluate import embed_for_eval, metrics
 
     split = Path(val).stem
     saved = run / ("result.json" if split == "val" else f"result.{split}.json")  # one evaluation per split
@@ -321,8 +321,8 @@ def metric_curves(image, text, owner, w, dims: list[int], texts: list[str], labe
         w: the importance. Shape: (D,).
         labels: class id of each image (N,), or None.
     """
-    from retrieval.compact import compact_embeddings, fit_pca
-    from retrieval.metrics import class_map, retrieval_recall
+    from triclip.compact.features import compact_embeddings, fit_pca
+    from triclip.compact.metrics import class_map, retrieval_recall
 
     basis = fit_pca(torch.cat([image, text]))  # one fit for every m, as compact_curve does
     curves: dict = {"t2i_r1": {}, **({"class_map": {}} if labels is not None else {})}
@@ -339,7 +339,7 @@ def metric_curves(image, text, owner, w, dims: list[int], texts: list[str], labe
 
 def _zero_shot_spec(data: str) -> dict | None:
     """Class names and prompts where the data is fashion-mnist (its labels are its class names)."""
-    from retrieval.data import fashion_mnist as fm
+    from triclip.data import fashion_mnist as fm
 
     first = json.loads(Path(data, "val.jsonl").read_text().splitlines()[0])
     if first.get("label") not in fm.CLASSES:
@@ -534,11 +534,11 @@ def identifiability(cfg: ResultsConfig) -> None:
     """Dimension-wise correlation of two seeds' val image features (own order, sign fix), and best matching."""
     from scipy.optimize import linear_sum_assignment
 
-    from retrieval.cache import locked_tower_outputs
-    from retrieval.compact import sign_flips
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.run import load_run
+    from triclip.model.cache import locked_tower_outputs
+    from triclip.compact.features import sign_flips
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.model.run import load_run
 
     pairs = load_pairs(str(Path(cfg.data) / "val.jsonl"))
     device = torch.device("cpu")
@@ -759,7 +759,7 @@ def _spearman(xs: list[float], ys: list[float]) -> float:
 
 def prepare_tuxpaint(out: str, root: str = "/usr/share/tuxpaint/stamps", val_share: float = 0.15) -> dict:
     """Manifests of the Tux Paint stamps: each PNG with its English description (first line of the .txt)."""
-    from retrieval.io import write_text_atomic
+    from triclip.core.io import write_text_atomic
 
     base = Path(root)
     if not base.is_dir():

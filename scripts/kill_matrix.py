@@ -15,7 +15,7 @@ For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solv
    the disk is full, or that the data would not fit), never a traceback; and a rerun behaves the same.
 
 A rerun passes when it exits 0, prints no traceback and leaves a folder whose mark
-(``retrieval.io.MARK``) says done. A kill that came after the command's last file (or after it
+(``triclip.core.io.MARK``) says done. A kill that came after the command's last file (or after it
 exited) is a SKIP, counted apart. One line per case; exit status 1 when any case failed.
 The slow test ``tests/hostile/test_kill_matrix.py`` runs it.
 """
@@ -87,7 +87,7 @@ def start(args: list[str], work: Path, fsize: int | None = None) -> subprocess.P
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
-    return subprocess.Popen([sys.executable, "-m", "app", *args], env=env(work), cwd=ROOT, text=True,
+    return subprocess.Popen([sys.executable, "-m", "triclip", *args], env=env(work), cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit if fsize else None)  # fmt: skip
 
 

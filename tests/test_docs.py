@@ -4,7 +4,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = [p for d in ("retrieval", "training", "index", "app", "benchmarks", "tests", "scripts", "docs")
+SOURCES = [p for d in ("triclip", "benchmarks", "tests", "scripts", "docs")
            for p in (ROOT / d).rglob("*") if p.suffix in (".py", ".md", ".sh")] + [ROOT / "README.md"]
 
 

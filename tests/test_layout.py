@@ -1,4 +1,8 @@
-"""Dependencies point one way (docs/CONTRACT.md "Layout"): retrieval <- training, index <- app; no import circles.
+"""Dependencies point one way, in pipeline order (docs/CONTRACT.md "Layout"); no import circles.
+
+The packages under ``triclip/``: ``core`` <- ``data``, ``compact`` <- ``model``, ``losses`` <- ``training``
+<- ``index`` <- ``app``, where ``index`` (search) never imports ``training`` or ``losses``: a served index
+reads runs through ``triclip.model.run`` only.
 
 Read from the source with ``ast`` (every ``import`` / ``from ... import``, lazy ones
 inside functions included), so a backwards import anywhere fails here.
@@ -17,44 +21,69 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("retrieval", "training", "index", "app")
+PACKAGES = ("core", "data", "compact", "model", "losses", "training", "index", "app")  # pipeline order
 ALLOWED = {
-    "retrieval": {"retrieval"},
-    "training": {"retrieval", "training"},
-    "index": {"retrieval", "index"},
+    "core": {"core"},
+    "data": {"core", "data"},
+    "compact": {"core", "compact"},
+    "model": {"core", "data", "compact", "model"},
+    "losses": {"core", "compact", "losses"},
+    "training": {"core", "data", "compact", "model", "losses", "training"},
+    "index": {"core", "data", "compact", "model", "index"},
     "app": set(PACKAGES),  # the CLI's train / eval commands and the demo call training
 }
 # app modules that serve search read runs through the library only (the CLI's train / eval handlers
 # and the demo are the only places that import training)
-SERVING = (
-    "app/gradio_app.py", "app/live.py", "app/endpoints.py", "app/json_api.py", "app/panels.py",
-    "app/gradio_patches.py", "app/server.py", "app/options.py", "app/__main__.py", "app/__init__.py",
-)
+SERVING = tuple(f"triclip/app/{name}.py" for name in (
+    "gradio_app", "live", "endpoints", "json_api", "panels", "gradio_patches", "server", "options", "__init__"))
+OLD_PACKAGES = ("retrieval", "training", "index", "app")  # the flat layout before triclip/; no alias is kept
 
 
 # circles known and being removed elsewhere; each entry must still be a circle (test below), so the entry
-# goes once the circle does. (index.build <-> index.from_embeddings went with the single index build path.)
+# goes once the circle does.
 KNOWN_CIRCLES: list[list[str]] = []
 
 
 def _imported_packages(path: Path) -> set[str]:
+    """The triclip packages (``core``, ``data``, ...) that ``path`` imports, lazy imports included."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    names = set()
+    modules = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            modules.extend(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-    return names & set(PACKAGES)
+            modules.append(node.module)
+    return {m.split(".")[1] for m in modules if m.startswith("triclip.") and m.count(".") >= 1} & set(PACKAGES)
 
 
 @pytest.mark.parametrize("package", PACKAGES)
 def test_imports_point_one_way(package):
     wrong = {
         str(f.relative_to(ROOT)): sorted(_imported_packages(f) - ALLOWED[package])
-        for f in (ROOT / package).rglob("*.py")
+        for f in (ROOT / "triclip" / package).rglob("*.py")
     }
     assert {f: w for f, w in wrong.items() if w} == {}
+
+
+def test_the_packages_are_the_pipeline_and_nothing_else():
+    """Every folder under triclip/ is a package of the pipeline; the old flat packages are gone, imports too."""
+    assert sorted(p.name for p in (ROOT / "triclip").iterdir() if p.is_dir() and p.name != "__pycache__") == sorted(PACKAGES)
+    assert [p for p in OLD_PACKAGES if (ROOT / p).exists()] == []
+    for path in [*ROOT.glob("triclip/**/*.py"), *ROOT.glob("tests/**/*.py"), *ROOT.glob("benchmarks/*.py"),
+                 *ROOT.glob("scripts/*.py")]:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+            assert not [n for n in names if n.split(".")[0] in OLD_PACKAGES], path
+
+
+def test_no_package_holds_more_than_a_quarter_of_the_code():
+    """Non-test lines per package (triclip's, benchmarks/, scripts/): none over 25%."""
+    folders = [ROOT / "triclip" / p for p in PACKAGES] + [ROOT / "benchmarks", ROOT / "scripts"]
+    lines = {f.name: sum(len(p.read_text(encoding="utf-8").splitlines()) for p in f.rglob("*.py")) for f in folders}
+    total = sum(lines.values())
+    assert {name: n for name, n in lines.items() if n > total / 4} == {}
 
 
 def test_serving_modules_never_import_training():
@@ -64,17 +93,17 @@ def test_serving_modules_never_import_training():
 
 def test_search_and_index_commands_never_import_training():
     """In the CLI, only the train / eval / solve handlers (and their option builders) reach training/."""
-    tree = ast.parse((ROOT / "app" / "cli.py").read_text(encoding="utf-8"))
+    tree = ast.parse((ROOT / "triclip" / "app" / "cli.py").read_text(encoding="utf-8"))
     allowed = {"cmd_train", "cmd_eval", "cmd_solve", "_train_options", "_eval_options", "_solve_options"}
     for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name not in allowed):
         for node in ast.walk(fn):
             if isinstance(node, ast.ImportFrom) and node.module:
-                assert node.module.split(".")[0] != "training", fn.name
+                assert not node.module.startswith("triclip.training"), fn.name
 
 
 def test_a_backwards_import_is_caught(tmp_path):
     bad = tmp_path / "x.py"
-    bad.write_text("def f():\n    from training.train import train\n")
+    bad.write_text("def f():\n    from triclip.training.train import train\n")
     assert _imported_packages(bad) == {"training"}
 
 
@@ -139,13 +168,13 @@ def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_circles_between_modules():
-    circles = _circles(_import_graph([ROOT / p for p in PACKAGES]))
+    circles = _circles(_import_graph([ROOT / "triclip"]))
     assert [c for c in circles if c not in KNOWN_CIRCLES] == []
 
 
 def test_each_known_circle_is_still_a_circle():
     """An entry of KNOWN_CIRCLES whose circle is gone must be deleted from it."""
-    circles = _circles(_import_graph([ROOT / p for p in PACKAGES]))
+    circles = _circles(_import_graph([ROOT / "triclip"]))
     assert [c for c in KNOWN_CIRCLES if c not in circles] == []
 
 

@@ -16,9 +16,9 @@ def test_readme_is_short_and_starts_with_the_demo_and_the_tests():
 
 
 def test_the_readmes_recipe_is_the_demos():
-    """The six commands under "Your own data" train the steps training.config defines (MRL_STEP, TUNE_STEP)."""
-    from retrieval.losses import build_loss
-    from training.config import MRL_STEP, TUNE_STEP, TrainConfig
+    """The six commands under "Your own data" train the steps triclip.training.config defines (MRL_STEP, TUNE_STEP)."""
+    from triclip.losses import build_loss
+    from triclip.training.config import MRL_STEP, TUNE_STEP, TrainConfig
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     block = re.search(r"## Your own data.*?```bash\n(.*?)```", text, re.S).group(1)

@@ -30,8 +30,8 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def app_index(tmp_path_factory) -> Path:
     """A tiny index folder (shapes, untrained tiny run) at m = 8, 16, 32, with captions."""
-    from index.build import IndexBuildConfig, build_index
-    from retrieval.data.builtin import prepare
+    from triclip.index.sources import IndexBuildConfig, build_index
+    from triclip.data.builtin import prepare
 
     root = tmp_path_factory.mktemp("app")
     prepare("shapes", str(root / "data"), num=100, seed=0)
@@ -42,8 +42,8 @@ def app_index(tmp_path_factory) -> Path:
 
 def small_index(root: Path, num: int = 40, seed: int = 0, **options) -> Path:
     """A fresh index of ``num`` shapes images (untrained tiny run) at ``root/index``, for tests that change it."""
-    from index.build import IndexBuildConfig, build_index
-    from retrieval.data.builtin import prepare
+    from triclip.index.sources import IndexBuildConfig, build_index
+    from triclip.data.builtin import prepare
 
     prepare("shapes", str(root / "data"), num=num, seed=seed)
     run = make_run(root / "run", seed=seed)
@@ -55,8 +55,8 @@ def small_index(root: Path, num: int = 40, seed: int = 0, **options) -> Path:
 @contextlib.contextmanager
 def serving(index: Path, **config):
     """The app over ``index`` on a free port of 127.0.0.1 (``AppConfig`` fields in ``config``); yields (URL, SearchApp)."""
-    from app.gradio_app import AppConfig, build_app, launch
-    from index.search import Searcher
+    from triclip.app.gradio_app import AppConfig, build_app, launch
+    from triclip.index.search import Searcher
 
     port = free_port()
     blocks, app = build_app(Searcher.load(index), AppConfig(index=str(index), port=port, **config))
@@ -70,8 +70,8 @@ def serving(index: Path, **config):
 @pytest.fixture(scope="module")
 def app_url(app_index):
     """The app over ``app_index``, served on a free port; yields its URL."""
-    from app.gradio_app import AppConfig, build_app, launch
-    from index.search import Searcher
+    from triclip.app.gradio_app import AppConfig, build_app, launch
+    from triclip.index.search import Searcher
 
     searcher = Searcher.load(app_index)
     port = free_port()

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from gradio_client import Client, handle_file
 
-from app.endpoints import ENDPOINTS
+from triclip.app.endpoints import ENDPOINTS
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +56,7 @@ def test_a_default_client_downloads_the_result_images(app_url, tmp_path):
 
 
 def test_the_image_route_serves_indexed_images_only(app_url, app_index):
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     count = len(load_contents(app_index).meta)
     assert httpx.get(f"{app_url}triclip/image/{count - 1}").status_code == 200
@@ -74,7 +74,7 @@ def test_m_and_funnel_choose_the_index_searched(client):
 
 
 def test_more_like_this_ranks_the_clicked_image_first(client, app_index):
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     some_id = load_contents(app_index).meta[3]["id"]
     gallery, status = client.predict(some_id, 16, False, 4, api_name="/more_like_this")
@@ -85,7 +85,7 @@ def test_more_like_this_ranks_the_clicked_image_first(client, app_index):
 
 
 def test_image_search_and_image_to_text(client, app_index):
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     row = load_contents(app_index).meta[5]
     gallery, status = client.predict(handle_file(row["image"]), 32, False, 3, api_name="/search_image")
@@ -115,7 +115,7 @@ def test_bad_input_gives_a_message_and_the_app_keeps_serving(client, not_an_imag
 
 def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "app", "app", "--index", str(tmp_path / "nothing")], capture_output=True, text=True
+        [sys.executable, "-m", "triclip", "app", "--index", str(tmp_path / "nothing")], capture_output=True, text=True
     )
     assert result.returncode == 2
     assert result.stderr.startswith("triclip: error:") and len(result.stderr.strip().splitlines()) == 1
@@ -125,7 +125,7 @@ def test_set_threads_sets_torch_and_faiss_threads():
     import faiss
     import torch
 
-    from app.server import set_threads
+    from triclip.app.server import set_threads
 
     before = torch.get_num_threads()
     try:
@@ -137,7 +137,7 @@ def test_set_threads_sets_torch_and_faiss_threads():
 
 
 def test_json_route_answers_as_the_searcher_does(app_url, app_index):
-    from index.search import Searcher
+    from triclip.index.search import Searcher
 
     searcher = Searcher.load(app_index)
     answer = httpx.get(app_url + "triclip/api/search_text", params={"q": "two red circles", "m": 16, "k": 4}).json()

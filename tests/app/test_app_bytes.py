@@ -17,9 +17,9 @@ def bytes_index(tmp_path_factory):
 
 
 def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_codes(bytes_index):
-    from app.endpoints import AppConfig, SearchApp
-    from app.panels import frontier_figure, frontier_text, m_choices
-    from index.search import Searcher
+    from triclip.app.endpoints import AppConfig, SearchApp
+    from triclip.app.panels import frontier_figure, frontier_text, m_choices
+    from triclip.index.search import Searcher
 
     searcher = Searcher.load(bytes_index)
     app = SearchApp(searcher, AppConfig(index=str(bytes_index), follow=0))
@@ -52,8 +52,8 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
 def test_image_to_text_by_a_budget_searches_its_caption_codes(bytes_index):
     import json
 
-    from app.endpoints import AppConfig, SearchApp
-    from index.search import Searcher
+    from triclip.app.endpoints import AppConfig, SearchApp
+    from triclip.index.search import Searcher
 
     searcher = Searcher.load(bytes_index)
     app = SearchApp(searcher, AppConfig(index=str(bytes_index), follow=0))
@@ -84,8 +84,8 @@ def test_the_json_route_takes_bytes(bytes_index):
 def test_header_choices_and_panels_follow_an_overwrite(tmp_path):
     import time
 
-    from app.gradio_app import redraw
-    from index.build import IndexBuildConfig, build_index
+    from triclip.app.gradio_app import redraw
+    from triclip.index.sources import IndexBuildConfig, build_index
 
     index = small_index(tmp_path, num=40, bytes=[4])
     with serving(index, follow=0.1) as (url, app):

@@ -27,7 +27,7 @@ def index(tmp_path):
 
 
 def _meta(index):
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     return load_contents(index).meta
 
@@ -83,7 +83,7 @@ def test_a_folder_swapped_for_a_link_is_not_served(index):
 
 
 def test_an_index_without_identities_uses_the_ones_found_at_load(index, caplog):
-    from index.store import META, current_version
+    from triclip.index.store import META, current_version
 
     meta_file = index / current_version(index) / META
     rows = [json.loads(line) for line in meta_file.read_text().splitlines()]
@@ -102,7 +102,7 @@ def test_a_client_gets_the_other_results_when_one_image_changed(index, caplog, t
     was replaced, and got no results at all; now that row is left out of the answer, and logged."""
     from gradio_client import Client
 
-    from index.search import Searcher
+    from triclip.index.search import Searcher
 
     query = "two red circles"
     top = Searcher.load(index).search_text([query], k=5, m=None)[0]

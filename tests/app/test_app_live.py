@@ -27,7 +27,7 @@ DEADLINE_S, MAX_PER_CLIENT = 60.0, 400
 
 def _split_manifest(root: Path) -> tuple[Path, Path, list[str]]:
     """shapes data: base.jsonl (first 40 records) and full.jsonl (60), beside the images; the added keys."""
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     prepare("shapes", str(root / "data"), num=70, seed=1)
     lines = (root / "data" / "train.jsonl").read_text().splitlines()[:60]
@@ -37,7 +37,7 @@ def _split_manifest(root: Path) -> tuple[Path, Path, list[str]]:
 
 
 def test_an_add_while_serving_shows_up_with_no_failed_or_mixed_request(tmp_path):
-    from index.build import IndexBuildConfig, build_index
+    from triclip.index.sources import IndexBuildConfig, build_index
 
     base, full, _ = _split_manifest(tmp_path)
     run = make_run(tmp_path / "run", seed=0)
@@ -111,7 +111,7 @@ def test_an_add_while_serving_shows_up_with_no_failed_or_mixed_request(tmp_path)
             time.sleep(1.0)
             summary = build_index(IndexBuildConfig(run=str(run), data=str(full), out=str(index), add=True))
             assert summary["added"] > 0
-            from index.store import load_contents
+            from triclip.index.store import load_contents
 
             new_meta = load_contents(index).meta
             target["id"] = new_meta[-1]["id"]  # an added image: found only by the new version
@@ -134,8 +134,8 @@ def test_an_add_while_serving_shows_up_with_no_failed_or_mixed_request(tmp_path)
 
 
 def test_a_rebuild_with_another_run_is_swapped_in_and_old_urls_keep_their_images(tmp_path):
-    from index.build import IndexBuildConfig, build_index
-    from index.store import load_contents
+    from triclip.index.sources import IndexBuildConfig, build_index
+    from triclip.index.store import load_contents
 
     base, full, _ = _split_manifest(tmp_path)
     backwards = tmp_path / "data" / "backwards.jsonl"  # the same images in another order: rows change meaning
@@ -164,7 +164,7 @@ def test_a_rebuild_with_another_run_is_swapped_in_and_old_urls_keep_their_images
 def test_a_damaged_new_version_is_logged_and_the_loaded_one_kept(tmp_path, caplog):
     import logging
 
-    from index.build import IndexBuildConfig, build_index
+    from triclip.index.sources import IndexBuildConfig, build_index
 
     base, _, _ = _split_manifest(tmp_path)
     index = tmp_path / "index"

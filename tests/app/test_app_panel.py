@@ -6,7 +6,7 @@ import httpx
 import pytest
 import torch
 
-from app.panels import recall_figure, recall_text, spectrum_figure, spectrum_text
+from triclip.app.panels import recall_figure, recall_text, spectrum_figure, spectrum_text
 
 CURVES = {
     "split": "validation", "queries": 344, "images": 793, "ordering": "importance",
@@ -28,7 +28,7 @@ def test_a_run_without_importance_is_said_in_words_not_drawn_flat(w):
 
 @pytest.mark.parametrize("w", [[2.0 ** -i for i in range(64)], [1.0 / (i + 1) for i in range(64)]])
 def test_a_spectrum_gives_suggest_ms_m_and_the_recall_measured_at_or_above_it(w):
-    from retrieval.compact import suggest_m
+    from triclip.compact.features import suggest_m
 
     words, suggested, power = spectrum_text(w, CURVES)
     assert suggested == suggest_m(torch.tensor(w), share=0.9)
@@ -46,9 +46,9 @@ def test_a_spectrum_gives_suggest_ms_m_and_the_recall_measured_at_or_above_it(w)
 
 
 def test_the_measured_recall_is_quoted_at_the_suggested_m(monkeypatch):
-    import retrieval.compact
+    import triclip.compact.features
 
-    monkeypatch.setattr(retrieval.compact, "suggest_m", lambda w, share: 32)
+    monkeypatch.setattr(triclip.compact.features, "suggest_m", lambda w, share: 32)
     words, suggested, _ = spectrum_text([1.0 / (i + 1) for i in range(64)], CURVES)
     assert suggested == 32 and "Measured there: recall@10 0.400, 80% of full D's 0.500" in words
 
@@ -62,8 +62,8 @@ def test_the_recall_chart_draws_the_four_orderings():
 
 
 def test_choosing_m_shows_full_d_beside_with_the_overlap(app_index):
-    from app.endpoints import AppConfig, SearchApp
-    from index.search import Searcher
+    from triclip.app.endpoints import AppConfig, SearchApp
+    from triclip.index.search import Searcher
 
     searcher = Searcher.load(app_index)
     app = SearchApp(searcher, AppConfig(index=str(app_index), follow=0))

@@ -32,7 +32,7 @@ def client(app_url) -> Client:
 
 @pytest.mark.parametrize("m, k", [("8", "4"), (8, 4), (" 16 ", 4.0)])
 def test_every_endpoint_takes_m_and_k_as_numbers_or_numeric_strings(client, app_index, m, k):
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     row = load_contents(app_index).meta[2]
     at = f"m = {int(m)}"
@@ -83,7 +83,7 @@ def test_malformed_payloads_get_a_message_and_no_traceback(app_url, capfd, endpo
 
 
 def _app_command(*args: str) -> list[str]:
-    return [sys.executable, "-m", "app", "app", *args]
+    return [sys.executable, "-m", "triclip", "app", *args]
 
 
 @pytest.mark.parametrize("port", ["-1", "0", "99999"])

@@ -82,7 +82,7 @@ def browser_requests():
 def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, browser_requests):
     from playwright.sync_api import sync_playwright
 
-    from index.store import load_contents
+    from triclip.index.store import load_contents
 
     meta = load_contents(app_index).meta
     upload = meta[7]["image"]
@@ -198,7 +198,7 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
     after an --overwrite with other budgets the open page's choices follow without a reload."""
     from playwright.sync_api import sync_playwright
 
-    from index.build import IndexBuildConfig, build_index
+    from triclip.index.sources import IndexBuildConfig, build_index
     from tests.app.conftest import serving, small_index
 
     index = small_index(tmp_path, num=60, bytes=[4, 8])

@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from app.cli import main
-from tests.retrieval.data_fixtures import write_image, write_manifest, write_truncated_png
+from triclip.app.cli import main
+from tests.data.data_fixtures import write_image, write_manifest, write_truncated_png
 
 TRICLIP = os.path.join(os.path.dirname(sys.executable), "triclip")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from app.cli import build_parser, main
+from triclip.app.cli import build_parser, main
 
 
 def _parsers(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()):

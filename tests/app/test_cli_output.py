@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import build_parser, format_eval, main
-from index.search import SHORTLIST_FACTOR
+from triclip.app.cli import build_parser, format_eval, main
+from triclip.index.search import SHORTLIST_FACTOR
 
 RESULT = {
     "i2t_r1": 0.4333, "i2t_r5": 0.7667, "i2t_r10": 0.85, "t2i_r1": 0.4545, "t2i_r5": 0.8377, "t2i_r10": 0.9481,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import build_parser, main
-from retrieval.data.builtin import prepare
+from triclip.app.cli import build_parser, main
+from triclip.data.builtin import prepare
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_eval_uses_the_best_epoch_unless_told_last(trained, capsys):
 def test_every_field_of_the_configs_is_an_option():
     from dataclasses import fields
 
-    from training.config import EvalConfig, TrainConfig
+    from triclip.training.config import EvalConfig, TrainConfig
 
     def dests(command):
         sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
@@ -393,8 +393,8 @@ def test_train_lite_with_no_other_flag_is_a_small_locked_cached_run(tmp_path, ca
     import torch
     from safetensors.torch import load_file
 
-    from retrieval.run import load_run
-    from retrieval.model import ModelConfig, build_model
+    from triclip.model.run import load_run
+    from triclip.model.model import ModelConfig, build_model
 
     monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
     prepare("shapes", str(tmp_path / "data"), num=500, seed=2)

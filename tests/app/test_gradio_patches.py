@@ -1,4 +1,4 @@
-"""``app.gradio_patches`` against the installed Gradio: each override still replaces what it was written for.
+"""``triclip.app.gradio_patches`` against the installed Gradio: each override still replaces what it was written for.
 
 No server: the components and the Blocks are made here and their methods called directly. The
 internals they replace are named and their signatures checked in test_gradio_internals.py.
@@ -15,7 +15,7 @@ import pytest
 from gradio.data_classes import FileData
 from gradio.utils import get_upload_folder
 
-from app.gradio_patches import GRADIO_VERSION, gallery_wire, guard_inputs, loose, query_image, result_gallery
+from triclip.app.gradio_patches import GRADIO_VERSION, gallery_wire, guard_inputs, loose, query_image, result_gallery
 
 ROOT = Path(__file__).resolve().parents[2]
 URLS = [("http://127.0.0.1:7860/triclip/image/12", "0.512 · a cat"), ("http://127.0.0.1:7860/triclip/image/3", "x")]

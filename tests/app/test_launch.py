@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch.distributed.run as torchrun
 
-from app.cli import main
-from retrieval.shards import load_shard, read_manifest
+from triclip.app.cli import main
+from triclip.model.shards import load_shard, read_manifest
 from tests.index.conftest import make_run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_plain_torchrun_refuses_run_as_ambiguous():
     """Why launch exists: torchrun's parser reads the script's words too, and --run abbreviates two of its options."""
     with pytest.raises(SystemExit):
-        torchrun.get_args_parser().parse_args(["--nproc-per-node", "2", "-m", "app", "embed", "--run", "R"])
+        torchrun.get_args_parser().parse_args(["--nproc-per-node", "2", "-m", "triclip", "embed", "--run", "R"])
 
 
 def test_launch_hands_the_command_over_untouched(monkeypatch, capsys):
@@ -31,7 +31,7 @@ def test_launch_hands_the_command_over_untouched(monkeypatch, capsys):
     monkeypatch.setattr(torchrun, "run", seen.append)
     assert main(["launch", "--nproc-per-node", "2", "--master-port", "29999", "embed", "--run", "R", "--data", "D", "--out", "O"]) == 0
     args = seen[0]
-    assert (args.nproc_per_node, args.master_port, args.module, args.training_script) == ("2", 29999, True, "app")
+    assert (args.nproc_per_node, args.master_port, args.module, args.training_script) == ("2", 29999, True, "triclip")
     assert args.training_script_args == ["embed", "--run", "R", "--data", "D", "--out", "O"]
     assert main(["launch", "--nnodes", "1", "--", "index", "build", "--embeddings", "E", "--out", "I"]) == 0
     assert seen[1].training_script_args == ["index", "build", "--embeddings", "E", "--out", "I"]
@@ -49,13 +49,13 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_launch_embeds_with_two_ranks_like_one(tmp_path):
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     prepare("shapes", str(tmp_path / "shapes"), num=40, seed=0)
     run = make_run(tmp_path / "run", seed=0)
     data = str(tmp_path / "shapes" / "train.jsonl")
     assert main(["embed", "--run", str(run), "--data", data, "--out", str(tmp_path / "one"), "--shard-size", "8"]) == 0
-    cmd = [sys.executable, "-m", "app", "launch", "--nproc-per-node", "2", "--master-port", str(_free_port()), "embed",
+    cmd = [sys.executable, "-m", "triclip", "launch", "--nproc-per-node", "2", "--master-port", str(_free_port()), "embed",
            "--run", str(run), "--data", data, "--out", str(tmp_path / "two"), "--shard-size", "8"]  # fmt: skip
     done = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -19,8 +19,8 @@ from tests.app.conftest import free_port
 @pytest.fixture(scope="module")
 def unbatched_url(app_index):
     """The app over ``app_index`` with text batching off (``batch=1``)."""
-    from app.gradio_app import AppConfig, build_app, launch
-    from index.search import Searcher
+    from triclip.app.gradio_app import AppConfig, build_app, launch
+    from triclip.index.search import Searcher
 
     port = free_port()
     blocks, app = build_app(Searcher.load(app_index), AppConfig(index=str(app_index), port=port, batch=1))

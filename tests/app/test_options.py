@@ -1,4 +1,4 @@
-"""app.options: argparse options from dataclasses (names, parsers, defaults, help, choices, given)."""
+"""triclip.app.options: argparse options from dataclasses (names, parsers, defaults, help, choices, given)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Literal
 
 import pytest
 
-from app.options import LazyChoices, add_options, field_help, given_fields, to_config
+from triclip.app.options import LazyChoices, add_options, field_help, given_fields, to_config
 
 
 @dataclass

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from benchmarks.duplicate_queries import group_sizes, recall_ceiling
-from retrieval.metrics import retrieval_recall
+from triclip.compact.metrics import retrieval_recall
 
 
 def _oracle(captions: list[str]):

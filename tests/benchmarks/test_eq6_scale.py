@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.eq6_scale import scale_stats
-from retrieval.losses import build_loss
+from triclip.losses import build_loss
 
 
 def test_best_rescaling_of_s_is_p_over_n_and_matches_the_loss():

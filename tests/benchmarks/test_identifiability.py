@@ -50,10 +50,10 @@ def test_on_run_fits_what_solve_run_fits(tmp_path, monkeypatch):
     """``--on-run RUN``: the CCA of the run's served embeddings, the one ``triclip solve --run`` writes."""
     import json
 
-    from retrieval.data.builtin import prepare
-    from training.config import SolveConfig, TrainConfig
-    from training.solve import solve
-    from training.train import train
+    from triclip.data.builtin import prepare
+    from triclip.training.config import SolveConfig, TrainConfig
+    from triclip.training.solve import solve
+    from triclip.training.train import train
 
     monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))
     data_dir, base, solved = tmp_path / "data", tmp_path / "base", tmp_path / "solved"

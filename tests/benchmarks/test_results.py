@@ -57,7 +57,7 @@ def test_prepare_tuxpaint_reads_pngs_with_their_english_line(tmp_path):
 @pytest.fixture(scope="module")
 def small_experiment(tmp_path_factory):
     """tiny (locked, cached random towers: fast), 3 steps, two seeds, three variants."""
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     root = tmp_path_factory.mktemp("results")
     prepare("shapes", str(root / "data"), num=160, seed=1)

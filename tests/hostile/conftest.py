@@ -1,7 +1,7 @@
 """Fixtures of the hostile suite: tiny shapes data, an untrained tiny run, a tiny index, the CLI.
 
 Everything is small (tens of records, ``tiny`` at D = 32, no training unless a test is
-about training) so the suite stays fast; ``cli`` runs ``app.cli.main`` in this process and
+about training) so the suite stays fast; ``cli`` runs ``triclip.app.cli.main`` in this process and
 returns ``(status, stdout, stderr)``.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
-from app.cli import main  # noqa: E402
-from retrieval.data.builtin import prepare  # noqa: E402
+from triclip.app.cli import main  # noqa: E402
+from triclip.data.builtin import prepare  # noqa: E402
 from tests.index.conftest import make_run  # noqa: E402
 
 
@@ -67,7 +67,7 @@ def tiny_run(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def built_index(tmp_path_factory, shapes, tiny_run) -> Path:
     """A tiny index over the shapes train split; copy it before changing it (:func:`copy_tree`)."""
-    from index.build import IndexBuildConfig, build_index
+    from triclip.index.sources import IndexBuildConfig, build_index
 
     out = tmp_path_factory.mktemp("hostile") / "index"
     build_index(IndexBuildConfig(run=str(tiny_run), data=str(shapes / "train.jsonl"), out=str(out), dims=[8]))
@@ -118,12 +118,12 @@ def unprivileged_prefix() -> list[str]:
 
 
 def run_triclip(args, tmp_path: Path, unprivileged: bool = False, stdout=None, timeout: float = 300):
-    """``triclip ARGS`` in a child process (``python -m app``); returns the CompletedProcess (text)."""
+    """``triclip ARGS`` in a child process (``python -m triclip``); returns the CompletedProcess (text)."""
     import subprocess
     import sys
 
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
                TRICLIP_CACHE=str(tmp_path / "cache"), PYTHONPATH=str(Path(__file__).resolve().parents[2]))  # fmt: skip
-    cmd = [*(unprivileged_prefix() if unprivileged else []), sys.executable, "-m", "app", *map(str, args)]
+    cmd = [*(unprivileged_prefix() if unprivileged else []), sys.executable, "-m", "triclip", *map(str, args)]
     return subprocess.run(cmd, env=env, text=True, stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
                           timeout=timeout)  # fmt: skip

@@ -16,14 +16,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.shards import IMAGE, SHARD_INFO, TEXT, shard_name
+from triclip.model.shards import IMAGE, SHARD_INFO, TEXT, shard_name
 from tests.hostile.conftest import copy_tree, one_line_error
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, shapes, tiny_run) -> Path:
     """An embeddings folder of the shapes train split in shards of 16."""
-    from retrieval.shards import EmbedConfig, embed_to_shards
+    from triclip.model.shards import EmbedConfig, embed_to_shards
 
     out = tmp_path_factory.mktemp("damage") / "emb"
     embed_to_shards(EmbedConfig(run=str(tiny_run), data=str(shapes / "train.jsonl"), out=str(out), shard_size=16))
@@ -114,8 +114,8 @@ def test_shards_without_records_still_work(cli, tmp_path, shards, shapes, tiny_r
 
 
 def test_weights_with_flipped_bytes_of_the_same_size_are_refused(cli, tmp_path, tiny_run, shapes):
-    from retrieval.errors import UserError
-    from retrieval.run import load_run
+    from triclip.core.errors import UserError
+    from triclip.model.run import load_run
 
     run = copy_tree(tiny_run, tmp_path / "run")
     load_run(run)  # whole: loads
@@ -132,7 +132,7 @@ def test_weights_without_a_record_still_load(tmp_path, tiny_run):
     """A run written before the record (plain safetensors, no metadata) loads unchecked."""
     from safetensors.torch import load_file, save_file
 
-    from retrieval.run import load_run
+    from triclip.model.run import load_run
 
     run = copy_tree(tiny_run, tmp_path / "run")
     tensors = load_file(str(run / "model.safetensors"))

@@ -24,7 +24,7 @@ from tests.hostile.conftest import one_line_error
 KILLED_WRITE = """
 import os, sys
 from pathlib import Path
-from retrieval.io import atomic_path
+from triclip.core.io import atomic_path
 with atomic_path(Path(sys.argv[1])) as tmp:
     tmp.write_bytes(os.urandom(4096))
     os.kill(os.getpid(), 9)  # SIGKILL mid-write: no finally, no cleanup
@@ -44,7 +44,7 @@ def _train(cli, shapes: Path, run: Path, *extra):
 
 
 def orphans(run: Path) -> list[str]:
-    """Hidden files other than the folder's own lock and mark (retrieval.io.writing)."""
+    """Hidden files other than the folder's own lock and mark (triclip.core.io.writing)."""
     return sorted(p.name for p in run.iterdir() if p.name.startswith(".") and p.name not in (".lock", ".triclip.json"))
 
 
@@ -76,7 +76,7 @@ def test_a_new_run_in_a_killed_folder_removes_its_orphans(cli, tmp_path, shapes)
 
 def test_a_recovery_copy_is_kept(tmp_path):
     """``.checkpoint.old`` without ``checkpoint/`` is what a crash mid-swap leaves to resume from: kept."""
-    from training.checkpoint import remove_orphans
+    from triclip.training.checkpoint import remove_orphans
 
     (tmp_path / ".checkpoint.old").mkdir()
     assert remove_orphans(tmp_path) == [] and (tmp_path / ".checkpoint.old").is_dir()

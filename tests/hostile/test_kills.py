@@ -42,7 +42,7 @@ def test_sigkill_then_resume_is_bit_identical(cli, tmp_path, shapes):
     # the same number of threads as the runs in this process: float sums of another thread count differ in the last bit
     threads = str(torch.get_num_threads())
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": threads, "TRICLIP_CACHE": str(tmp_path / "cache")}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "train", *data, "--out", str(killed), *ARGS], cwd=root, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "triclip", "train", *data, "--out", str(killed), *ARGS], cwd=root, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 240

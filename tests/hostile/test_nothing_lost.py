@@ -1,6 +1,6 @@
 """The third hostile trial (issue 28, "Nothing lost"): what it found, as tests that failed before the fix.
 
-One mechanism carries most of it (``retrieval.io.writing``): every writer claims its folder,
+One mechanism carries most of it (``triclip.core.io.writing``): every writer claims its folder,
 takes its lock, writes its mark first and "done" last, and builds a replacement beside the
 old folder. The full matrix (every writer x kill -9 at three points x rerun, and a 5 MB disk)
 is ``scripts/kill_matrix.py`` (slow).
@@ -23,8 +23,8 @@ from tests.hostile.test_output_dirs import snapshot
 
 
 def test_a_read_never_deletes_a_complete_version(cli, tmp_path, built_index, shapes, tiny_run):
-    from index.search import Searcher
-    from index.store import _versions
+    from triclip.index.search import Searcher
+    from triclip.index.store import _versions
 
     index = copy_tree(built_index, tmp_path / "index")
     status, _, err = cli("index", "build", "--run", tiny_run, "--data", shapes / "val.jsonl", "--out", index,
@@ -67,8 +67,8 @@ def test_demo_refuses_a_folder_it_did_not_make(cli, tmp_path, shapes, tiny_run, 
 
 @pytest.mark.parametrize("text", ["not json {", "[1, 2]", '{"key": 1}'])
 def test_a_damaged_eval_json_is_one_line(tmp_path, shapes, tiny_run, text):
-    from app.demo import DemoConfig, _evaluate
-    from retrieval.errors import UserError
+    from triclip.app.demo import DemoConfig, _evaluate
+    from triclip.core.errors import UserError
 
     saved = tmp_path / "eval.json"
     saved.write_text(text)
@@ -82,7 +82,7 @@ def test_a_demo_killed_mid_solve_solves_again(tmp_path, shapes, tiny_run, monkey
     """Its rerun used to skip the solve because model.safetensors existed, then train --init refused: stuck."""
     import shutil
 
-    import app.demo as demo
+    import triclip.app.demo as demo
 
     work = tmp_path / "w"
     work.mkdir()
@@ -126,7 +126,7 @@ def _killed_in(monkeypatch, module, name: str, args) -> None:
 
     monkeypatch.setattr(module, name, killed)
     with pytest.raises(Killed):
-        from app.cli import main
+        from triclip.app.cli import main
 
         main([str(a) for a in args])
     monkeypatch.undo()
@@ -134,7 +134,7 @@ def _killed_in(monkeypatch, module, name: str, args) -> None:
 
 def _solve_killed_before_config(cli, monkeypatch, args) -> None:
     """``triclip ARGS`` (a solve) killed after its weights, before its config.json (the last file it writes)."""
-    import training.checkpoint as ckpt
+    import triclip.training.checkpoint as ckpt
 
     _killed_in(monkeypatch, ckpt, "write_config", args)
 
@@ -176,7 +176,7 @@ def test_a_killed_data_prepare_runs_again(tmp_path):
     out = tmp_path / "data"
     root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(root), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "app", "data", "prepare", "shapes", "--out", str(out), "--num", "5000"],
+    proc = subprocess.Popen([sys.executable, "-m", "triclip", "data", "prepare", "shapes", "--out", str(out), "--num", "5000"],
                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     try:
         deadline = time.monotonic() + 120
@@ -189,7 +189,7 @@ def test_a_killed_data_prepare_runs_again(tmp_path):
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "prepare finished before it could be killed"
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     for overwrite in (False, True):
         summary = prepare("shapes", out, num=30, overwrite=overwrite)  # no "files triclip did not write"
@@ -238,7 +238,7 @@ def _init_train(shapes: Path, init: Path, out: Path, *extra) -> list:
 
 
 def _killed_before_first_checkpoint(monkeypatch, args) -> None:
-    import training.train as train_mod
+    import triclip.training.train as train_mod
 
     _killed_in(monkeypatch, train_mod, "_save", args)
 
@@ -321,7 +321,7 @@ def test_a_dangling_symlink_as_out_is_named(cli, tmp_path, shapes):
 def test_every_index_file_follows_the_umask(cli, tmp_path, shapes, tiny_run):
     import stat
 
-    from index.store import current_version
+    from triclip.index.store import current_version
 
     index = tmp_path / "index"
     status, _, err = cli("index", "build", "--run", tiny_run, "--data", shapes / "train.jsonl", "--val-data",
@@ -407,8 +407,8 @@ def test_a_full_disk_is_one_true_line(cli, tmp_path, shapes, tiny_run, built_ind
 def test_numpy_short_write_says_disk_full(tmp_path, small_disk):
     import numpy as np
 
-    from retrieval.errors import UserError
-    from retrieval.io import atomic_path
+    from triclip.core.errors import UserError
+    from triclip.core.io import atomic_path
 
     disk = small_disk(leave=0)
     with pytest.raises(UserError, match="disk full while writing"):

@@ -71,7 +71,7 @@ def test_unreadable_run_index_or_shards_is_one_line(tmp_path, built_index, shape
         os.chmod(index / version / "vectors.npy", 0)
         args = ["search", "--index", index, "--text", "red", "--json"]
     else:
-        from retrieval.shards import EmbedConfig, embed_to_shards
+        from triclip.model.shards import EmbedConfig, embed_to_shards
 
         emb = tmp_path / "emb"
         embed_to_shards(EmbedConfig(run=str(tiny_run), data=str(shapes / "val.jsonl"), out=str(emb)))
@@ -102,12 +102,12 @@ def test_a_closed_pipe_ends_quietly(tmp_path, built_index, shapes, tiny_run, com
 
 
 def test_an_os_error_anywhere_is_one_line(cli, monkeypatch, tmp_path):
-    import retrieval.data
+    import triclip.data
 
     def denied(*args, **kwargs):
         raise PermissionError(13, "Permission denied", str(tmp_path / "secret.jsonl"))
 
-    monkeypatch.setattr(retrieval.data, "inspect", denied)
+    monkeypatch.setattr(triclip.data, "inspect", denied)
     status, _, err = cli("data", "inspect", tmp_path / "secret.jsonl", "--json")
     assert one_line_error(status, err).endswith("secret.jsonl: Permission denied")
 
@@ -118,14 +118,14 @@ def test_an_os_error_anywhere_is_one_line(cli, monkeypatch, tmp_path):
 @pytest.fixture
 def no_embedding(monkeypatch):
     """Fail the test if anything is embedded."""
-    import index.build
-    import retrieval.shards
+    import triclip.index.sources
+    import triclip.model.shards
 
     def embed(*args, **kwargs):
         raise AssertionError("embedded before refusing the output")
 
-    monkeypatch.setattr(retrieval.shards, "embed_pairs", embed)
-    monkeypatch.setattr(index.build, "embed_pairs", embed)
+    monkeypatch.setattr(triclip.model.shards, "embed_pairs", embed)
+    monkeypatch.setattr(triclip.index.sources, "embed_pairs", embed)
 
 
 @pytest.mark.parametrize("target", ["/dev/null", "fifo"])

@@ -1,6 +1,6 @@
 """Issue 19 item 1: no command silently replaces what a user already has.
 
-One rule (``retrieval.io.claim_output_dir``) for ``data prepare``, ``train``, ``index build``
+One rule (``triclip.core.io.claim_output_dir``) for ``data prepare``, ``train``, ``index build``
 and ``embed``: a non-empty folder of another kind is refused, one of the command's own kind
 needs ``--overwrite`` (or ``--resume`` / ``--add`` / an ``embed`` re-run), and an overwritten
 index keeps its previous version for ``triclip index rollback``. Every refusal leaves the
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from index.store import _versions, current_version, load_contents
-from retrieval.errors import UserError
-from retrieval.io import claim_output_dir, folder_kind
+from triclip.index.store import _versions, current_version, load_contents
+from triclip.core.errors import UserError
+from triclip.core.io import claim_output_dir, folder_kind
 from tests.hostile.conftest import copy_tree, first_rows, one_line_error
 
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from index.store import MANIFEST, current_version, load_contents
+from triclip.index.store import MANIFEST, current_version, load_contents
 from tests.hostile.conftest import copy_tree, one_line_error
 
 
@@ -40,7 +40,7 @@ def test_an_on_disk_lists_name_outside_the_version_is_refused(cli, tmp_path, bui
 
 
 def test_a_shard_record_outside_the_shard_is_refused(cli, tmp_path, shapes, tiny_run):
-    from retrieval.shards import SHARD_INFO, EmbedConfig, embed_to_shards, shard_name
+    from triclip.model.shards import SHARD_INFO, EmbedConfig, embed_to_shards, shard_name
 
     emb = tmp_path / "emb"
     embed_to_shards(EmbedConfig(run=str(tiny_run), data=str(shapes / "val.jsonl"), out=str(emb)))

@@ -1,7 +1,7 @@
 """Fixtures for index tests: tiny shapes data and tiny runs saved without training.
 
 A run is a ``tiny`` DualEncoder with a random (seeded) importance, written the way
-``training.checkpoint`` writes runs; an untrained model embeds deterministically, which
+``triclip.training.checkpoint`` writes runs; an untrained model embeds deterministically, which
 is all that build / search / fingerprint tests need, and takes a second instead of a
 training run.
 """
@@ -21,9 +21,9 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from retrieval.data.builtin import prepare  # noqa: E402
-from retrieval.model import ModelConfig, build_model  # noqa: E402
-from training import checkpoint as ckpt  # noqa: E402
+from triclip.data.builtin import prepare  # noqa: E402
+from triclip.model.model import ModelConfig, build_model  # noqa: E402
+from triclip.training import checkpoint as ckpt  # noqa: E402
 
 EMBED_DIM = 32
 
@@ -80,7 +80,7 @@ def unit_vectors(rng: np.random.Generator, n: int, d: int) -> np.ndarray:
 @pytest.fixture(scope="module")
 def synthetic():
     """4 shards of unequal size (one empty) of clustered 32-d unit vectors, float16 like a shard file."""
-    from index.vectors import ShardVectors
+    from triclip.index.vectors import ShardVectors
 
     rng = np.random.default_rng(0)
     centres = unit_vectors(rng, 40, 32)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from benchmarks.bench_funnel import main, query_vectors, recall_with_ties
-from index.build import IndexBuildConfig, build_index
-from index.store import load_contents
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.store import load_contents
 
 
 def _results(path) -> dict:

@@ -2,7 +2,7 @@
 
 ``curves.json`` in the version: t2i recall@10 (distinct texts) at every m the index
 holds and every power of two, for the run's order, first-m, random and PCA, equal to
-``retrieval.compact.compact_curve`` on the same embeddings; the manifest's recall has a
+``triclip.compact.features.compact_curve`` on the same embeddings; the manifest's recall has a
 value for every m (m = 8 had none when it came from the run's evaluation, which measures
 only D/16, D/8, D/4); ``--val-data`` measures on that split; ``--add`` carries the curves.
 """
@@ -14,8 +14,8 @@ import json
 import pytest
 import torch
 
-from index.build import CURVES, IndexBuildConfig, build_index, curve_dims, read_curves
-from index.store import current_version, read_manifest
+from triclip.index.sources import CURVES, IndexBuildConfig, build_index, curve_dims, read_curves
+from triclip.index.store import current_version, read_manifest
 from tests.index.conftest import make_run
 
 DIMS = [4, 8, 16]
@@ -23,7 +23,7 @@ DIMS = [4, 8, 16]
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     root = tmp_path_factory.mktemp("curves")
     prepare("shapes", str(root / "data"), num=60, seed=3)
@@ -52,10 +52,10 @@ def test_curves_cover_every_m_and_the_four_orderings_and_give_the_manifest_its_r
 
 
 def test_curves_equal_compact_curve_on_the_validation_split(built):
-    from retrieval.compact import compact_curve
-    from retrieval.data import load_pairs
-    from retrieval.embed import embed_pairs
-    from retrieval.run import load_run
+    from triclip.compact.features import compact_curve
+    from triclip.data import load_pairs
+    from triclip.model.embed import embed_pairs
+    from triclip.model.run import load_run
 
     root, run = built
     curves = read_curves(root / "b", current_version(root / "b"))
@@ -90,8 +90,8 @@ def test_add_carries_the_curves_and_the_file_is_written_with_the_version(built, 
 def test_a_split_folder_indexes_every_split_with_curves_on_its_validation(built):
     """Issue 26 item 1: ``index build --data DIR`` (a data split folder) holds every image of all its
     splits, and its curves are measured on DIR/val.jsonl."""
-    from retrieval.data import load_pairs
-    from retrieval.data.split import load_collection, split_manifests
+    from triclip.data import load_pairs
+    from triclip.data.split import load_collection, split_manifests
 
     root, run = built
     data = root / "data"

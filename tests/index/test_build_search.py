@@ -12,14 +12,14 @@ import pytest
 import torch
 from PIL import Image
 
-from index.build import IndexBuildConfig, build_index
-from index.search import SHORTLIST_FACTOR, Searcher
-from index.store import MANIFEST, load_contents
-from retrieval.compact import importance_order, sign_flips, topm_embed
-from retrieval.data import load_pairs
-from retrieval.errors import UserError
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.search import SHORTLIST_FACTOR, Searcher
+from triclip.index.store import MANIFEST, load_contents
+from triclip.compact.features import importance_order, sign_flips, topm_embed
+from triclip.data import load_pairs
+from triclip.core.errors import UserError
 from tests.index.conftest import EMBED_DIM, split_manifest
-from training.checkpoint import load_run
+from triclip.training.checkpoint import load_run
 
 M = 8
 QUERIES = ["two small red circles in the top left", "three large blue squares", "a green star", "one purple triangle"]
@@ -284,7 +284,7 @@ def test_index_recall_comes_from_the_evaluation_of_the_indexed_weights(tmp_path)
     """The manifest's recall per m is the kept best epoch's (what is indexed), not the last epoch's."""
     import json
 
-    from index.build import run_recall
+    from triclip.index.sources import run_recall
 
     run = tmp_path / "run"
     (run / "best").mkdir(parents=True)
@@ -302,7 +302,7 @@ def test_index_recall_comes_from_the_evaluation_of_the_indexed_weights(tmp_path)
 
 
 def test_funnel_through_faiss_equals_funnel_through_matmul(searcher, monkeypatch):
-    import index.search as search_module
+    import triclip.index.search as search_module
 
     by_matmul = searcher.search_text(QUERIES, k=5, funnel=M)
     monkeypatch.setattr(search_module, "MATMUL_SHORTLIST_MAX", 0)  # every index searched by FAISS

@@ -9,12 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from index import codecs
-from index.build import IndexBuildConfig, build_index
-from index.search import Searcher
-from index.store import current_version, load_contents
-from index.vectors import exact_topk
-from retrieval.errors import UserError
+from triclip.index import codecs
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.search import Searcher
+from triclip.index.store import current_version, load_contents
+from triclip.index.vectors import exact_topk
+from triclip.core.errors import UserError
 from tests.index.conftest import EMBED_DIM
 
 BUDGETS = [4, 8, 16]
@@ -178,7 +178,7 @@ def test_codec_forces_the_choice_and_bad_budgets_are_one_line(run_dir, shapes_di
 
 
 def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_dir, tmp_path, capsys):
-    from app.cli import main
+    from triclip.app.cli import main
 
     built = tmp_path / "cli"
     assert main(["index", "build", "--run", str(run_dir), "--data", str(shapes_dir / "train.jsonl"), "--out", str(built),
@@ -229,7 +229,7 @@ def test_add_extends_the_codes_of_every_budget(run_dir, shapes_dir, tmp_path):
 def test_validation_recall_is_the_stored_codes_on_the_validation_split(run_dir, shapes_dir, tmp_path):
     """--val-data: the recorded recall is the stored code's (its trained quantiser) on the validation images,
     recomputed here through the search path's own embedding of the val split."""
-    from retrieval.data import load_pairs
+    from triclip.data import load_pairs
 
     out = tmp_path / "val"
     build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out), bytes=[8],
@@ -259,7 +259,7 @@ def test_validation_recall_is_the_stored_codes_on_the_validation_split(run_dir, 
 def test_opq_and_rq_on_too_few_vectors_are_skipped_not_a_crash():
     """OPQ trained on fewer than 256 vectors of D = 256 aborted the whole process inside FAISS (RQ raised in its
     PCA); a budget then measures the other codes and says why OPQ and RQ were left out."""
-    from index.budgets import EvalSet, choose
+    from triclip.index.budgets import EvalSet, choose
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((190, 256)).astype(np.float32)

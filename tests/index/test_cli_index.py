@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from triclip.app.cli import main
 
 
 def _run(capsys, *argv) -> tuple[int, str, str]:
@@ -113,8 +113,8 @@ def test_index_build_options_come_from_the_config():
     """Every IndexBuildConfig field is an `index build` option (issue 10: settings live in one place)."""
     import dataclasses
 
-    from app.cli import build_parser
-    from index.config import IndexBuildConfig
+    from triclip.app.cli import build_parser
+    from triclip.index.config import IndexBuildConfig
 
     sub = build_parser()._subparsers._group_actions[0].choices["index"]
     build = sub._subparsers._group_actions[0].choices["build"]
@@ -127,8 +127,8 @@ def test_index_build_options_come_from_the_config():
 def test_the_recipe_indexes_every_split_so_a_test_image_is_searchable(capsys, tmp_path, run_dir, shapes_dir):
     """Issue 26 item 1: ``data split`` then ``index build --data DIR`` (the README's six commands) holds the
     test and validation images too; searching a test image's own caption can return it."""
-    from index.store import load_contents
-    from retrieval.data import load_pairs
+    from triclip.index.store import load_contents
+    from triclip.data import load_pairs
 
     data = tmp_path / "data"
     assert _run(capsys, "data", "split", shapes_dir / "train.jsonl", "--out", data)[0] == 0

@@ -1,4 +1,4 @@
-"""index.codecs and index.allocation: every code searches like exact search over its own decoded vectors,
+"""triclip.index.codecs and triclip.index.allocation: every code searches like exact search over its own decoded vectors,
 stores exactly the bytes it promises, survives a save / load, and the bit allocation is the optimum."""
 
 from __future__ import annotations
@@ -8,10 +8,10 @@ import itertools
 import numpy as np
 import pytest
 
-from index import allocation, codecs
-from index.faiss_index import recall_at_k
-from index.vectors import exact_topk
-from retrieval.errors import UserError
+from triclip.index import allocation, codecs
+from triclip.index.faiss_index import recall_at_k
+from triclip.index.vectors import exact_topk
+from triclip.core.errors import UserError
 
 D = 32
 K = 10
@@ -194,7 +194,7 @@ def test_opq_below_256_vectors_is_refused_in_one_line_not_a_crash():
     import sys
 
     code = (
-        "import numpy as np; from index import codecs; from retrieval.errors import UserError\n"
+        "import numpy as np; from index import codecs; from triclip.core.errors import UserError\n"
         "x = np.random.default_rng(0).standard_normal((190, 256)).astype('float32')\n"
         "try:\n    codecs.fit(codecs.CodecSpec('opq', 256, 16, {'M': 16, 'nbits': 8}), x)\n"
         "except UserError as err:\n    print('refused:', err)\n"

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from app.cli import main
+from triclip.app.cli import main
 
 QUERIES = ["two small red circles in the top left", "three large blue squares", "a green star", "one purple triangle"]
 

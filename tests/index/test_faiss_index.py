@@ -9,8 +9,8 @@ import faiss
 import numpy as np
 import pytest
 
-from index import faiss_index as fi
-from index.vectors import exact_topk
+from triclip.index import faiss_index as fi
+from triclip.index.vectors import exact_topk
 
 DIM = 32
 

@@ -13,15 +13,15 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from index import faiss_index as fi
-from index.build import IndexBuildConfig, build_index
-from index.builder import ShardedBuilder, add_shard, choose_factory, train_once
-from index.config import parse_bytes
-from index.vectors import prefix
-from index.search import Searcher
-from index.store import load_contents
-from retrieval.errors import UserError
-from retrieval.shards import EmbedConfig, embed_to_shards
+from triclip.index import faiss_index as fi
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.build import ShardedBuilder, add_shard, choose_factory, train_once
+from triclip.index.config import parse_bytes
+from triclip.index.vectors import prefix
+from triclip.index.search import Searcher
+from triclip.index.store import load_contents
+from triclip.core.errors import UserError
+from triclip.model.shards import EmbedConfig, embed_to_shards
 
 
 @pytest.mark.parametrize("factory", ["IVF32,Flat", "IVF16,PQ8"])
@@ -171,7 +171,7 @@ def test_cli_embed_then_index_build_embeddings_then_search_image(run_dir, shapes
     """The issue's check, small: embed -> index build --embeddings --factory IVF... -> search --image."""
     import json
 
-    from app.cli import main
+    from triclip.app.cli import main
 
     emb, index = tmp_path / "emb", tmp_path / "index"
     data = str(shapes_dir / "train.jsonl")

@@ -1,4 +1,4 @@
-"""The funnel's pieces (``index.search``): the Flat shortlist, the vectorised re-rank, batched == one by one."""
+"""The funnel's pieces (``triclip.index.search``): the Flat shortlist, the vectorised re-rank, batched == one by one."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import faiss
 import numpy as np
 import pytest
 
-from index import faiss_index as fi
-from index.vectors import exact_topk, prefix
-import index.search as search_module
-from index.search import RERANK_CHUNK, SHORTLIST_CHUNK, flat_vectors, matmul_shortlist, rerank, shortlist_flat
+from triclip.index import faiss_index as fi
+from triclip.index.vectors import exact_topk, prefix
+import triclip.index.search as search_module
+from triclip.index.search import RERANK_CHUNK, SHORTLIST_CHUNK, flat_vectors, matmul_shortlist, rerank, shortlist_flat
 
 N, D, M = 500, 32, 8
 

@@ -11,14 +11,14 @@ import faiss
 import numpy as np
 import pytest
 
-from index import faiss_index as fi
-from index import store
-from index.build import IndexBuildConfig, build_index
-from index.builder import ShardedBuilder
-from index.vectors import prefix
-from index.search import Searcher
-from retrieval.errors import UserError
-from retrieval.shards import EmbedConfig, embed_to_shards
+from triclip.index import faiss_index as fi
+from triclip.index import store
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.build import ShardedBuilder
+from triclip.index.vectors import prefix
+from triclip.index.search import Searcher
+from triclip.core.errors import UserError
+from triclip.model.shards import EmbedConfig, embed_to_shards
 from tests.index.conftest import unit_vectors
 
 
@@ -150,7 +150,7 @@ def test_searcher_answers_an_image_with_itself_from_an_on_disk_index(ondisk_inde
 
 def test_cli_on_disk_build_and_search_json_stay_clean(emb, tmp_path, capfd):
     """FAISS printf()s when it relocates lists; stdout (file descriptor 1) must hold only the JSON."""
-    from app.cli import main
+    from triclip.app.cli import main
 
     index = tmp_path / "index"
     argv = ["index", "build", "--embeddings", str(emb), "--out", str(index), "--factory", "IVF8,Flat"]

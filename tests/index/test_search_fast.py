@@ -18,10 +18,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from app.cli import main
-from index.search import Searcher
-from retrieval import accel, text_onnx
-from retrieval.model import ModelConfig, build_model
+from triclip.app.cli import main
+from triclip.index.search import Searcher
+from triclip.model import accel, text_onnx
+from triclip.model.model import ModelConfig, build_model
 
 QUERIES = ["two red circles", "a small blue square in the top left", "Ünïcödé 文字", "three large green triangles " * 30]
 HEAVY = ("torch", "transformers", "open_clip", "timm", "torchvision")  # what the fast path must not import
@@ -109,7 +109,7 @@ def test_search_text_cli_does_not_import_torch(lite_index, cache_env, how):
     expected = Searcher.load(index).search_text(QUERIES[:1], k=4, **options)[0]
     code = (
         "import json, sys\n"
-        "from app.cli import main\n"
+        "from triclip.app.cli import main\n"
         f"rc = main(['search', '--index', {str(index)!r}, '--text', {QUERIES[0]!r}, '-k', '4', '--json', '--timing',"
         f" *{how!r}])\n"
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
@@ -138,8 +138,8 @@ def test_tiny_runs_keep_the_torch_path(run_dir, shapes_dir, tmp_path, monkeypatc
 
 def test_numpy_transform_matches_compact_transform():
     """The fast path applies the manifest's transform in numpy: the same maths as CompactTransform."""
-    from index.search import _numpy_transform
-    from retrieval.compact import CompactTransform, PCABasis
+    from triclip.index.search import _numpy_transform
+    from triclip.compact.features import CompactTransform, PCABasis
 
     g = torch.Generator().manual_seed(0)
     z = torch.nn.functional.normalize(torch.randn(5, 12, generator=g), dim=-1)  # (Q, D)

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import pytest
 
-from index import store
-from index.build import IndexBuildConfig, build_index
-from index.builder import OWNER, claim_parts, remove_stale_parts
-from index.search import Searcher
-from retrieval.shards import EmbedConfig, embed_to_shards
+from triclip.index import store
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.build import OWNER, claim_parts, remove_stale_parts
+from triclip.index.search import Searcher
+from triclip.model.shards import EmbedConfig, embed_to_shards
 
 REPO = Path(__file__).resolve().parents[2]
 # A build that made its parts folder, claimed it and was then killed (SIGKILL: no cleanup ran).
 HOLDER = """
 import sys, time
 from pathlib import Path
-from index.builder import claim_parts
+from triclip.index.build import claim_parts
 work = Path(sys.argv[1]); work.mkdir(); (work / "image.m8.part00000.faiss").write_bytes(b"x" * 1000)
 fd = claim_parts(work)
 print("ready", flush=True)

@@ -14,12 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from app.cli import main
-from index import store
-from index.build import IndexBuildConfig, build_index
-from index.search import Searcher
-from retrieval.data.builtin import prepare
-from retrieval.errors import UserError
+from triclip.app.cli import main
+from triclip.index import store
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.search import Searcher
+from triclip.data.builtin import prepare
+from triclip.core.errors import UserError
 from tests.index.conftest import EMBED_DIM
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def test_two_concurrent_add_processes_keep_every_record(tmp_path, run_dir, parts
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(ROOT))
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "app", "index", "build", "--run", str(run_dir), "--data", str(data),
+            [sys.executable, "-m", "triclip", "index", "build", "--run", str(run_dir), "--data", str(data),
              "--out", str(index), "--add"],  # fmt: skip
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )

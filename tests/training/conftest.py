@@ -1,6 +1,6 @@
 import pytest
 
-from retrieval.data.builtin import prepare
+from triclip.data.builtin import prepare
 
 
 @pytest.fixture(autouse=True)

@@ -15,8 +15,8 @@ from benchmarks.bench_train import (
     pack_tokens,
     unpack_tokens,
 )
-from retrieval.data import load_pairs
-from retrieval.model import ModelConfig, build_model
+from triclip.data import load_pairs
+from triclip.model.model import ModelConfig, build_model
 
 BATCH = 8
 

@@ -2,9 +2,9 @@
 
 import torch
 
-from retrieval.data import load_pairs
-from retrieval.model import ModelConfig, build_model
-from retrieval.cache import image_tower_outputs, text_tower_outputs
+from triclip.data import load_pairs
+from triclip.model.model import ModelConfig, build_model
+from triclip.model.cache import image_tower_outputs, text_tower_outputs
 
 
 def test_caches_equal_the_towers_and_are_reused(shapes_data, tmp_path):

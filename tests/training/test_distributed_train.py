@@ -8,8 +8,8 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
-from retrieval.model import ModelConfig, build_model
-from training.train import TrainConfig, train
+from triclip.model.model import ModelConfig, build_model
+from triclip.training.train import TrainConfig, train
 
 
 def _free_port() -> int:

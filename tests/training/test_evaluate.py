@@ -2,10 +2,10 @@
 
 import torch
 
-from retrieval.data import load_pairs
-from retrieval.model import ModelConfig, build_model
-from retrieval.embed import embed_pairs
-from training.evaluate import evaluate
+from triclip.data import load_pairs
+from triclip.model.model import ModelConfig, build_model
+from triclip.model.embed import embed_pairs
+from triclip.training.evaluate import evaluate
 
 
 def _t2i_recall_at_10(scores: torch.Tensor, text_to_image: torch.Tensor, texts: list[str]) -> float:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from app.cli import main
-from retrieval.errors import UserError
-from training import checkpoint as ckpt
-from training.train import TrainConfig, train
+from triclip.app.cli import main
+from triclip.core.errors import UserError
+from triclip.training import checkpoint as ckpt
+from triclip.training.train import TrainConfig, train
 
 
 def _cfg(shapes_data, out, **kw) -> TrainConfig:

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import training.train as train_mod
-from app.cli import main
-from retrieval.errors import UserError
-from retrieval.model import ModelConfig, build_model
-from retrieval.run import load_run, state_mismatch
-from training import checkpoint as ckpt
+import triclip.training.train as train_mod
+from triclip.app.cli import main
+from triclip.core.errors import UserError
+from triclip.model.model import ModelConfig, build_model
+from triclip.model.run import load_run, state_mismatch
+from triclip.training import checkpoint as ckpt
 
 
 def _run(out: Path, dim: int, head: str = "linear") -> Path:

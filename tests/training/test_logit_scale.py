@@ -5,9 +5,9 @@ import math
 
 import torch
 
-from retrieval.model import MAX_LOGIT_SCALE, ModelConfig, build_model
-from training.batches import Batch
-from training.train import _train_step
+from triclip.model.model import MAX_LOGIT_SCALE, ModelConfig, build_model
+from triclip.training.batches import Batch
+from triclip.training.train import _train_step
 
 LN_100 = math.log(MAX_LOGIT_SCALE)
 

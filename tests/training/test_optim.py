@@ -1,9 +1,9 @@
-"""training.optim.AdamW: equals torch's AdamW without block groups; block groups keep relative step sizes."""
+"""triclip.training.optim.AdamW: equals torch's AdamW without block groups; block groups keep relative step sizes."""
 
 import pytest
 import torch
 
-from training.optim import AdamW
+from triclip.training.optim import AdamW
 
 
 @pytest.mark.parametrize("weight_decay", [0.0, 0.1])

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from app.cli import build_parser
-from app.options import given_fields, to_config
-from retrieval.errors import UserError
-from training.config import OPEN_CLIP_RECIPE, RECIPES, Recipe, TrainConfig, recipe_for, resolve_recipe
-from training.train import train
+from triclip.app.cli import build_parser
+from triclip.app.options import given_fields, to_config
+from triclip.core.errors import UserError
+from triclip.training.config import OPEN_CLIP_RECIPE, RECIPES, Recipe, TrainConfig, recipe_for, resolve_recipe
+from triclip.training.train import train
 
 RECIPE_FIELDS = ("epochs", "batch_size", "lr", "head", "lock_image", "lock_text", "tower_lr_scale", "patience")
 

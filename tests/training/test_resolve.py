@@ -1,4 +1,4 @@
-"""``training.resolve.resolve_config``: the settings of a run from everything that decides them, by a table.
+"""``triclip.training.resolve.resolve_config``: the settings of a run from everything that decides them, by a table.
 
 Also: ``build_loss(name)`` is exactly the objective ``train --loss name`` trains, for every registered loss.
 """
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from retrieval.errors import UserError
-from retrieval.losses import available_losses, build_loss
-from training.config import MRL_STEP, TUNE_STEP, TrainConfig
-from training.resolve import resolve_config
+from triclip.core.errors import UserError
+from triclip.losses import available_losses, build_loss
+from triclip.training.config import MRL_STEP, TUNE_STEP, TrainConfig
+from triclip.training.resolve import resolve_config
 
 INIT = {"preset": "tiny", "head": "affine", "embed_dim": 24, "importance": "softplus", "text_max_length": 32,
         "post_affine": True}  # the model section of an --init run's config.json (solve --run writes post_affine)
@@ -106,7 +106,7 @@ def test_build_loss_is_what_train_trains(name):
 
 @pytest.mark.parametrize("name", ["tricl", "tricl_spectral"])
 def test_train_builds_the_objective_build_loss_builds(name, shapes_data, tmp_path, monkeypatch):
-    import training.train as train_mod
+    import triclip.training.train as train_mod
 
     built = []
     monkeypatch.setattr(train_mod, "build_loss", lambda *a, **kw: built.append(build_loss(*a, **kw)) or built[-1])

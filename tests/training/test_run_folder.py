@@ -9,11 +9,11 @@ import stat
 import pytest
 import torch
 
-import training.train as train_mod
-from retrieval.errors import UserError
-from retrieval.io import atomic_path, current_umask, temp_dir, write_json_atomic
-from retrieval.run import best_info, load_run, read_metrics, run_fingerprint, weights_path
-from training.train import TrainConfig, train
+import triclip.training.train as train_mod
+from triclip.core.errors import UserError
+from triclip.core.io import atomic_path, current_umask, temp_dir, write_json_atomic
+from triclip.model.run import best_info, load_run, read_metrics, run_fingerprint, weights_path
+from triclip.training.train import TrainConfig, train
 
 
 def _cfg(shapes_data, out, **kw) -> TrainConfig:
@@ -186,8 +186,8 @@ def test_training_towers_count_every_bad_image_after_one_epoch(shapes_data, tmp_
 
 
 def test_eval_reports_every_skipped_record_by_reason(shapes_data, tmp_path):
-    from training.config import EvalConfig
-    from training.evaluate import evaluate_run
+    from triclip.training.config import EvalConfig
+    from triclip.training.evaluate import evaluate_run
 
     run = tmp_path / "run"
     train(_cfg(shapes_data, run, val_data=None, max_steps=1))

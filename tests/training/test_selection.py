@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-import training.evaluate
-import training.train as train_mod
-from retrieval.run import best_info, load_run, run_fingerprint, weights_path
-from training.selection import early_stop, select, select_from_history
-from training.train import TrainConfig, train
+import triclip.training.evaluate
+import triclip.training.train as train_mod
+from triclip.model.run import best_info, load_run, run_fingerprint, weights_path
+from triclip.training.selection import early_stop, select, select_from_history
+from triclip.training.train import TrainConfig, train
 
 
 def test_a_gain_within_noise_keeps_the_last_weights():
@@ -64,7 +64,7 @@ def _cfg(shapes_data, out, **kw) -> TrainConfig:
 
 
 def _forced(monkeypatch, values):
-    real, calls = training.evaluate.evaluate, {"n": 0}
+    real, calls = triclip.training.evaluate.evaluate, {"n": 0}
 
     def forced(*args, **kw):
         result = real(*args, **kw)

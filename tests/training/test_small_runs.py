@@ -10,12 +10,12 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-import training.train as train_mod
-from retrieval.errors import UserError
-from retrieval.model import ModelConfig, build_model
-from retrieval.run import TOWER_REFERENCE, load_run
-from training import checkpoint as ckpt
-from training.train import TrainConfig, train
+import triclip.training.train as train_mod
+from triclip.core.errors import UserError
+from triclip.model.model import ModelConfig, build_model
+from triclip.model.run import TOWER_REFERENCE, load_run
+from triclip.training import checkpoint as ckpt
+from triclip.training.train import TrainConfig, train
 
 TOWER_PREFIXES = ("image_tower.", "text_tower.")
 
@@ -162,7 +162,7 @@ def test_save_weights_for_other_writers(tmp_path):
     ckpt.mark_built(model, 7)
     ckpt.save_weights(model, tmp_path / "b.safetensors", trained={"image_head.weight", "text_head.weight"})
     assert not any(k.startswith(TOWER_PREFIXES) for k in _keys(tmp_path / "b.safetensors"))
-    from retrieval.run import build_seeded, load_weights
+    from triclip.model.run import build_seeded, load_weights
 
     again = build_seeded(ModelConfig(preset="tiny", embed_dim=8), 7)
     load_weights(again, tmp_path / "b.safetensors")

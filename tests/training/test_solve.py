@@ -1,4 +1,4 @@
-"""The exact solver (training.solve): CCA maths against known answers, the run folder, --init."""
+"""The exact solver (triclip.training.solve): CCA maths against known answers, the run folder, --init."""
 
 import json
 
@@ -6,19 +6,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import training.train as train_mod
-from app.cli import main
-from retrieval.cache import locked_tower_outputs
-from retrieval.data import load_pairs
-from retrieval.embed import embed_pairs
-from retrieval.errors import UserError
-from retrieval.losses import build_loss
-from retrieval.run import load_run
-from training.batches import BatchSource
-from training.config import SolveConfig
-from training.evaluate import evaluate_run
-from training.solve import eq6_value, fit_cca, pair_stats, paired_features, solve
-from training.train import TrainConfig, train
+import triclip.training.train as train_mod
+from triclip.app.cli import main
+from triclip.model.cache import locked_tower_outputs
+from triclip.data import load_pairs
+from triclip.model.embed import embed_pairs
+from triclip.core.errors import UserError
+from triclip.losses import build_loss
+from triclip.model.run import load_run
+from triclip.training.batches import BatchSource
+from triclip.training.config import SolveConfig
+from triclip.training.evaluate import evaluate_run
+from triclip.training.solve import eq6_value, fit_cca, pair_stats, paired_features, solve
+from triclip.training.train import TrainConfig, train
 
 CORRS = torch.tensor([0.9, 0.2, 0.75, 0.5, 0.05, 0.6], dtype=torch.float64)  # known canonical correlations
 
@@ -202,8 +202,8 @@ def test_cli_solve_refuses_an_existing_run_without_overwrite(shapes_data, solved
 
 @pytest.mark.parametrize("weighting", [0.0, 0.5, 1.0, 2.0])
 def test_set_heads_serves_rho_to_the_power_weighting_and_keeps_w_rho(weighting):
-    from retrieval.model import ModelConfig, build_model
-    from training.solve import CCA, set_heads
+    from triclip.model.model import ModelConfig, build_model
+    from triclip.training.solve import CCA, set_heads
 
     model = build_model(ModelConfig(preset="tiny", embed_dim=4, head="affine", importance="softplus"))
     gen = torch.Generator().manual_seed(5)
@@ -247,7 +247,7 @@ def test_cli_trains_residual_heads_with_tricl_from_a_solved_run(shapes_data, sol
 
 
 def test_ridge_auto_looks_beyond_the_end_of_the_grid_that_wins(shapes_data, tmp_path, monkeypatch):
-    import training.solve as solve_mod
+    import triclip.training.solve as solve_mod
 
     monkeypatch.setattr(solve_mod, "RIDGE_GRID", (1e-4, 3e-4))  # two values: the best is at one end
     solve(_solve_cfg(shapes_data, tmp_path / "run"))
@@ -278,7 +278,7 @@ def trained_base(shapes_data, tmp_path):
 
 
 def test_solve_on_a_run_appends_the_canonical_directions_of_its_served_embeddings(shapes_data, trained_base, tmp_path, capsys):
-    from training.evaluate import model_score_embeddings
+    from triclip.training.evaluate import model_score_embeddings
 
     out = tmp_path / "solved_on"
     result = solve(_solve_cfg(shapes_data, out, model=None, embed_dim=None, run=str(trained_base)))

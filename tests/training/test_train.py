@@ -6,10 +6,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-import training.train as train_mod
-from retrieval.errors import UserError
-from training import checkpoint as ckpt
-from training.train import TrainConfig, train
+import triclip.training.train as train_mod
+from triclip.core.errors import UserError
+from triclip.training import checkpoint as ckpt
+from triclip.training.train import TrainConfig, train
 
 
 def _cfg(shapes_data, out, **kw) -> TrainConfig:
@@ -136,7 +136,7 @@ def test_locked_towers_train_only_heads_and_reuse_the_cache(shapes_data, tmp_pat
     cache_files = sorted(p.name.split("-")[0] for p in (tmp_path / "cache" / "features").iterdir())
     assert cache_files == ["image", "image", "text", "text"]  # train and val, each tower
     model, _ = ckpt.load_run(run)
-    from retrieval.model import ModelConfig, build_model
+    from triclip.model.model import ModelConfig, build_model
 
     torch.manual_seed(0)  # the run's seed: same tower init
     fresh = build_model(ModelConfig(preset="tiny", embed_dim=32))
@@ -148,7 +148,7 @@ def test_locked_towers_train_only_heads_and_reuse_the_cache(shapes_data, tmp_pat
     def no_tower(*args, **kw):
         raise AssertionError("locked tower ran although its outputs are cached")
 
-    from retrieval.model import DualEncoder
+    from triclip.model.model import DualEncoder
 
     monkeypatch.setattr(DualEncoder, "image_features", no_tower)
     monkeypatch.setattr(DualEncoder, "text_features", no_tower)

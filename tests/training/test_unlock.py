@@ -6,10 +6,10 @@ import os
 import pytest
 import torch
 
-import retrieval.unlock as unlock
-import training.train as training_train
-from retrieval.errors import UserError
-from training.train import TrainConfig, train
+import triclip.model.unlock as unlock
+import triclip.training.train as training_train
+from triclip.core.errors import UserError
+from triclip.training.train import TrainConfig, train
 
 
 class _Counter:
@@ -90,8 +90,8 @@ def test_epochs_run_only_the_top(shapes_data, tmp_path, monkeypatch):
 
 def test_trained_weights_evaluate_the_same_without_the_split(shapes_data, tmp_path):
     """The per-epoch evaluation (top over the fp16 cached bottom) equals `triclip eval` (whole towers)."""
-    from training.evaluate import evaluate_run
-    from training.config import EvalConfig
+    from triclip.training.evaluate import evaluate_run
+    from triclip.training.config import EvalConfig
 
     run = tmp_path / "run"
     last = train(_cfg(shapes_data, run, epochs=2, cached_views=3))
@@ -134,7 +134,7 @@ def test_cache_budget_is_one_line(shapes_data, tmp_path):
 
 
 def test_cli_flags_exist(capsys):
-    from app.cli import main
+    from triclip.app.cli import main
 
     with pytest.raises(SystemExit):
         main(["train", "--help"])
@@ -150,7 +150,7 @@ OPENCLIPART = "/usr/share/openclipart"
 @pytest.mark.skipif(not os.path.isdir(OPENCLIPART), reason="Debian openclipart-png/svg not installed")
 def test_lite_unlocked_head_group_on_openclipart(tmp_path, monkeypatch):
     """The issue's check: lite, --unlock-image-groups 1 --lock-text, a few hundred openclipart records."""
-    from retrieval.data.builtin import prepare
+    from triclip.data.builtin import prepare
 
     data = tmp_path / "data"
     prepare("openclipart", str(data), num=300)

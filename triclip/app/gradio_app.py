@@ -1,0 +1,151 @@
+"""``triclip app``: a Gradio search page over an index folder, assembled from its rooms.
+
+    serve("INDEX", host, port)                           # load, launch, stop on Ctrl-C / SIGTERM
+    blocks, app = build_app(Searcher.load("INDEX"), AppConfig("INDEX"))
+    launch(blocks, app, "127.0.0.1", 7860, block=False)  # tests
+
+Text -> image, image -> image (upload, or click a result: "more like this", by the
+image's stored vector), image -> text when the index holds captions. A radio picks m
+among the folder's pruned indexes (with the recall@10 measured at that m); below
+full D, the page shows the full-D results beside them and how many they share;
+"funnel" shortlists at m and re-ranks at full D. Load measurements: docs/benchmarks.md.
+
+Where each part lives:
+
+- ``triclip.app.live``: the live index (follows ``CURRENT``) and the file guard for result images;
+- ``triclip.app.endpoints``: :class:`SearchApp`, the search endpoints, and :class:`AppConfig`;
+- ``triclip.app.json_api``: the JSON route outside Gradio and its batching queue;
+- ``triclip.app.panels``: the page's panels, each a function of the live view, and their plots;
+- ``triclip.app.gradio_patches``: every override of Gradio internals, pinned to a Gradio version;
+- ``triclip.app.server``: the address check, launch and stop, threads, the log;
+- this module: the page from its panels, the events between them, and :func:`serve`.
+"""
+
+from __future__ import annotations
+
+import gc
+import signal
+
+import gradio as gr
+
+from triclip.app.endpoints import ENDPOINTS, AppConfig, SearchApp
+from triclip.app.gradio_patches import guard_inputs, raw_text_search
+from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel, live_values
+from triclip.app.panels import query_panel, results_panel
+from triclip.app.server import check_address, interrupt, launch, log_to_stderr, set_threads, wait
+
+__all__ = ["ENDPOINTS", "AppConfig", "SearchApp", "build_app", "launch", "serve"]
+REFRESH_S = 2.0  # an open page checks this often whether the live version changed (and redraws what depends on it)
+
+
+def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
+    """The page and its API endpoints over a loaded Searcher, and the functions behind them."""
+    app = SearchApp(searcher, cfg)
+    first = app.live.view()
+    with gr.Blocks(title="triclip search", analytics_enabled=False) as blocks:
+        title = header(first)
+        shown_version = gr.State(first.version)  # the version this page's header, choices and panel show
+        ids = gr.State([])  # ids of the gallery's results, in order (for clicks)
+        last = gr.State(None)  # the last query: ("text", str) | ("image", path) | ("id", str), re-run when m changes
+        with gr.Row():
+            with gr.Column(scale=3):
+                query = query_panel(first)
+                results = results_panel()
+            with gr.Column(scale=1, min_width=260):
+                knobs = knobs_panel(first, cfg.k)
+        with gr.Row(elem_id="feature-selection"):
+            panel = feature_selection_panel(first)
+        wire_events(app, cfg, query, results, knobs, ids, last)
+        drawn = [shown_version, title, knobs.m, *panel.components()]
+        refresh = {"fn": lambda version, m: redraw(app, version, m), "inputs": [shown_version, knobs.m],
+                   "outputs": drawn, "api_visibility": "private", "show_progress": "hidden"}
+        gr.Timer(REFRESH_S).tick(**refresh)  # --add / --overwrite swap the version under an open page
+        blocks.load(**refresh)
+    blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
+    return guard_inputs(blocks), app
+
+
+def wire_events(
+    app: SearchApp, cfg: AppConfig, q: QueryPanel, r: ResultsPanel, kn: Knobs, ids: gr.State, last: gr.State
+) -> None:
+    """The named API endpoints and the page's events (inside the Blocks): each search, then the full-D comparison."""
+    knobs = [kn.m, kn.funnel, kn.k]
+    shown = [r.gallery, r.status, ids]
+    compared = ([last, ids] + knobs, [r.full, r.overlap])
+    text_fn = raw_text_search(app, r.gallery, cfg.batch > 1)
+    batched = {
+        "batch": cfg.batch > 1, "max_batch_size": max(1, cfg.batch), "preprocess": False, "postprocess": False
+    }  # the text search takes and gives the wire format: no per-component thread hops in Gradio
+    private = {"api_visibility": "private"}
+    q.search.click(text_fn, [q.query] + knobs, shown, api_name="search_text", **batched).then(
+        lambda text: ("text", text), q.query, last, **private
+    ).then(app.compare, *compared, **private)
+    q.query.submit(text_fn, [q.query] + knobs, shown, **private, **batched).then(
+        lambda text: ("text", text), q.query, last, **private
+    ).then(app.compare, *compared, **private)
+    q.image_search.click(app.search_image, [q.image] + knobs, shown, api_name="search_image").then(
+        lambda p: ("image", p), q.image, last, **private
+    ).then(app.compare, *compared, **private)
+    q.image.upload(app.search_image, [q.image] + knobs, shown, **private).then(
+        lambda p: ("image", p), q.image, last, **private
+    ).then(app.compare, *compared, **private)
+    q.image_to_text.click(app.image_to_text, [q.image] + knobs, [q.captions, r.status], api_name="image_to_text")
+    r.clicked.submit(app.more_like_this, [r.clicked] + knobs, shown, api_name="more_like_this")
+    r.gallery.select(_clicked_id, ids, r.clicked, **private).then(
+        app.more_like_this, [r.clicked] + knobs, shown, **private
+    ).then(lambda i: ("id", i), r.clicked, last, **private).then(app.compare, *compared, **private)
+
+    def rerun(previous, m_value, funnel_value, k_value, request: gr.Request):
+        """Re-run the last query when m, the funnel or k change."""
+        if not previous:
+            return gr.skip(), gr.skip(), gr.skip()
+        kind, value = previous
+        fn = {"text": app.search_text, "image": app.search_image, "id": app.more_like_this}[kind]
+        return fn(value, m_value, funnel_value, k_value, request)
+
+    for knob in (kn.m, kn.funnel):
+        knob.change(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
+    kn.k.release(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
+
+
+def redraw(app: SearchApp, shown: str | None, m_value) -> list:
+    """Everything drawn from the version (the header, the m / bytes choices, the panel), when the live
+    version is not the one the page shows; otherwise nothing changes."""
+    view = app.live.view()
+    if view.version == shown:
+        return [gr.skip()] * 9
+    return [view.version, *live_values(view, m_value)]
+
+
+def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
+    """The id of the clicked gallery result."""
+    return ids[evt.index] if ids and 0 <= evt.index < len(ids) else ""
+
+
+def serve(
+    index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None = None, device: str | None = None
+) -> None:
+    """Load the index and serve the app until Ctrl-C or SIGTERM.
+
+    Raises:
+        UserError: a bad address (checked before anything loads), or no usable index.
+    """
+    from triclip.index.search import Searcher
+
+    check_address(host, port)  # one line, before seconds of loading
+    cfg = AppConfig(index=index, host=host, port=port, run=run, device=device)
+    log_to_stderr()
+    set_threads(cfg.threads)  # before the warm-up: the ONNX session takes torch's thread count when it is made
+    searcher = Searcher.load(index, run=run, device=device)
+    searcher.embed_texts(["warm-up"])  # the first query pays for lazy initialisation (ONNX sessions), not a user
+    blocks, app = build_app(searcher, cfg)
+    gc.collect()
+    gc.freeze()  # the millions of objects loaded so far (torch, transformers, gradio) are never garbage: without
+    # this, each full collection walked them all and stalled every request for 0.5-0.8 s under load
+    signal.signal(signal.SIGTERM, interrupt)  # `kill` stops it as cleanly as Ctrl-C
+    try:
+        launch(blocks, app, host, port, block=False)
+        print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+        wait(blocks)
+    except KeyboardInterrupt:
+        blocks.close()

@@ -1,0 +1,398 @@
+"""The page's panels: each a function from the live view (:class:`triclip.app.live.IndexView`) to its components.
+
+    with gr.Blocks() as blocks:
+        header(view)
+        q = query_panel(view); r = results_panel(); kn = knobs_panel(view, k=12); feature_selection_panel(view)
+
+Each is called inside the Blocks (and the row or column) where its components go, and
+returns them for the event wiring (``triclip.app.gradio_app.build_app``). The feature-selection
+panel plots the importance spectrum (S sorted, its cumulative share, the suggested m),
+the recall-against-m curves the index build stored (run's order, first-m, random, PCA)
+and the frontier: recall against bytes per image for the run's codes (``index build
+--bytes``), every code measured beside them (the peers: int8, binary, PQ, OPQ, RQ) and float
+pruning. What depends on the index version (the header, the m / bytes choices, the panel)
+comes from :func:`live_values`, redrawn when ``--add`` or ``--overwrite`` swaps the version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+
+from triclip.app.endpoints import empty_rows
+from triclip.app.gradio_patches import loose, query_image, result_gallery
+from triclip.app.live import IndexView
+
+SUGGEST_SHARE = 0.9  # the suggested m keeps this share of the total importance
+SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]  # no web fonts: nothing fetched from outside
+MONO_FONTS = ["ui-monospace", "SFMono-Regular", "Menlo", "monospace"]
+CSS = """
+#results .grid-container, #full-results .grid-container { grid-auto-rows: auto !important; }
+#results button.thumbnail-item, #full-results button.thumbnail-item { height: auto !important; aspect-ratio: auto !important;
+  overflow: visible !important; display: flex; flex-direction: column; }
+#results button.thumbnail-item img, #full-results button.thumbnail-item img { aspect-ratio: 1 / 1; height: auto !important;
+  width: 100% !important; object-fit: contain !important; }
+#results .caption-label, #full-results .caption-label { position: static !important; white-space: normal !important;
+  overflow: visible !important; text-overflow: clip !important; max-width: 100% !important; width: 100% !important;
+  font-size: 0.8em; line-height: 1.25; }
+"""  # gallery thumbnails whole (not cropped), captions wrapped instead of cut at one line
+
+
+def theme() -> gr.themes.Base:
+    """Gradio's default look with system fonts (the default theme loads Google fonts)."""
+    return gr.themes.Default(font=SYSTEM_FONTS, font_mono=MONO_FONTS)
+
+
+# ---------------------------------------------------------------------------- the panels
+
+
+@dataclass
+class QueryPanel:
+    """The query inputs: a text box, an uploaded image, and the captions image -> text finds."""
+
+    query: gr.Textbox
+    search: gr.Button
+    image: gr.Image
+    image_search: gr.Button
+    image_to_text: gr.Button
+    captions: gr.Dataframe
+
+
+@dataclass
+class ResultsPanel:
+    """The results at m, the same query at full D, and what the two share."""
+
+    status: gr.Markdown
+    gallery: gr.Gallery
+    overlap: gr.Markdown
+    full: gr.Gallery
+    clicked: gr.Textbox  # the clicked result's id (hidden)
+
+
+@dataclass
+class FeaturePanel:
+    """The feature-selection panel's components (redrawn for each version)."""
+
+    spectrum: gr.Markdown
+    spectrum_plot: gr.Plot
+    recall: gr.Markdown
+    recall_plot: gr.Plot
+    frontier: gr.Markdown
+    frontier_plot: gr.Plot
+
+    def components(self) -> list:
+        return [self.spectrum, self.spectrum_plot, self.recall, self.recall_plot, self.frontier, self.frontier_plot]
+
+
+@dataclass
+class Knobs:
+    """m (the dimensions searched), the funnel, k."""
+
+    m: gr.Radio
+    funnel: gr.Checkbox
+    k: gr.Slider
+
+
+def header(view: IndexView) -> gr.Markdown:
+    """The title line: how many images, D, the run."""
+    return gr.Markdown(header_text(view), elem_id="header")
+
+
+def header_text(view: IndexView) -> str:
+    searcher = view.searcher
+    run_name = Path(searcher.manifest.get("run", "")).name or "?"
+    return (
+        f"## triclip search · {len(searcher):,} images · D = {view.dim} · run `{run_name}` · version {view.version}\n"
+        "Search by text or by image; click a result for more like it. Pick m (a pruned index) or a byte budget"
+        " (compact codes): each choice shows its bytes per image, the index size and its measured text→image recall@10."
+    )
+
+
+def query_panel(view: IndexView) -> QueryPanel:
+    """Text -> image and image -> image / text tabs (captions only when the index holds them)."""
+    has_text = bool(view.searcher.has_text)
+    with gr.Tab("Text → image"):
+        with gr.Row():
+            query = gr.Textbox(label="query", placeholder="e.g. a red apple", scale=5, max_lines=2, elem_id="query")
+            search = gr.Button("Search", variant="primary", scale=1, elem_id="search")
+    with gr.Tab("Image → image / text"):
+        with gr.Row():
+            image = query_image(label="query image", sources=["upload", "clipboard"], height=180, elem_id="query-image")
+            with gr.Column():
+                image_search = gr.Button("Similar images", variant="primary", elem_id="image-search")
+                image_to_text = gr.Button("Captions (image → text)", visible=has_text, elem_id="image-to-text")
+        captions = gr.Dataframe(
+            value=empty_rows(), label="nearest captions", visible=has_text, interactive=False, elem_id="captions",
+        )
+    return QueryPanel(query, search, image, image_search, image_to_text, captions)
+
+
+def results_panel() -> ResultsPanel:
+    """The status line, the results at m, the overlap note, the results at full D."""
+    status = gr.Markdown("Results appear below.", elem_id="status")
+    gallery = result_gallery(
+        label="results at m (click one: more like this)", columns=6, height="auto", allow_preview=False,
+        object_fit="contain", elem_id="results",
+    )
+    overlap = gr.Markdown("", elem_id="overlap")
+    full = result_gallery(
+        label="the same query at full D", columns=6, height="auto", allow_preview=False,
+        object_fit="contain", elem_id="full-results", visible=False,
+    )
+    clicked = gr.Textbox(visible=False, label="image id", elem_id="clicked-id")  # the clicked result's id
+    return ResultsPanel(status, gallery, overlap, full, clicked)
+
+
+def knobs_panel(view: IndexView, k: int) -> Knobs:
+    """m among the index's pruned sizes (each with its measured recall), the funnel, and k."""
+    m = loose(gr.Radio(m_choices(view), value=view.dim, label="search: m dimensions, or a byte budget's codes",
+                       elem_id="m"))
+    funnel = gr.Checkbox(False, label="funnel: shortlist at m (or by the codes), re-rank at full D", elem_id="funnel")
+    k = loose(gr.Slider(1, 100, value=k, step=1, label="results k", elem_id="k"))
+    return Knobs(m, funnel, k)
+
+
+def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
+    """Radio choices: (label with bytes per image, index size and measured recall, m) for each m the index
+    holds (float32: 4m bytes), then (the same, ``"{B}B"``) for each byte budget's codes."""
+    from triclip.app.endpoints import code_label
+    from triclip.index.budgets import human_bytes
+
+    n = len(view.searcher)
+    out: list[tuple[str, int | str]] = []
+    for m in view.dims:
+        label = f"{m} = D" if m == view.dim else str(m)
+        label += f" · {4 * m} B/image · {human_bytes(4 * m * n)}"
+        if view.recall.get(m) is not None:
+            label += f" · R@10 {view.recall[m]:.3f}"
+        out.append((label, m))
+    for budget, entry in sorted(view.budgets.items()):
+        used = entry.get("bytes_per_vector", budget)  # a smaller code may measure best within the budget
+        label = f"{budget} B: {code_label(entry)}{f' ({used} B/image)' if used != budget else ''}"
+        label += f" · {human_bytes(entry['index_bytes'])}"
+        if entry.get("recall") is not None:
+            label += f" · R@10 {entry['recall']:.3f}"
+        out.append((label, f"{budget}B"))
+    return out
+
+
+def feature_selection_panel(view: IndexView) -> FeaturePanel:
+    """The importance spectrum (words and plot), the recall-against-m chart and the bytes frontier."""
+    values = panel_values(view)
+    with gr.Column():
+        spectrum = gr.Markdown(values[0], elem_id="spectrum")
+        spectrum_plot = gr.Plot(values[1], show_label=False, elem_id="spectrum-plot", visible=values[1] is not None)
+    with gr.Column():
+        recall = gr.Markdown(values[2], elem_id="recall-text")
+        recall_plot = gr.Plot(values[3], show_label=False, elem_id="recall-chart", visible=values[3] is not None)
+    with gr.Column():
+        frontier = gr.Markdown(values[4], elem_id="frontier-text")
+        frontier_plot = gr.Plot(values[5], show_label=False, elem_id="frontier-chart", visible=values[5] is not None)
+    return FeaturePanel(spectrum, spectrum_plot, recall, recall_plot, frontier, frontier_plot)
+
+
+def panel_values(view: IndexView) -> tuple:
+    """The panel's contents for a version: (spectrum words, plot, recall words, chart, frontier words, chart)."""
+    importance = list(view.searcher.manifest.get("importance") or [])
+    words, suggested, power = spectrum_text(importance, view.curves)
+    return (words, spectrum_figure(importance, suggested, power), recall_text(view.curves, view.dims),
+            recall_figure(view.curves, view.dims), frontier_text(view), frontier_figure(view))
+
+
+def live_values(view: IndexView, m_value) -> list:
+    """Updates of everything drawn from the version (header, choices, panel), for :func:`triclip.app.gradio_app.refresh`."""
+    choices = m_choices(view)
+    keep = m_value if m_value in [value for _, value in choices] else view.dim  # a choice gone: back to D
+    plots = panel_values(view)
+    return [header_text(view), gr.update(choices=choices, value=keep), plots[0],
+            gr.update(value=plots[1], visible=plots[1] is not None), plots[2],
+            gr.update(value=plots[3], visible=plots[3] is not None), plots[4],
+            gr.update(value=plots[5], visible=plots[5] is not None)]
+
+
+# ---------------------------------------------------------------------------- the feature-selection panel's content
+
+
+def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[str, int | None, float]:
+    """The words beside the spectrum plot, the suggested m (None when there is nothing to suggest),
+    and the power p of S whose cumulative share ``triclip.compact.features.suggest_m`` reads (the plot draws it)."""
+    w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]  # S, sorted (D,)
+    if len(w) == 0:
+        return "This index records no importance spectrum.", None, 1.0
+    if w[0] - w[-1] <= 1e-6 * max(abs(w[0]), 1e-12):
+        return (
+            f"**No learned importance**: this run's importance is the same for all {len(w)} dimensions"
+            f" (w = {w[0]:.3g}; objectives such as `mrl` and `infonce` learn none), so there is no spectrum to"
+            " read and no m to suggest from it. Its order is the embedding's own; the recall chart shows what"
+            " each ordering keeps at each m.",
+            None,
+            1.0,
+        )
+    half = int(np.searchsorted(np.cumsum(w) / w.sum(), 0.5) + 1)
+    words = (
+        f"**Importance S** of {len(w)} dimensions, sorted: {w[0]:.3g} down to {w[-1]:.3g}; the top {half} hold"
+        " half of its total."
+    )
+    suggested, power, why = _suggest(w)
+    if suggested is None:
+        return words + f" No suggested m: {why}.", None, power
+    held = "S" if power == 1 else f"S^{power:g}"
+    words += (
+        f" **Suggested m = {suggested}**: predicted to keep {SUGGEST_SHARE:.0%} of full-D recall (the top"
+        f" {suggested} dimensions hold {SUGGEST_SHARE:.0%} of the total {held}; `triclip.compact.features.suggest_m`)."
+    )
+    own = (curves or {}).get("curves", {}).get((curves or {}).get("ordering"), {})
+    full = own.get(str(len(w)))
+    measured = sorted(int(m) for m, v in own.items() if v is not None and int(m) >= suggested)
+    if measured and full:
+        at = own[str(measured[0])]
+        where = "there" if measured[0] == suggested else f"at m = {measured[0]}, the nearest measured m above it"
+        words += f" Measured {where}: recall@10 {at:.3f}, {at / full:.0%} of full D's {full:.3f}."
+    return words, suggested, power
+
+
+def _suggest(w: np.ndarray) -> tuple[int | None, float, str]:
+    """``triclip.compact.features.suggest_m`` on the spectrum: (m, the power of S it reads, "") or (None, power, why not)."""
+    import torch
+
+    from triclip.compact import features as compact
+
+    power = compact.SUGGEST_POWER
+    suggest_m = compact.suggest_m  # looked up at call time (a test replaces it)
+    try:
+        m = suggest_m(torch.as_tensor(w.copy(), dtype=torch.float32), share=SUGGEST_SHARE)
+    except Exception as err:  # noqa: BLE001 (the panel shows the rest)
+        return None, power, f"suggest_m failed ({type(err).__name__}: {err})"
+    return int(m), power, ""
+
+
+def spectrum_figure(importance: list[float], suggested: int | None, power: float = 1.0):
+    """S sorted (left axis) and the cumulative share of S^power (right axis) against rank (log 2); None when flat."""
+    from matplotlib.figure import Figure
+
+    w = np.sort(np.asarray(importance, dtype=np.float64))[::-1]
+    if len(w) == 0 or w[0] - w[-1] <= 1e-6 * max(abs(w[0]), 1e-12):
+        return None
+    ranks = np.arange(1, len(w) + 1)
+    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    ax.plot(ranks, w, color="tab:blue", label="S (sorted)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("rank (dimensions kept, m)")
+    ax.set_ylabel("importance S", color="tab:blue")
+    share = ax.twinx()
+    held = "S" if power == 1 else f"S$^{{{power:g}}}$"
+    share.plot(ranks, np.cumsum(w**power) / (w**power).sum(), color="tab:orange", label=f"cumulative share of {held}")
+    share.set_ylim(0, 1.02)
+    share.set_ylabel(f"cumulative share of {held}", color="tab:orange")
+    if suggested is not None:
+        ax.axvline(suggested, color="tab:green", linestyle="--", label=f"suggested m = {suggested}")
+        ax.legend(loc="lower left", fontsize=7)
+    ax.set_title("importance spectrum", fontsize=9)
+    return fig
+
+
+ORDERING_LABELS = {"importance": "run's own order", "first": "first-m", "random": "random-m", "pca": "PCA-m"}
+
+
+def recall_text(curves: dict | None, dims: list[int]) -> str:
+    """The words under the recall chart."""
+    if not curves:
+        return (
+            "This index records no recall-against-m curves (built before they were stored, or from embeddings):"
+            " rebuild it with `triclip index build ... --val-data VAL` to see them."
+        )
+    where = "the validation data" if curves.get("split") == "validation" else "the indexed data"
+    return (
+        f"Text→image recall@10 against m on {where} ({curves.get('queries', '?')} distinct captions,"
+        f" {curves.get('images', '?')} images); the index holds m = {', '.join(map(str, dims))}."
+    )
+
+
+def recall_figure(curves: dict | None, dims: list[int]):
+    """t2i recall@10 against m for each ordering (log-2 m), the index's m's marked; None without curves."""
+    from matplotlib.figure import Figure
+
+    if not curves or not isinstance(curves.get("curves"), dict):
+        return None
+    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    for name, by_m in curves["curves"].items():
+        points = sorted((int(m), v) for m, v in by_m.items() if v is not None)
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=3, label=ORDERING_LABELS.get(name, name))
+    for m in dims:
+        ax.axvline(m, color="0.85", linewidth=0.8, zorder=0)
+    return _recall_axes(fig, ax, "m (dimensions kept)", "recall against m", 7)
+
+
+def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int, ylabel: str = "t2i recall@10"):
+    """Label a recall chart: log-2 x axis, recall@10 up, the legend and the title; returns the figure."""
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.legend(fontsize=legend_size)
+    ax.set_title(title, fontsize=9)
+    return fig
+
+# ---------------------------------------------------------------------------- the bytes frontier
+
+PEER_LABELS = {"float32": "float32 top-m", "int8": "int8 top-m", "binary": "binary top-m", "pq": "PQ", "opq": "OPQ + PQ", "rq": "RQ",
+               "mixed": "mixed precision (S-aware)"}
+
+
+def frontier_text(view: IndexView) -> str:
+    """The words above the frontier chart."""
+    front = (view.curves or {}).get("bytes")
+    if not front:
+        return ("No byte budgets in this index: `triclip index build ... --bytes 8,16,32 --val-data VAL` stores"
+                " compact codes chosen by measured recall, and this panel plots recall against bytes per image.")
+    where = "the validation data" if front.get("split") == "validation" else "the indexed data"
+    chosen = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})" for b, c in sorted(front["chosen"].items(), key=lambda kv: int(kv[0])))
+    words = (f"Text→image recall@10 against bytes per image on {where} ({front.get('queries', '?')} distinct captions):"
+             f" the codes this index stores ({chosen}), every code measured beside them, and float pruning (4m bytes).")
+    text = (view.curves or {}).get("text_bytes")
+    if text:
+        captions = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})"
+                             for b, c in sorted(text["chosen"].items(), key=lambda kv: int(kv[0])))
+        words += f" Image→text searches the caption codes of the same budgets, by i2t recall@10: {captions}."
+    return words
+
+
+def frontier_figure(view: IndexView):
+    """Recall against bytes per vector (log 2): the stored image codes, the best of each codec per budget, float
+    pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
+    from matplotlib.figure import Figure
+
+    front = (view.curves or {}).get("bytes")
+    if not front:
+        return None
+    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
+    ax = fig.add_subplot()
+    best: dict[str, dict[int, float]] = {}
+    for tried in front["candidates"].values():
+        for c in tried:
+            if c.get("recall") is not None:
+                by = best.setdefault(c["codec"], {})
+                by[c["bytes"]] = max(by.get(c["bytes"], 0.0), c["recall"])
+    for codec, points in sorted(best.items()):
+        ax.plot(*zip(*sorted(points.items())), marker=".", markersize=4, linewidth=0.8, alpha=0.7,
+                label=PEER_LABELS.get(codec, codec))
+    pruning = sorted((int(b), r) for b, r in front.get("float_pruning", {}).items())
+    if pruning:
+        ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")
+    ax.plot(*zip(*_chosen_points(front)), color="black", marker="o", linewidth=2, label="this index's image codes")
+    captions = _chosen_points((view.curves or {}).get("text_bytes"))
+    if captions:
+        ax.plot(*zip(*captions), color="black", marker="s", linestyle=":", linewidth=1.5,
+                label="its caption codes (image→text recall@10)")
+    ylabel = "recall@10 (t2i; captions i2t)" if captions else "t2i recall@10"
+    return _recall_axes(fig, ax, "bytes per vector", "recall against bytes", 6, ylabel)
+
+
+def _chosen_points(front: dict | None) -> list[tuple[int, float]]:
+    """(bytes, recall) of a frontier's stored codes, by bytes; [] without one."""
+    return sorted((int(c["bytes"]), c["recall"]) for c in ((front or {}).get("chosen") or {}).values())

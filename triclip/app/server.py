@@ -1,0 +1,117 @@
+"""Serving the page: the address check, starting and stopping the server, the process's threads and log.
+
+    launch(blocks, app, "127.0.0.1", 7860, block=False)   # tests; triclip.app.gradio_app.serve for the CLI
+
+Private by default: 127.0.0.1, no share link, no analytics, nothing fetched from outside
+hosts. Routes mounted beside Gradio's: the indexed images (``triclip.app.endpoints.IMAGE_ROUTE``)
+and the JSON API (``triclip.app.json_api``).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import time
+
+import gradio as gr
+from starlette.routing import Route
+
+from triclip.app.endpoints import IMAGE_ROUTE, SearchApp
+from triclip.app.json_api import json_route
+from triclip.app.panels import CSS, theme
+from triclip.core.errors import UserError
+
+log = logging.getLogger("triclip.app")
+
+
+def check_address(host: str, port) -> None:
+    """Refuse a port out of range, an unknown host or a port in use, with one line, before anything loads.
+
+    Raises:
+        UserError: the address cannot be served.
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise UserError(f"--port must be a whole number from 1 to 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as err:
+        raise UserError(f"cannot serve on {host}:{port}: unknown host ({err})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no obstacle
+        try:
+            probe.bind(address)
+        except OSError as err:
+            raise UserError(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
+
+
+def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool = True, sessions: int | None = None):
+    """Start the server and return once it answers (``block=True``: then serve until Ctrl-C / SIGTERM).
+
+    Gradio's own start-up lines (its local URL and the "set share=True" hint) are not printed.
+
+    Raises:
+        UserError: the address cannot be bound (port out of range or in use, unknown host).
+    """
+    check_address(host, port)
+    image_route = Route(IMAGE_ROUTE + "/{row:int}", app.image_response)  # before Gradio's own routes
+    # gradio_client downloads every result file through Gradio's file route, with the result's
+    # path, which is our image URL: answer those requests for our own images here as well.
+    client_route = Route("/gradio_api/file=http{rest:path}", app.client_image_response)
+    try:
+        result = blocks.launch(
+            server_name=host,
+            server_port=port,
+            share=False,
+            inbrowser=False,
+            app_kwargs={"routes": [image_route, client_route, json_route(app)]},
+            ssr_mode=False,  # no Node server process
+            mcp_server=False,
+            theme=theme(),
+            css=CSS,
+            show_error=False,  # our messages go to the status line; no tracebacks in the page
+            max_file_size="50mb",
+            state_session_capacity=sessions or app.cfg.sessions,
+            prevent_thread_lock=True,
+            quiet=True,  # no share banner; serve() prints its own line once the port is bound
+        )
+    except (OSError, OverflowError) as err:
+        raise UserError(f"cannot serve on {host}:{port}: {err}") from None
+    if block:
+        wait(blocks)
+    return result
+
+
+def wait(blocks: gr.Blocks) -> None:
+    """Serve until Ctrl-C (or SIGTERM, see :func:`serve`), then close the server."""
+    try:
+        while blocks.is_running:
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        blocks.close()
+
+
+def log_to_stderr() -> None:
+    """The app's own log lines (refused images, version swaps) on stderr, one line each."""
+    if not log.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("triclip app: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def set_threads(threads: int) -> None:
+    """Threads each search may use in torch (and the ONNX Runtime sessions made after this) and FAISS."""
+    import faiss
+    import torch
+
+    torch.set_num_threads(max(1, threads))
+    faiss.omp_set_num_threads(max(1, threads))
+
+
+def interrupt(signum, frame):
+    raise KeyboardInterrupt

@@ -1,0 +1,1 @@
+"""Compact features and metrics: the importance order, top-m embeddings, baseline orderings, recall and mAP."""

@@ -1,0 +1,1 @@
+"""Shared plumbing: one-line user errors, atomic writes and output folders, progress, distributed helpers."""

@@ -1,0 +1,500 @@
+"""The one index builder: full-D compact vectors in shards -> one FAISS index per m, written as a version.
+
+Every ``triclip index build`` ends here (``triclip.index.sources`` prepares the :class:`Collection`):
+``--run --data`` embeds the source itself and hands over its vectors as one in-memory
+shard; ``--embeddings`` hands over the shards of ``triclip embed``, memory-mapped. The
+vectors are ``sqrt(w) * z`` in importance order, so the top-m embedding of any m is a
+re-normalised prefix (``triclip.index.vectors.prefix``). For every m (and for the captions, when
+there are some):
+
+- **in memory** when the index fits ``memory_budget``: the ``auto`` factory
+  (``triclip.index.faiss_index.auto_factory``, one policy for every build) picks ``Flat`` below
+  100,000 vectors, ``HNSW32`` up to 5,000,000, else ``IVF{nlist},Flat``; shards are added in
+  order. Vectors held in memory (one shard) are built by ``triclip.index.faiss_index.build``.
+- **beyond the budget**, ``IVF{nlist},PQ{m/4}``; any IVF index (auto or ``--factory``) is
+  trained **once** on a sample drawn across all shards (the same rows
+  ``triclip.index.faiss_index.train_sample`` would draw from the concatenated vectors), then
+  every shard is added to its own copy of the trained empty index and the copies are
+  merged in shard order with ``IndexIVF.merge_from(part, add_id=offset)``. Each copy
+  numbers its vectors from 0, so the offset (the number of vectors in the shards
+  before it) is what keeps row ids right: merging without it maps every shard onto
+  rows 0..n-1 (the known trap; a test shows it).
+- under ``torchrun`` (``--embeddings`` only) the shards are added in parallel, rank ``r``
+  taking shards ``r, r + W, ...``: rank 0 trains and saves the empty index, every rank
+  writes its parts next to the output folder, rank 0 merges them and writes the folder.
+- **on disk** when an IVF index's lists (codes + ids) exceed ``memory_budget``
+  (``on_disk="auto"``; ``"always"`` / ``"never"`` force it): each shard is added to a
+  copy of the trained index **with its global ids** (``add_with_ids``, ids
+  ``offsets[s] ...``), the part is saved, and the parts are merged, memory-mapped, into
+  one ``OnDiskInvertedLists`` file (``triclip.index.faiss_index.merge_on_disk``,
+  ``faiss.contrib.ondisk``) that becomes ``{kind}.m{m}.ivfdata`` of the new version; the
+  full-D vectors are then written to ``vectors.npy`` shard by shard, never held whole.
+  Memory is bounded by one shard, the trained index and the page cache. The parts and
+  lists are written in ``.{out}.*.shard-parts`` (``.{out}.shard-parts`` under torchrun)
+  beside the output folder (same filesystem: the lists file is renamed into the version,
+  not copied), removed at the end. The build holds an ``fcntl.flock`` on ``owner.lock``
+  in that folder (its pid and host written inside) for as long as it runs; the kernel
+  drops it when the process dies, however it dies. The next build of the same output
+  removes the parts folders whose lock nobody holds, i.e. those of killed builds
+  (:func:`remove_stale_parts`), and keeps those of live builds.
+
+``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
+index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
+smallest power of two whose recall@10 against exact search reaches ``recall_target``,
+recorded in the manifest as ``nprobe`` ({str(m): nprobe}) with the curve it came from.
+
+The folder is written with ``triclip.index.store`` (versioned, under the writer lock), its
+manifest by ``triclip.index.manifest``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from triclip.index import faiss_index as fi
+from triclip.index.manifest import Origin, attach_curves, make_manifest, summary
+from triclip.index.store import TEXT_VECTORS, VECTORS, IndexContents, ivfdata_name, write_version, writer_lock
+from triclip.index.vectors import ShardVectors, exact_topk
+from triclip.core.errors import UserError
+from triclip.core.progress import progress
+from triclip.model.shards import barrier, init_distributed
+
+TUNE_K = 10  # recall@k that nprobe is tuned for
+PARTS_SUFFIX = ".shard-parts"  # the parts folder of a build of OUT: .{OUT name}.*.shard-parts beside OUT
+OWNER = "owner.lock"  # in a parts folder: flock-ed by the build that owns it while it runs
+
+
+@dataclass
+class Collection:
+    """What one build indexes: the vectors, their rows, and where they came from."""
+
+    image: ShardVectors  # (N, D) full-D compact image vectors
+    text: ShardVectors | None  # (T, D) caption vectors, or None (no caption index)
+    meta: list[dict]  # one row per image: {"id", "image", "captions", "label", "file"}
+    text_rows: np.ndarray | None  # (T, 2) image row and caption number of each caption vector
+    origin: Origin  # run, transform, source: what the manifest records
+    distributed: bool = False  # the shards may be shared between torchrun ranks
+
+
+def build_and_write(
+    cfg, coll: Collection, dims: list[int], curves: Callable[[list[int]], dict | None] | None = None, evaluation=None
+) -> dict:
+    """Build one index per m of ``dims`` (D included) over ``coll`` and write them as a new version of ``cfg.out``.
+
+    ``cfg``: an ``triclip.index.config.IndexBuildConfig``. ``curves(dims)``: the recall-against-m
+    curves to keep with the version (rank 0, before the lock), or None. ``evaluation``: the
+    ``triclip.index.budgets.EvalSet`` the codes of ``cfg.bytes`` are measured on (None: the indexed
+    data's first images). Under ``torchrun``
+    every rank must call it; rank 0 writes the folder and returns the summary, the others
+    return ``{"rank": r, ...}``.
+    """
+    started = time.perf_counter()
+    rank, world, owned = init_distributed() if coll.distributed else (0, 1, False)
+    work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}{PARTS_SUFFIX}"  # torchrun: one for all ranks
+    work.parent.mkdir(parents=True, exist_ok=True)
+    owner = None  # fd of the flock-ed owner file of our parts folder (rank 0)
+    try:
+        if rank == 0:
+            remove_stale_parts(cfg.out)
+        budget = cfg.memory_budget if cfg.memory_budget is not None else fi.available_memory() // 2
+        factories = {m: choose_factory(coll.image.count, m, budget, cfg.factory) for m in dims}
+        text_factories = {m: choose_factory(coll.text.count, m, budget, cfg.factory) for m in dims} if coll.text else {}
+        if world == 1:  # a folder of its own: another build of the same index may be running
+            work = Path(tempfile.mkdtemp(prefix=f".{Path(cfg.out).name}.", suffix=PARTS_SUFFIX, dir=work.parent))
+        elif rank == 0:  # ranks share the name; parts of an earlier, killed build are gone (remove_stale_parts)
+            if (work / OWNER).exists():  # still there after remove_stale_parts: its build is alive
+                raise UserError(f"another build of {cfg.out} is running (its parts are in {work}); wait for it")
+            shutil.rmtree(work, ignore_errors=True)  # an older triclip's, without an owner file
+            work.mkdir(parents=True)
+        if rank == 0:
+            owner = claim_parts(work)
+        barrier(world)
+        builder = ShardedBuilder(cfg.seed, rank, world, work, on_disk=cfg.on_disk, budget=budget)
+        image_indexes = builder.build_all(coll.image, factories, "image")
+        text_indexes = builder.build_all(coll.text, text_factories, "text") if coll.text else {}
+        if rank != 0:
+            return {"rank": rank, "world": world, "seconds": round(time.perf_counter() - started, 2)}
+        tuning = {
+            "image": {m: tune_nprobe(idx, coll.image, coll.text or coll.image, m, cfg) for m, idx in image_indexes.items()},
+            "text": {m: tune_nprobe(idx, coll.text, coll.image, m, cfg) for m, idx in text_indexes.items()},
+        }
+        contents = _contents(coll, image_indexes, text_indexes, work)
+        kept = curves(contents.dims) if curves is not None else None
+        decided = _decisions(factories, text_factories if coll.text else None, tuning, budget, cfg.recall_target)
+        if cfg.bytes:
+            decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation)
+        with writer_lock(cfg.out, cfg.lock_timeout):
+            contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
+            attach_curves(cfg.out, contents, kept)
+            write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
+        return summary(contents.manifest, cfg.out, started, added=len(coll.meta), rank=rank, world=world)
+    finally:
+        if rank == 0:
+            shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
+            if owner is not None:
+                os.close(owner)  # releases the flock
+        if owned:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+
+
+def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, evaluation) -> tuple[dict, dict]:
+    """The codes of every ``--bytes`` budget, chosen by measured recall (``triclip.index.budgets``): image codes by
+    text->image recall, caption codes (with captions) by image->text recall. Puts them in
+    ``contents.codes`` / ``contents.text_codes``; returns the manifest's ``budgets`` and the curves with
+    their frontiers (``bytes``, ``text_bytes``)."""
+    from triclip.index import budgets as bud
+    from triclip.index.store import code_name
+
+    if evaluation is None:
+        if coll.text is None:
+            raise UserError("--bytes measures text->image recall: it needs the caption vectors (no --no-text-index)"
+                            " or --val-data")
+        evaluation = bud.indexed_evaluation(coll.image, coll.text, coll.text_rows, coll.meta, bud.EVAL_MAX_IMAGES,
+                                            str(coll.origin.source.get("data") or coll.origin.embeddings))
+    budgets = bud.parse_budgets(cfg.bytes)
+    entries = {}
+    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed)
+    for choice in choices:
+        contents.codes[choice.budget] = stored = bud.fill(choice.codec, coll.image)
+        entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, code_name(choice.budget))
+    own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
+    curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
+                      "ordering": coll.origin.transform["ordering"], "curves": {}}
+    curves["bytes"] = bud.frontier(choices, own, evaluation)
+    if coll.text is not None:
+        reverse = evaluation.reverse()
+        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed)
+        for choice in text_choices:
+            contents.text_codes[choice.budget] = stored = bud.fill(choice.codec, coll.text)
+            entries[str(choice.budget)]["text"] = bud.manifest_entry(choice, stored, reverse,
+                                                                     code_name(choice.budget, "text"))
+        curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
+    return entries, curves
+
+
+def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budget: int, target: float) -> dict:
+    """The manifest entries the builder decided: factories, nprobe and its tuning, the memory budget."""
+    return {
+        "factories": {str(m): f for m, f in factories.items()},
+        "text_factories": None if text_factories is None else {str(m): f for m, f in text_factories.items()},
+        "memory_budget": int(budget),
+        "nprobe": {str(m): t["nprobe"] for m, t in tuning["image"].items() if t is not None},
+        "text_nprobe": {str(m): t["nprobe"] for m, t in tuning["text"].items() if t is not None},
+        "nprobe_tuning": {
+            "recall_target": target,
+            "k": TUNE_K,
+            "image": {str(m): t for m, t in tuning["image"].items() if t is not None},
+            "text": {str(m): t for m, t in tuning["text"].items() if t is not None},
+        },
+    }
+
+
+def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: Path) -> IndexContents:
+    """The version to write; with an index on disk, its lists and the vectors are files in ``work``."""
+    contents = IndexContents({}, coll.meta, None, image_indexes)
+    if coll.text is not None:
+        contents.text_rows = np.asarray(coll.text_rows, np.int64).reshape(-1, 2)
+        contents.text_indexes = text_indexes
+    files = {}
+    for kind, table in (("image", image_indexes), ("text", text_indexes)):
+        for m, index in table.items():
+            if fi.is_on_disk(index):
+                files[ivfdata_name(kind, m)] = Path(fi.on_disk_lists(index).filename)
+    if files:  # too big for memory: the vectors go to their file shard by shard
+        files[VECTORS] = work / VECTORS
+        contents.vectors = stack_to_file(coll.image, files[VECTORS])  # (N, D) memory-mapped
+        if coll.text is not None:
+            files[TEXT_VECTORS] = work / TEXT_VECTORS
+            contents.text_vectors = stack_to_file(coll.text, files[TEXT_VECTORS])  # (T, D)
+        contents.files = files
+        return contents
+    contents.vectors = coll.image.full()  # (N, D)
+    if coll.text is not None:
+        contents.text_vectors = coll.text.full()  # (T, D)
+    return contents
+
+
+# ---------------------------------------------------------------------------- choosing
+
+
+def choose_factory(n: int, m: int, budget: int, factory: str = "auto") -> str:
+    """``factory`` itself, or for ``auto`` the one policy (``triclip.index.faiss_index.auto_factory``) within ``budget`` bytes."""
+    return factory if factory != "auto" else fi.auto_factory(n, m, budget=budget)
+
+
+# ---------------------------------------------------------------------------- parts folders
+
+
+def claim_parts(work: Path) -> int:
+    """Mark the parts folder ``work`` as this build's: an flock on ``work/owner.lock``; returns its fd (keep open)."""
+    fd = os.open(work / OWNER, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
+    except OSError:  # a filesystem without flock: nobody can take it either, so the folder is never removed
+        pass
+    os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
+    return fd
+
+
+def remove_stale_parts(out: str | os.PathLike) -> list[Path]:
+    """Remove the parts folders that killed builds of ``out`` left beside it; returns them.
+
+    A folder goes only when its ``owner.lock`` exists and nobody holds its flock (the
+    build that made it is dead); a live build's folder, one without an owner file (an
+    older triclip's, or a build in its first instant: one line says so) and one we may
+    not open are kept. Each removal is one line on stderr.
+    """
+    out = Path(out).absolute()
+    prefix = f".{out.name}."
+    try:
+        names = [p for p in out.parent.iterdir() if p.name.startswith(prefix) and p.name.endswith(PARTS_SUFFIX)]
+    except OSError:
+        return []
+    removed = []
+    for folder in names:
+        try:
+            fd = os.open(folder / OWNER, os.O_RDONLY)
+        except FileNotFoundError:
+            if _age(folder) > 60:  # not a build in its first instant
+                print(f"kept {folder}: it has no owner record (an older triclip made it); remove it by hand"
+                      f" if no build of {out} is running", file=sys.stderr, flush=True)
+            continue
+        except OSError:  # not a folder, or not ours to open
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live build holds it
+            os.close(fd)
+            continue
+        try:
+            shutil.rmtree(folder, ignore_errors=True)
+        finally:
+            os.close(fd)
+        if not folder.exists():
+            removed.append(folder)
+            print(f"removed {folder}: parts of a killed index build", file=sys.stderr, flush=True)
+    return removed
+
+
+def _age(path: Path) -> float:
+    """Seconds since ``path`` was last modified (0 when it is gone)."""
+    try:
+        return time.time() - path.stat().st_mtime
+    except OSError:
+        return 0.0
+
+
+def is_ivf(index: faiss.Index) -> bool:
+    try:
+        faiss.extract_index_ivf(index)
+        return True
+    except RuntimeError:
+        return False
+
+
+# ---------------------------------------------------------------------------- building
+
+
+@dataclass
+class ShardedBuilder:
+    """Builds one index per m from :class:`ShardVectors`: in one process, or across torchrun ranks."""
+
+    seed: int  # training sample and k-means
+    rank: int = 0  # this process
+    world: int = 1  # processes (torchrun ranks)
+    work: Path | None = None  # folder for trained indexes and parts (world > 1) and on-disk lists
+    on_disk: str = "never"  # IVF lists on disk: auto (beyond budget), always, never
+    budget: int | None = None  # bytes an index may take in memory (on_disk="auto")
+
+    def build_all(self, vectors: ShardVectors, factories: dict[int, str], kind: str) -> dict[int, faiss.Index]:
+        """``{m: index}``; on ranks other than 0 the values are ``None`` (rank 0 merges)."""
+        return {m: self.build(vectors, m, factory, tag=f"{kind}.m{m}") for m, factory in factories.items()}
+
+    def build(self, vectors: ShardVectors, m: int, factory: str, tag: str = "index") -> faiss.Index | None:
+        """One index over the top-m embeddings of every shard, rows in shard order."""
+        empty = _new(m, factory)
+        disk = self.wants_disk(empty, vectors.count, m, factory)
+        if self.world == 1 and not disk and len(vectors.parts) == 1:  # vectors held in memory: built at once
+            return _at_once(vectors.shard(0, m), factory, m, self.seed)
+        if not is_ivf(empty):
+            if self.rank != 0:
+                return None
+            return build_in_memory(vectors, m, empty, self.seed)
+        if self.world == 1 and not disk:
+            trained = train_once(vectors, m, empty, self.seed)
+            shards = progress(range(len(vectors.parts)), desc=f"adding shards (m={m})", unit="shard", disable=None)
+            parts = (add_shard(trained, vectors.shard(s, m)) for s in shards)
+            return merge_parts(trained, parts, vectors.offsets)
+        return self._build_parts(vectors, m, empty, tag, disk)
+
+    def wants_disk(self, index: faiss.Index, n: int, m: int = 0, factory: str = "") -> bool:
+        """Whether the IVF ``index`` with ``n`` vectors is merged on disk (the same answer on every rank)."""
+        if self.on_disk not in ("auto", "always", "never"):
+            raise UserError(f"--on-disk must be auto, always or never, got {self.on_disk!r}")
+        if self.on_disk == "never":
+            return False
+        lists = fi.ivf_list_bytes(index, n)
+        if lists is None:
+            if self.on_disk == "always":
+                raise UserError(f"--on-disk always: {factory} at m={m} is not an IVF index; only IVF lists go on disk")
+            return False
+        return self.on_disk == "always" or (self.budget is not None and lists > self.budget)
+
+    def _build_parts(self, vectors: ShardVectors, m: int, empty: faiss.Index, tag: str, disk: bool):
+        """Train on rank 0, add shards as saved parts (rank r: shards r, r + W, ...), merge on rank 0.
+
+        ``disk``: parts carry their global ids and are merged into ``work/{tag}.ivfdata``;
+        otherwise parts are numbered from 0 and merged in memory with id offsets.
+        """
+        work = self.work
+        if work is None:
+            raise ValueError("ShardedBuilder needs a work folder for parts and on-disk lists")
+        trained_file = work / f"{tag}.trained.faiss"
+        if self.world == 1:
+            trained = train_once(vectors, m, empty, self.seed)
+        else:
+            if self.rank == 0:
+                fi.save(train_once(vectors, m, empty, self.seed), trained_file)
+            barrier(self.world)
+            trained = faiss.read_index(str(trained_file))
+        counts = np.diff(vectors.offsets)
+        files = [work / f"{tag}.part{s:05d}.faiss" for s in range(len(vectors.parts))]
+        mine = range(self.rank, len(vectors.parts), self.world)
+        who = f"rank {self.rank} " if self.world > 1 else ""
+        for s in progress(mine, desc=f"{who}adding shards (m={m})", unit="shard", disable=None):
+            first = int(vectors.offsets[s]) if disk else None
+            fi.save(add_shard(trained, vectors.shard(s, m), first), files[s])
+        barrier(self.world)
+        if self.rank != 0:
+            return None
+        if disk:
+            full = [s for s in range(len(files)) if counts[s]]
+            merged = fi.merge_on_disk(trained, [files[s] for s in full], counts[full].tolist(), work / f"{tag}.ivfdata")
+        else:
+            merged = merge_parts(trained, (faiss.read_index(str(f)) for f in files), vectors.offsets)
+        for f in files + [trained_file]:
+            f.unlink(missing_ok=True)
+        return merged
+
+
+def _new(m: int, factory: str) -> faiss.Index:
+    try:
+        return fi.new_index(m, factory)
+    except ValueError as err:
+        raise UserError(f"--factory at m={m}: {err}") from None
+
+
+def _at_once(vectors: np.ndarray, factory: str, m: int, seed: int) -> faiss.Index:
+    """``triclip.index.faiss_index.build`` (on a GPU when there is one) of vectors held in memory. (N, m)."""
+    try:
+        return fi.build(vectors, factory, seed=seed, progress=True)
+    except ValueError as err:
+        raise UserError(f"--factory at m={m}: {err}") from None
+
+
+def build_in_memory(vectors: ShardVectors, m: int, index: faiss.Index, seed: int = 0) -> faiss.Index:
+    """Flat / HNSW (and any index that is not IVF): train on the sample if needed, add shards in order."""
+    if not index.is_trained:
+        index = train_once(vectors, m, index, seed)
+    for s in progress(range(len(vectors.parts)), desc=f"indexing shards (m={m})", unit="shard", disable=None):
+        if len(vectors.parts[s]):
+            fi.add_vectors(index, vectors.shard(s, m))
+    return index
+
+
+def train_once(vectors: ShardVectors, m: int, index: faiss.Index, seed: int = 0) -> faiss.Index:
+    """Train ``index`` (empty) on a sample drawn across the shards; the rows ``fi.build`` would draw."""
+    fi._prepare_training(index, seed)
+    ivf = fi._ivf_or_none(index)
+    want = max(20_000, 64 * ivf.nlist) if ivf is not None else 20_000
+    n = vectors.count
+    rows = np.arange(n) if n <= want else np.sort(np.random.default_rng(seed).choice(n, size=want, replace=False))
+    need, why = fi.min_train_vectors(index)
+    if len(rows) < need:
+        raise UserError(f"at m={m}: the index needs at least {need} training vectors ({why}), the shards hold {n}")
+    try:
+        index.train(vectors.rows(rows, m))
+    except RuntimeError as err:
+        raise UserError(f"at m={m}: FAISS could not train the index: {fi._last_line(err)}") from None
+    return index
+
+
+def add_shard(trained: faiss.Index, vectors: np.ndarray, first_id: int | None = None) -> faiss.Index:
+    """A copy of the trained empty index holding one shard's vectors, numbered from 0 (or ``first_id``)."""
+    part = faiss.clone_index(trained)
+    if len(vectors):
+        x = fi.as_float32(vectors, trained.d)  # (n_s, m)
+        if first_id is None:
+            part.add(x)
+        else:
+            part.add_with_ids(x, np.arange(first_id, first_id + len(x), dtype=np.int64))
+    return part
+
+
+def merge_parts(trained: faiss.Index, parts, offsets: np.ndarray) -> faiss.Index:
+    """Merge shard parts (each numbered from 0) into a copy of ``trained``, part s shifted by ``offsets[s]``.
+
+    ``IndexIVF.merge_from(other, add_id)`` adds ``add_id`` to every id of ``other``; with
+    ``add_id = 0`` each shard would land on rows 0..n_s-1.
+    """
+    merged = faiss.clone_index(trained)
+    target = faiss.extract_index_ivf(merged)
+    for s, part in enumerate(parts):
+        if part.ntotal != offsets[s + 1] - offsets[s]:
+            raise ValueError(f"part {s} holds {part.ntotal} vectors, expected {offsets[s + 1] - offsets[s]}")
+        if part.ntotal:
+            target.merge_from(faiss.extract_index_ivf(part), int(offsets[s]))
+    merged.ntotal = target.ntotal  # a wrapper (e.g. a pre-transform) counts its inner index's vectors
+    return merged
+
+
+# ---------------------------------------------------------------------------- nprobe
+
+
+def tune_nprobe(index, base: ShardVectors, queries_from: ShardVectors, m: int, cfg) -> dict | None:
+    """The smallest power-of-two nprobe whose recall@10 reaches ``cfg.recall_target`` (None: not IVF)."""
+    if not is_ivf(index):
+        return None
+    nlist = faiss.extract_index_ivf(index).nlist
+    rng = np.random.default_rng(cfg.seed + 1)
+    q = min(cfg.tune_queries, queries_from.count)
+    rows = np.sort(rng.choice(queries_from.count, size=q, replace=False))
+    queries = queries_from.rows(rows, m)  # (Q, m)
+    truth = exact_topk(base, queries, TUNE_K, m)
+    curve = {}
+    nprobe = 1
+    while True:
+        params = faiss.SearchParametersIVF(nprobe=nprobe)
+        _, found = index.search(queries, min(TUNE_K, index.ntotal), params=params)
+        curve[nprobe] = round(fi.recall_at_k(found, truth), 4)
+        if curve[nprobe] >= cfg.recall_target or nprobe >= nlist:
+            break
+        nprobe = min(2 * nprobe, nlist)
+    return {"nprobe": nprobe, "recall": curve[nprobe], "curve": {str(p): r for p, r in curve.items()}, "queries": q}
+
+
+def stack_to_file(vectors: ShardVectors, file: Path) -> np.ndarray:
+    """Write every shard's vectors, float32, into one ``.npy`` file, a shard at a time. Returns it mapped read-only."""
+    out = np.lib.format.open_memmap(file, mode="w+", dtype=np.float32, shape=(vectors.count, vectors.dim))
+    for s, part in enumerate(vectors.parts):
+        if len(part):
+            out[vectors.offsets[s] : vectors.offsets[s + 1]] = np.asarray(part[:], np.float32)
+    out.flush()
+    del out
+    return np.load(file, mmap_mode="r")
+
+

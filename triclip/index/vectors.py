@@ -1,0 +1,113 @@
+"""The vectors an index is built from: full-D compact vectors in shards, and their top-m prefixes.
+
+Torch-free (numpy and FAISS only): ``triclip search --text`` imports it. A build's vectors
+are always a :class:`ShardVectors`: the shards of ``triclip embed`` memory-mapped from disk,
+or one in-memory part when ``index build --run --data`` embedded a small source itself.
+The stored vectors are ``sqrt(w) * z`` in importance order, unit rows, so the top-m
+embedding of any m is the re-normalised prefix (:func:`prefix`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+
+def prefix(vectors: np.ndarray, m: int) -> np.ndarray:
+    """The top-m embedding from full-D compact vectors: the first m dims, re-normalised. (N, D) -> (N, m) float32."""
+    part = np.ascontiguousarray(vectors[:, :m], dtype=np.float32)  # (N, m)
+    return part / np.maximum(np.linalg.norm(part, axis=1, keepdims=True), 1e-12)
+
+
+@dataclass
+class ShardVectors:
+    """The vectors of one kind (image or text) across shards, in shard order."""
+
+    parts: list  # per shard (n_s, D), float16 or float32: ShardFile (or any array)
+    offsets: np.ndarray  # (S + 1,) int64: shard s holds rows offsets[s]:offsets[s + 1]
+
+    @classmethod
+    def open(cls, emb: str, num_shards: int, kind: str) -> "ShardVectors":
+        """The ``kind`` ("image" / "text") vectors of the embeddings folder ``emb`` (``triclip embed``)."""
+        from triclip.model.shards import IMAGE, TEXT, shard_name
+
+        name = {"image": IMAGE, "text": TEXT}[kind]
+        return cls.of([ShardFile(Path(emb) / shard_name(s) / name) for s in range(num_shards)])
+
+    @classmethod
+    def of(cls, parts: list[np.ndarray]) -> "ShardVectors":
+        """Arrays (or :class:`ShardFile`) as shards; ``ShardVectors.of([x])``: vectors held in memory."""
+        return cls(parts, np.concatenate([[0], np.cumsum([len(p) for p in parts])]).astype(np.int64))
+
+    @property
+    def count(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def dim(self) -> int:
+        return int(self.parts[0].shape[1])
+
+    def rows(self, rows: np.ndarray, m: int) -> np.ndarray:
+        """Top-m embeddings of the given global rows (sorted ascending). Shape: (len(rows), m)."""
+        shard = np.searchsorted(self.offsets, rows, side="right") - 1  # (R,)
+        out = [prefix(self.parts[s][rows[shard == s] - self.offsets[s]], m) for s in np.unique(shard)]
+        return np.concatenate(out) if out else np.zeros((0, m), np.float32)
+
+    def shard(self, s: int, m: int) -> np.ndarray:
+        """Top-m embeddings of shard ``s``. Shape: (n_s, m)."""
+        return prefix(self.parts[s], m)
+
+    def full(self) -> np.ndarray:
+        """Every row at full D, float32, in memory. Shape: (N, D)."""
+        return np.concatenate([np.asarray(p, np.float32) for p in self.parts])
+
+
+class ShardFile:
+    """One shard's ``.npy`` vectors, memory-mapped only while a slice is copied out.
+
+    A long-lived memory map would keep every page read so far resident (all of them: a
+    prefix of each row touches every page), so the process would hold all shards at once.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        arr = np.load(self.path, mmap_mode="r")
+        self.shape, self.dtype = arr.shape, arr.dtype
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __getitem__(self, key) -> np.ndarray:
+        return np.array(np.load(self.path, mmap_mode="r")[key])  # a copy; the map closes on return
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        arr = np.load(self.path)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+def exact_topk(base: ShardVectors | np.ndarray, queries: np.ndarray, k: int, m: int | None = None) -> np.ndarray:
+    """Ids of the k largest inner products over every row, exact, shard by shard. Shape: (Q, k').
+
+    ``base``: shards, or an (N, d) array searched as it is. ``m``: compare the top-m
+    embeddings (re-normalised prefixes) of the shards; None: the rows as they are.
+    """
+    if not isinstance(base, ShardVectors):
+        base = ShardVectors.of([np.asarray(base, np.float32)])
+        m = None
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    best_s = np.full((len(queries), 0), -np.inf, np.float32)
+    best_i = np.zeros((len(queries), 0), np.int64)
+    for s in range(len(base.parts)):
+        if not len(base.parts[s]):
+            continue
+        part = base.shard(s, m) if m is not None else np.ascontiguousarray(base.parts[s], dtype=np.float32)  # (n_s, d)
+        scores, ids = faiss.knn(queries, part, min(k, len(part)), metric=faiss.METRIC_INNER_PRODUCT)
+        all_s = np.concatenate([best_s, scores], 1)
+        all_i = np.concatenate([best_i, ids + base.offsets[s]], 1)
+        order = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
+        best_s, best_i = np.take_along_axis(all_s, order, 1), np.take_along_axis(all_i, order, 1)
+    return best_i

@@ -1,0 +1,298 @@
+"""Fast CPU inference for the ``lite`` towers when they run without autograd.
+
+Embedding openclipart with the EfficientNet-Lite0 image tower is the demo's
+bottleneck. PyTorch's eager CPU path is slow for it (depthwise convolutions,
+TensorFlow "SAME" padding computed per call, unfolded BatchNorm). This module
+gives every embedding pass the fastest path available, measured by
+``python -m benchmarks.bench_towers`` (docs/benchmarks.md, "Tower inference"):
+
+1. ``onnxruntime``: the tower is exported to ONNX in memory (``torch.onnx``,
+   which needs the ``onnx`` package) and run by ONNX Runtime's CPU provider,
+   which folds BatchNorm into the convolutions and fuses the activations and
+   attention. Both PyPI packages are optional (``pip install triclip[fast]``).
+2. ``jit`` (image tower only; no extra package): ``torch.jit.trace`` in
+   ``channels_last``, ``freeze`` and ``optimize_for_inference`` (BatchNorm
+   folded, oneDNN convolutions).
+3. ``eager``: the module itself.
+
+``TRICLIP_ACCEL`` = ``auto`` (default: the first that works), ``onnxruntime``,
+``jit`` or ``eager`` picks one. The fast path is used only where it cannot
+change what is computed: the tower is in eval mode, on the CPU, gradients are
+off and the input has the shape it was exported for; otherwise the eager module
+runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
+parameters or buffers changes (PyTorch's in-place version counters), so a tower
+that trains between evaluations is never read stale. Outputs stay within cosine
+0.999 of the eager fp32 reference (tests/model/test_accel.py). bf16 is never
+used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import threading
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping
+
+import torch
+import torch.nn as nn
+
+from triclip.core.errors import UserError
+from triclip.model.towers import ImageTower, TextTower
+
+BACKENDS = ("auto", "onnxruntime", "jit", "eager")  # values of TRICLIP_ACCEL
+ENV = "TRICLIP_ACCEL"  # environment variable that picks the backend
+TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the text tower's token tensors, in ONNX order
+
+
+@dataclass
+class Prepared:
+    """A tower's fast forward and what it was prepared from."""
+
+    backend: str  # "onnxruntime", "jit" or "eager"
+    run: Callable  # same inputs and output as the tower's forward, no autograd
+    stamp: tuple  # the tower's weight versions when prepared (see _stamp)
+
+
+_PREPARED: "weakref.WeakKeyDictionary[nn.Module, Prepared]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # one preparation at a time (the app embeds from several threads)
+
+
+# ---------------------------------------------------------------------------- public API
+
+
+def image_features(model, images: torch.Tensor) -> torch.Tensor:
+    """``model.image_features`` through the fast path where it applies. Shape: (B, 3, H, W) -> (B, F)."""
+    tower = model.image_tower
+    size = getattr(tower, "image_size", None)  # the resolution the fast path is exported for
+    if _fast_ok(tower) and images.device.type == "cpu" and tuple(images.shape[1:]) == (3, size, size):
+        return inference_module(tower)(images)
+    return model.image_features(images)
+
+
+def text_features(model, texts) -> torch.Tensor:
+    """``model.text_features`` of texts (list[str]) or tokens through the fast path. Shape: (B, F)."""
+    tokens = model.tokenize(list(texts)) if isinstance(texts, (list, tuple)) else texts
+    tower = model.text_tower
+    if _fast_ok(tower) and isinstance(tokens, Mapping) and all(v.device.type == "cpu" for v in tokens.values()):
+        return inference_module(tower)(tokens)
+    device = next(tower.parameters()).device
+    if isinstance(tokens, Mapping):
+        return model.text_features({k: v.to(device) for k, v in tokens.items()})
+    return model.text_features(tokens.to(device))
+
+
+def image_module_features(module: nn.Module, images: torch.Tensor, key: str | None = None) -> torch.Tensor:
+    """``module(images)`` (or its ``[key]`` where it returns a dict) through the fast path where it applies.
+
+    For frozen parts of image towers, e.g. the bottom of a partly unlocked tower
+    (``triclip.model.unlock``), whose one pass over a data set is the expensive part of unlocking.
+    Shape: (B, 3, S, S) -> (B, ...).
+    """
+    if _fast_ok(module) and images.device.type == "cpu" and images.dim() == 4 and images.shape[2] == images.shape[3]:
+        return _prepared(module, None, int(images.shape[-1]), key).run(images)
+    out = module(images)
+    return out[key] if key is not None else out
+
+
+def inference_module(tower: nn.Module, backend: str | None = None) -> Callable:
+    """The fastest available forward of ``tower`` for CPU inference without autograd.
+
+    Args:
+        tower: an ``ImageTower`` or ``TextTower``; any other module is returned as is.
+        backend: one of ``BACKENDS``; default ``$TRICLIP_ACCEL`` or ``auto``.
+
+    Returns:
+        A callable with the tower's inputs and output (float32 CPU tensors). The
+        caller must keep the tower in eval mode and call it under ``no_grad``.
+    """
+    if not isinstance(tower, (ImageTower, TextTower)):
+        return tower
+    return _prepared(tower, backend, tower.image_size if isinstance(tower, ImageTower) else None).run
+
+
+def _prepared(module: nn.Module, backend: str | None, size: int | None, key: str | None = None) -> Prepared:
+    """The module's prepared forward, rebuilt when its weights, the backend or the input size changed."""
+    backend = backend or os.environ.get(ENV, "auto")
+    if backend not in BACKENDS:
+        raise UserError(f"{ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
+    stamp = (_stamp(module), size, key)
+    with _LOCK:
+        prepared = _PREPARED.get(module)
+        if prepared is None or prepared.stamp != stamp or backend not in ("auto", prepared.backend):
+            graph = module if key is None else _Select(module, key)
+            prepared = _prepare(graph, backend, stamp, size)
+            _PREPARED[module] = prepared
+    return prepared
+
+
+def active_backend(tower: nn.Module) -> str:
+    """The backend prepared for ``tower`` so far (``"eager"`` when none was)."""
+    prepared = _PREPARED.get(tower)
+    return prepared.backend if prepared is not None else "eager"
+
+
+def onnxruntime_available() -> bool:
+    """True when both ``onnx`` (for the export) and ``onnxruntime`` import."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# ---------------------------------------------------------------------------- preparation
+
+
+def _fast_ok(tower: nn.Module) -> bool:
+    """The fast path computes the same thing: eval mode, no autograd, weights on the CPU."""
+    if tower.training or torch.is_grad_enabled():
+        return False
+    first = next(tower.parameters(), None)
+    return first is not None and first.device.type == "cpu"
+
+
+def _stamp(tower: nn.Module) -> tuple:
+    """Identity and in-place version of every parameter and buffer: changes whenever the weights do."""
+    return tuple((t.data_ptr(), t._version) for t in (*tower.parameters(), *tower.buffers()))
+
+
+def _prepare(tower: nn.Module, backend: str, stamp: tuple, size: int | None) -> Prepared:
+    """Build the forward for ``backend``; ``auto`` tries onnxruntime, then jit (images), then eager.
+
+    ``size``: the side of the square images an image module is prepared for; None for the text tower.
+    """
+    order = {"auto": ["onnxruntime", "jit", "eager"]}.get(backend, [backend])
+    if size is None:
+        order = [b for b in order if b != "jit"] or ["eager"]  # jit does not help the text tower
+    for name in order:
+        if name == "onnxruntime" and not onnxruntime_available():
+            if backend == name:
+                raise UserError(f"{ENV}=onnxruntime needs the PyPI packages onnx and onnxruntime: pip install onnx onnxruntime")
+            continue
+        builder = {"onnxruntime": _onnxruntime_forward, "jit": _jit_forward, "eager": _eager_forward}[name]
+        try:
+            return Prepared(name, builder(tower, size), stamp)
+        except Exception as err:  # an exporter that cannot handle this torch version: next backend
+            if backend == name:
+                raise
+            warnings.warn(f"fast {type(tower).__name__} path {name} failed ({str(err).splitlines()[0][:200]}); trying the next")
+    return Prepared("eager", _eager_forward(tower, size), stamp)
+
+
+class _Select(nn.Module):
+    """``module(x)[key]``: one tensor out of a module that returns a dict (exportable)."""
+
+    def __init__(self, module: nn.Module, key: str):
+        super().__init__()
+        self.module, self.key = module, key
+
+    def forward(self, x):
+        return self.module(x)[self.key]
+
+
+def _eager_forward(tower: nn.Module, size: int | None = None) -> Callable:
+    return tower.forward
+
+
+def _jit_forward(tower: nn.Module, size: int | None) -> Callable:
+    """Traced, frozen, inference-optimised copy of an image module in channels_last."""
+    if size is None:
+        raise ValueError("the jit path is for image modules")
+    example = torch.zeros(2, 3, size, size).contiguous(memory_format=torch.channels_last)
+    flags = [(p, p.requires_grad) for p in tower.parameters()]
+    try:  # a tower part's forward may reach the tower's own weights: the trace keeps them as constants
+        tower.requires_grad_(False)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            net = _clone(tower).to(memory_format=torch.channels_last)
+            frozen = torch.jit.optimize_for_inference(torch.jit.freeze(torch.jit.trace(net, example)))
+    finally:
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+    def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) -> (B, 1280)
+        with torch.no_grad():
+            return frozen(images.contiguous(memory_format=torch.channels_last))
+
+    return run
+
+
+def _clone(tower: nn.Module) -> nn.Module:
+    """An eval-mode copy of the tower's network that shares nothing with it (tracing may fold weights)."""
+    import copy
+
+    return copy.deepcopy(tower).eval()
+
+
+class _TextGraph(nn.Module):
+    """The text tower with positional inputs, for export. Shape: 3 x (B, L) -> (B, 384)."""
+
+    def __init__(self, tower: TextTower):
+        super().__init__()
+        self.tower = tower
+
+    def forward(self, input_ids, attention_mask, token_type_ids):
+        return self.tower({"input_ids": input_ids, "attention_mask": attention_mask, "token_type_ids": token_type_ids})
+
+
+def _onnx_bytes(tower: nn.Module, size: int | None) -> bytes:
+    """The tower exported to ONNX (opset 17) in memory, batch (and text length) dynamic."""
+    buffer = io.BytesIO()
+    if size is not None:
+        graph, args = tower, (torch.zeros(1, 3, size, size),)
+        names, axes = ["images"], {"images": {0: "batch"}, "features": {0: "batch"}}
+    else:
+        graph = _TextGraph(tower)
+        tokens = tower.tokenize(["an example caption", "a longer example caption of the export"])
+        args = tuple(tokens[k] for k in TEXT_INPUTS)
+        names = list(TEXT_INPUTS)
+        axes = {**{k: {0: "batch", 1: "length"} for k in TEXT_INPUTS}, "features": {0: "batch"}}
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            graph.eval(),
+            args,
+            buffer,
+            input_names=names,
+            output_names=["features"],
+            dynamic_axes=axes,
+            opset_version=17,
+            dynamo=False,
+        )
+    return buffer.getvalue()
+
+
+def _onnxruntime_forward(tower: nn.Module, size: int | None) -> Callable:
+    """ONNX Runtime CPU session of the exported tower, with torch's thread count."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.intra_op_num_threads = torch.get_num_threads()
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3  # errors only
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads sleep: faster on a shared CPU
+    session = ort.InferenceSession(_onnx_bytes(tower, size), options, providers=["CPUExecutionProvider"])
+
+    if size is not None:
+
+        def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) -> (B, 1280)
+            feed = {"images": images.detach().float().contiguous().numpy()}
+            return torch.from_numpy(session.run(None, feed)[0])
+
+        return run
+
+    def run_text(tokens: Mapping[str, Any]) -> torch.Tensor:  # 3 x (B, L) -> (B, 384)
+        ids = tokens["input_ids"]
+        feed = {
+            "input_ids": ids.long().numpy(),
+            "attention_mask": tokens.get("attention_mask", torch.ones_like(ids)).long().numpy(),
+            "token_type_ids": tokens.get("token_type_ids", torch.zeros_like(ids)).long().numpy(),
+        }
+        return torch.from_numpy(session.run(None, feed)[0])
+
+    return run_text

@@ -1,0 +1,169 @@
+"""Cached outputs of locked towers (LiT): computed once, reused by later epochs and runs.
+
+A locked tower is a fixed function, so its output for a record never changes.
+The cache key hashes the tower's weights, the image transform and the data's
+fingerprint (keys and captions), so a different model or different data can
+never read a stale entry. Files live in ``$TRICLIP_CACHE`` (default
+``~/.cache/triclip``) as safetensors, written atomically.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections import Counter
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from triclip.core.progress import progress
+
+from triclip.core.errors import UserError
+from triclip.core.io import atomic_path
+
+
+def cache_dir() -> Path:
+    """``$TRICLIP_CACHE/features``; UserError when ``$TRICLIP_CACHE`` is something other than a folder."""
+    root = Path(os.environ.get("TRICLIP_CACHE", Path.home() / ".cache" / "triclip"))
+    if root.exists() and not root.is_dir():
+        raise UserError(f"TRICLIP_CACHE={root} is not a folder; point it at a folder (or unset it)")
+    return root / "features"
+
+
+def nothing_decoded(pairs, skipped: Counter) -> UserError:
+    """The error when no image of ``pairs`` decoded: every skip reason, read-time ones too."""
+    from triclip.data.reasons import count_by_reason
+
+    return UserError(
+        f"no image of {pairs.source or 'the data'} could be decoded; skipped: {count_by_reason(pairs.skipped, skipped)}"
+    )
+
+
+def module_hash(module: torch.nn.Module) -> str:
+    """sha256 over a module's parameter and buffer names, shapes and bytes."""
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _key(*parts: str) -> str:
+    text = re.sub(r" at 0x[0-9a-f]+", "", "\n".join(parts))  # object addresses in reprs change per process
+    return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+
+@torch.no_grad()
+def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int = 0) -> dict[str, torch.Tensor]:
+    """``{"features": (N, F_img), "valid": (N,) bool, "bad": (N,) int8}`` for every record of ``pairs``.
+
+    Records whose image fails to decode get ``valid = False`` and ``bad = k + 1`` for
+    reason ``REASONS[k]`` (see :func:`skipped_images`).
+    """
+    from triclip.model.accel import image_features
+    from triclip.data import PairDataset, collate_pairs
+
+    transform = model.image_transform(train=False)
+    path = image_cache_path(model, pairs)
+    if path.exists():
+        return load_file(str(path))
+    dataset = PairDataset(pairs, transform, train=False)
+    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
+    feats, valid = None, torch.zeros(len(pairs.records), dtype=torch.bool)
+    model.image_tower.eval()
+    for batch in progress(loader, desc="caching locked image tower", unit="batch"):
+        if batch is None:
+            continue
+        out = image_features(model, batch["image"].to(device)).float().cpu()  # (b, F), fast path on the CPU
+        if feats is None:
+            feats = torch.zeros(len(pairs.records), out.shape[1])
+        idx = torch.as_tensor(batch["index"])
+        feats[idx] = out
+        valid[idx] = True
+    if feats is None:
+        raise nothing_decoded(pairs, dataset.skipped)
+    result = {"features": feats, "valid": valid, "bad": dataset._bad.clone()}
+    with atomic_path(path) as tmp:
+        save_file(result, str(tmp))
+    return result
+
+
+@torch.no_grad()
+def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
+    """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
+    ``offsets[i]:offsets[i+1]``."""
+    from triclip.model.accel import text_features
+
+    path = text_cache_path(model, pairs)
+    if path.exists():
+        return load_file(str(path))
+    captions = [c for r in pairs.records for c in r.captions]
+    counts = torch.tensor([len(r.captions) for r in pairs.records])
+    offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    model.text_tower.eval()
+    order = sorted(range(len(captions)), key=lambda i: len(captions[i]))  # similar lengths: little padding
+    feats = None
+    for start in progress(range(0, len(captions), batch_size), desc="caching locked text tower", unit="batch"):
+        rows = order[start : start + batch_size]
+        tokens = model.tokenize([captions[i] for i in rows])
+        tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
+        out = text_features(model, tokens).float().cpu()  # (b, F), fast path on the CPU
+        if feats is None:
+            feats = torch.zeros(len(captions), out.shape[1])
+        feats[torch.tensor(rows)] = out
+    result = {"features": feats, "offsets": offsets}
+    with atomic_path(path) as tmp:
+        save_file(result, str(tmp))
+    return result
+
+
+# Bumped when image decoding changes what a file decodes to (2: EXIF orientation, 16-bit scaling),
+# so features cached by an older decoder are not reused.
+DECODER_VERSION = 2
+
+
+def image_cache_path(model, pairs) -> Path:
+    """Where the locked image tower's outputs for ``pairs`` are (or would be) cached."""
+    transform = repr(model.image_transform(train=False))
+    key = _key("image", module_hash(model.image_tower), transform, f"decoder={DECODER_VERSION}", pairs.fingerprint)
+    return cache_dir() / f"image-{key}.safetensors"
+
+
+def text_cache_path(model, pairs) -> Path:
+    """Where the locked text tower's outputs for ``pairs`` are (or would be) cached."""
+    max_length = getattr(model.text_tower, "max_length", None)  # truncation changes the outputs
+    key = _key("text", module_hash(model.text_tower), f"max_length={max_length}", pairs.fingerprint)
+    return cache_dir() / f"text-{key}.safetensors"
+
+
+def existing_locked_outputs(model, pairs) -> dict:
+    """Like :func:`locked_tower_outputs`, but only what is cached already (``None`` elsewhere); computes nothing."""
+    image_locked, text_locked = getattr(model, "_locked", (False, False))
+    image, text = image_cache_path(model, pairs), text_cache_path(model, pairs)
+    return {
+        "image": load_file(str(image)) if image_locked and image.exists() else None,
+        "text": load_file(str(text)) if text_locked and text.exists() else None,
+    }
+
+
+def skipped_images(cached: dict[str, torch.Tensor]) -> Counter:
+    """The records a cached image pass could not decode, by reason."""
+    from triclip.data.reasons import REASONS
+
+    bad = cached.get("bad")
+    if bad is None:  # a cache written before reasons were kept
+        return Counter({"corrupt_image": int((~cached["valid"].bool()).sum())}) - Counter()
+    totals = torch.bincount(bad.long(), minlength=len(REASONS) + 1).tolist()
+    return Counter({reason: n for reason, n in zip(REASONS, totals[1:]) if n})
+
+
+def locked_tower_outputs(model, pairs, device, workers: int = 0) -> dict:
+    """``{"image": ..., "text": ...}``: the cached outputs of the towers that ``model`` keeps
+    locked (``None`` for an unlocked tower)."""
+    image_locked, text_locked = getattr(model, "_locked", (False, False))
+    return {
+        "image": image_tower_outputs(model, pairs, device, workers=workers) if image_locked else None,
+        "text": text_tower_outputs(model, pairs, device) if text_locked else None,
+    }
