@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_bytes import K, mean_sd, recall, served, sides  # noqa: E402
-from triclip.index.codecs import CodecSpec, _faiss_parts  # noqa: E402
+from triclip.index.codecs import CodecSpec, lookup  # noqa: E402
 
 WEIGHTINGS = (("none", 0.0), ("diag", 0.0), ("diag", 0.1), ("full", 0.01), ("full", 0.1))
 
@@ -56,7 +56,7 @@ def weighting(queries: np.ndarray, how: str, eps: float) -> np.ndarray:
 def quantiser(codec: str, budget: int, d: int, n: int) -> faiss.Index:
     """The index's own RQ (LUT search, no norms) or OPQ+PQ at ``budget`` bytes on all d dimensions, as
     ``triclip.index.codecs`` builds it for n training vectors (without its top-m re-normalisation: A x is not unit)."""
-    _, inner, rotation = _faiss_parts(CodecSpec(codec, d, budget, {"M": budget, "nbits": 8}), n)
+    _, inner, rotation = lookup(codec).faiss_parts(CodecSpec(codec, d, budget, {"M": budget, "nbits": 8}), n)
     return inner if rotation is None else faiss.IndexPreTransform(rotation, inner)
 
 

@@ -212,12 +212,19 @@ def _eval_options(p: argparse.ArgumentParser) -> None:
 
 def _index_build_options(p: argparse.ArgumentParser) -> None:
     """``index build``'s options: every field of IndexBuildConfig (and its DataConfig)."""
-    from triclip.app.options import add_options
+    from triclip.app.options import LazyChoices, add_options
     from triclip.index.config import IndexBuildConfig
 
     text = {"text_index": {"help": "index the images only: no caption vectors (no image->text search)"}}
-    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"], overrides=text)
+    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"], overrides=text,
+                choices={"codec": LazyChoices(_codec_names)})
     p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
+
+
+def _codec_names() -> tuple[str, ...]:
+    from triclip.index.codecs import names
+
+    return names()
 
 
 def _loss_names() -> list[str]:

@@ -340,9 +340,6 @@ def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int, ylabel: str
 
 # ---------------------------------------------------------------------------- the bytes frontier
 
-PEER_LABELS = {"float32": "float32 top-m", "int8": "int8 top-m", "binary": "binary top-m", "pq": "PQ", "opq": "OPQ + PQ", "rq": "RQ",
-               "mixed": "mixed precision (S-aware)"}
-
 
 def frontier_text(view: IndexView) -> str:
     """The words above the frontier chart."""
@@ -367,6 +364,8 @@ def frontier_figure(view: IndexView):
     pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
     from matplotlib.figure import Figure
 
+    from triclip.index.codecs import title
+
     front = (view.curves or {}).get("bytes")
     if not front:
         return None
@@ -380,7 +379,7 @@ def frontier_figure(view: IndexView):
                 by[c["bytes"]] = max(by.get(c["bytes"], 0.0), c["recall"])
     for codec, points in sorted(best.items()):
         ax.plot(*zip(*sorted(points.items())), marker=".", markersize=4, linewidth=0.8, alpha=0.7,
-                label=PEER_LABELS.get(codec, codec))
+                label=title(codec))
     pruning = sorted((int(b), r) for b, r in front.get("float_pruning", {}).items())
     if pruning:
         ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")

@@ -15,7 +15,12 @@ from triclip.core.errors import UserError
 
 @dataclass
 class IndexBuildConfig:
-    """What ``triclip index build`` was asked to do."""
+    """What ``triclip index build`` was asked to do.
+
+    ``codec`` is a name the codec registry holds (``triclip.index.codecs.names()``): not a ``Literal`` here, which
+    would name them a second time (the registry needs FAISS); the command line offers them as ``--codec``'s
+    choices and :func:`triclip.index.sources.build_index` refuses another before any work.
+    """
 
     run: str | None = None  # run directory (triclip train --out); not with --embeddings
     data: str | None = None  # data source to index (any format triclip.data accepts), or a split folder (data split / data prepare --out): every image of all its splits; not with --embeddings
@@ -23,8 +28,8 @@ class IndexBuildConfig:
     out: str = ""  # index folder to write
     dims: list[int] | None = None  # m's indexed besides D, which always is, e.g. 16,32,64 (None: D only; with --add: the index's)
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
-    bytes: list[int] | None = None  # byte budgets per image, e.g. 8,16,32,64: per budget the code (int8, binary, PQ, OPQ, RQ, mixed, float top-m) with the best recall measured on --val-data is stored (search --bytes B)
-    codec: Literal["float32", "int8", "binary", "pq", "opq", "rq", "mixed"] | None = None  # with --bytes: use this codec (its best m) instead of the best of all
+    bytes: list[int] | None = None  # byte budgets per image, e.g. 8,16,32,64: per budget the code (every codec of --codec and m that fits) with the best recall measured on --val-data is stored (search --bytes B)
+    codec: str | None = None  # with --bytes: use this codec (its best m) instead of the best of all
     add: bool = False  # append to the existing index at --out instead of building a new one
     overwrite: bool = False  # replace the index at --out (its previous version is kept: triclip index rollback --index OUT)
     weights: Literal["best", "last"] = "best"  # the run's best epoch by validation t2i_r10 (last when none is kept), or its last

@@ -30,6 +30,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from triclip.index import codecs
 from triclip.index import faiss_index as fi
 from triclip.index.build import Collection, build_and_write
 from triclip.index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
@@ -172,6 +173,8 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
     for ok, message in checks:
         if not ok:
             raise UserError(message)
+    if cfg.codec is not None:
+        codecs.lookup(cfg.codec)  # UserError: unknown codec ...; choose from ...
     claim_index_dir(cfg.out, cfg.add, cfg.overwrite)
     return dims
 
