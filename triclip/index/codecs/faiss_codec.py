@@ -23,7 +23,12 @@ FILE_HEAD = b"IxPT"  # FAISS's four characters for an IndexPreTransform
 
 
 class FaissCodec(Codec):
-    """A FAISS index taking full-width vectors and keeping the top m (re-normalised to unit length)."""
+    """A FAISS index taking full-width vectors and keeping the top m (re-normalised to unit length).
+
+    A code with search settings (an IVF code's nprobe) overrides :meth:`search_parameters` to return FAISS's
+    ``SearchParameters`` (e.g. ``faiss.SearchParametersIVF(nprobe=16)``): ``IndexPreTransform`` hands them to
+    the inner index for that call only, the index's own ``nprobe`` unchanged.
+    """
 
     def __init__(self, spec: CodecSpec, index: faiss.IndexPreTransform, dim: int):
         self.spec, self.index, self.dim = spec, index, dim

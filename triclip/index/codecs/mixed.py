@@ -63,6 +63,8 @@ class MixedCodec(Codec):
                     f" drop a dimension; {bytes_note(spec)}")
         bits = np.asarray(spec.params["bits"])
         kept = bits[bits > 0]
+        if not len(kept):  # no weight on any dimension
+            return f"{spec.label()}: no dimension kept (every bit width 0); {bytes_note(spec)}"
         return (f"{spec.label()}: {len(kept)} of the first {spec.m} dimensions kept, with {kept.min()} to"
                 f" {kept.max()} bits each ({bits.sum()} bits in all, more where a dimension matters more to the"
                 f" score), the other {spec.m - len(kept)} dropped; {bytes_note(spec)}")
