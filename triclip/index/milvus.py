@@ -138,8 +138,9 @@ def milvus_message(err: Exception) -> str:
 
 
 def quiet_loggers() -> None:
-    """pymilvus and Milvus Lite log each failed call with a traceback on stderr: the caller says it in one line."""
-    for name in ("pymilvus", "milvus_lite"):
+    """pymilvus and Milvus Lite log each failed call with a traceback on stderr (and grpc's server, which runs
+    Milvus Lite in this process, each call Lite does not implement): the caller says what matters in one line."""
+    for name in ("pymilvus", "milvus_lite", "grpc._server"):
         logger = logging.getLogger(name)
         logger.setLevel(logging.CRITICAL + 1)
         logger.propagate = False

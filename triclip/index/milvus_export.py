@@ -480,8 +480,12 @@ def finish(client, src: Source, names: list[str], plans: list[Plan]) -> None:
 
 
 def _index_params(client, p: Plan):
+    """The index request. pymilvus 3 sends each build parameter as its own key; Milvus Lite 3.2 reads them
+    from one JSON-encoded ``params`` key only (and ignores the others, so nlist fell back to its 128): both
+    are sent, with the same values (a server reads either)."""
     params = client.prepare_index_params()
-    params.add_index("vector", index_type=p.index_type, metric_type="IP", params=p.params)
+    nested = {"params": dict(p.params)} if p.params else {}
+    params.add_index("vector", index_type=p.index_type, metric_type="IP", params={**p.params, **nested})
     return params
 
 

@@ -136,7 +136,8 @@ class MilvusSearcher(Searcher):
             raise UserError(f"query vectors must have shape (Q, {self.dim}), got {queries.shape}")
         if len(queries) == 0:
             return []
-        return self._search(prefix(queries, self.m), k, target)
+        plan = self.plans[0] if target == "image" else self.plans[-1]  # captions may keep another m (their budget's)
+        return self._search(prefix(queries, int(plan["m"])), k, target)
 
     def search_ids(self, ids, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None,
                    *, bytes: int | None = None, rescore=None):
@@ -144,6 +145,9 @@ class MilvusSearcher(Searcher):
         k = self._check(k, m, target, funnel, bytes, rescore)
         if isinstance(ids, str) or not isinstance(ids, Sequence):
             raise UserError("search_ids expects a list of ids")
+        if int(self.plans[-1]["m"]) != self.m and target == "text":
+            raise UserError(f"the captions are kept at m = {self.plans[-1]['m']}, the images at {self.m}: search"
+                            " captions by text or by an image, not by an image's stored vector")
         found = {row["id"]: row["vector"] for row in self._call(
             self.client.query, self.collection, filter=f"id in {json.dumps(list(ids))}", output_fields=["id", "vector"])}
         for rid in ids:
