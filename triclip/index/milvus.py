@@ -157,6 +157,15 @@ def close(client) -> None:
         release_lite(uri)
 
 
+def is_lite(client) -> bool:
+    """Whether the server is Milvus Lite (a ``.db`` in this process, or ``milvus-lite server`` on a port): it has
+    fewer index types than a Milvus server (``triclip.index.milvus_export.INDEX_FOR_CODEC``)."""
+    try:
+        return str(client.get_server_version()).startswith("milvus_lite")
+    except Exception:  # noqa: BLE001 (an old server without the call: not Lite)
+        return False
+
+
 def release_lite(path: str) -> None:
     try:
         from milvus_lite.server_manager import server_manager_instance
@@ -179,8 +188,12 @@ def read_properties(client, collection: str) -> dict | None:
 
 def write_properties(client, collection: str, values: dict) -> None:
     """Set ``triclip.{key}`` = ``str(value)`` (JSON for lists and dicts) on ``collection``."""
-    props = {PREFIX + k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
-    client.alter_collection_properties(collection, properties=props)
+    client.alter_collection_properties(collection, properties=properties(values))
+
+
+def properties(values: dict) -> dict:
+    """``{"triclip.{key}": value as a string}`` (JSON for lists and dicts)."""
+    return {PREFIX + k: v if isinstance(v, str) else json.dumps(v) for k, v in values.items()}
 
 
 def encode_blob(name: str, obj) -> dict:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shutil
 import time
 from dataclasses import dataclass, field
 from itertools import islice
@@ -106,7 +107,7 @@ def export(cfg: ExportConfig) -> dict:
     src = open_source(cfg.index)
     client = mv.connect(cfg.to, cfg.timeout)
     try:
-        lite = not cfg.to.startswith(mv.SERVER_SCHEMES)
+        lite = mv.is_lite(client)
         plans = plan(src, cfg, lite)
         names = [cfg.collection] + ([mv.captions_name(cfg.collection)] if cfg.text and src.text_count else [])
         start, plans = prepare(client, src, names, plans, cfg)
@@ -255,6 +256,9 @@ def prepare(client, src: Source, names: list[str], plans: list[Plan], cfg: Expor
     """Make the collections (or check the ones there) and record this version; returns the first row to send
     and the plans in force (a collection keeps the index it was built with, its nlist included)."""
     old = mv.read_properties(client, names[0])
+    if old is not None and old.get("format") is None and not cfg.overwrite:
+        raise UserError(f"collection {names[0]!r} at {cfg.to} was not written by triclip index export; choose another"
+                        " --collection (or --overwrite to replace it)")
     if old is not None and cfg.overwrite:
         for name in {*names, mv.captions_name(cfg.collection)}:
             if client.has_collection(name):
@@ -262,18 +266,35 @@ def prepare(client, src: Source, names: list[str], plans: list[Plan], cfg: Expor
         old = None
     if old is None:
         for name in names:
+            if name != names[0] and (mv.read_properties(client, name) or {}).get("captions_of") == names[0]:
+                client.drop_collection(name)  # made by an export stopped before its image collection: ours, empty
             if client.has_collection(name):
                 raise UserError(f"collection {name!r} at {cfg.to} was not written by triclip index export; choose"
                                 " another --collection (or --overwrite to replace it)")
-        for name, p in zip(names, plans):
-            client.create_collection(name, schema=_schema(client, p.m, caption=name != names[0]))
+        for name, p in reversed(list(zip(names, plans))):  # the images' last, with the record: a run stopped
+            # before it (a full disk) left nothing that a rerun takes for someone else's collection
+            _clear_lite_leftover(client, cfg.to, name)
+            own = mv.properties(record(src, plans, cfg) if name == names[0] else {"captions_of": names[0]})
+            client.create_collection(name, schema=_schema(client, p.m, caption=name != names[0]), properties=own)
         start = 0
     else:
         start, plans = resume_point(src, old, plans, cfg)
         if len(names) > 1 and not client.has_collection(names[1]):
-            client.create_collection(names[1], schema=_schema(client, plans[1].m, caption=True))
+            client.create_collection(names[1], schema=_schema(client, plans[1].m, caption=True),
+                                     properties=mv.properties({"captions_of": names[0]}))
     mv.write_properties(client, names[0], record(src, plans, cfg))
     return start, plans
+
+
+def _clear_lite_leftover(client, uri: str, name: str) -> None:
+    """Milvus Lite 3.2 makes a collection's folder before writing its schema and leaves the folder when that
+    write fails (a full disk): the name is then neither listed nor creatable. In a local ``.db`` such a folder,
+    of a collection Lite does not know, is removed before the collection is made."""
+    if uri.startswith(mv.SERVER_SCHEMES) or client.has_collection(name):
+        return
+    folder = Path(uri) / "collections" / name
+    if folder.is_dir():
+        shutil.rmtree(folder)
 
 
 def resume_point(src: Source, old: dict, plans: list[Plan], cfg: ExportConfig) -> tuple[int, list[Plan]]:

@@ -56,6 +56,7 @@ class MilvusSearcher(Searcher):
     captions: str | None = None  # the caption collection, None when the export had none
     props: dict = field(default_factory=dict)  # the collection's triclip properties
     plans: list = field(default_factory=list)  # [image plan, caption plan] (milvus_export.Plan as dicts)
+    lite: bool = False  # the server is Milvus Lite
     _row_cache: OrderedDict = field(default_factory=OrderedDict, repr=False)  # row -> (image, file)
     _id_cache: OrderedDict = field(default_factory=OrderedDict, repr=False)  # id -> row
 
@@ -83,7 +84,8 @@ class MilvusSearcher(Searcher):
                                      version=props.get("version"))
             index_load = time.perf_counter() - t0
             searcher = cls.over(contents, f"{uri} (collection {name})", run, device, text_only, client=client, uri=uri,
-                                collection=name, captions=captions, props=props, plans=plans)
+                                collection=name, captions=captions, props=props, plans=plans,
+                                lite=mv.is_lite(client))
         except BaseException:
             mv.close(client)
             raise
@@ -121,7 +123,7 @@ class MilvusSearcher(Searcher):
     @property
     def served_from(self) -> str:
         """Where the hits come from, for people: the Milvus kind, the URI, the collection and its index."""
-        kind = "Milvus" if self.uri.startswith(mv.SERVER_SCHEMES) else "Milvus Lite"
+        kind = "Milvus Lite" if self.lite else "Milvus"
         budget = f", {self.props['bytes']} B budget" if self.props.get("bytes") else ""
         return f"{kind} {self.uri}, collection {self.collection} ({self.plans[0]['index_type']}, m = {self.m}{budget})"
 
