@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -80,9 +81,9 @@ class Source:
     version: str
     manifest: dict
     manifest_sha: str  # sha256 of manifest.json's bytes
-    vectors: np.ndarray  # (N, D) float32, memory-mapped
+    vectors: "Rows"  # (N, D) float32, read chunk by chunk
     meta_file: object  # meta.jsonl, open
-    text_vectors: np.ndarray | None = None  # (T, D) float32, memory-mapped; None without captions
+    text_vectors: "Rows | None" = None  # (T, D) float32, read chunk by chunk; None without captions
     text_rows: np.ndarray | None = None  # (T, 2) int64 (image row, caption no.), memory-mapped
     files: list = field(default_factory=list)
 
@@ -182,14 +183,33 @@ def _open_version(root: Path, version: str) -> Source:
     return src
 
 
-def _mapped(file: Path, shape: tuple, damaged) -> np.ndarray:
+def _mapped(file: Path, shape: tuple, damaged) -> "Rows":
     try:
         arr = np.load(file, mmap_mode="r", allow_pickle=False)
     except (ValueError, EOFError) as err:
         raise damaged(f"cannot read {file.name} ({err})") from None
-    if arr.dtype != np.float32 or arr.shape != shape:
+    if arr.dtype != np.float32 or arr.shape != shape or not arr.flags.c_contiguous:
         raise damaged(f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 {shape}")
-    return arr
+    return Rows(open(file, "rb"), arr.offset, shape)  # noqa: SIM115 (kept open for the export)
+
+
+class Rows:
+    """Rows of a float32 ``.npy`` matrix read on demand with ``pread``: unlike a memory map, the rows read
+    do not stay resident in this process, so its memory follows the chunk, not the file."""
+
+    def __init__(self, fh, offset: int, shape: tuple):
+        self.fh, self.offset, self.shape = fh, offset, shape
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        start, stop, _ = rows.indices(self.shape[0])
+        width = self.shape[1] * 4
+        data = os.pread(self.fh.fileno(), max(0, stop - start) * width, self.offset + start * width)
+        if len(data) != max(0, stop - start) * width:
+            raise UserError(f"{self.fh.name} is truncated; rebuild the index")
+        return np.frombuffer(data, np.float32).reshape(-1, self.shape[1])  # (stop - start, D)
 
 
 # ---------------------------------------------------------------------------- the Milvus index per budget
