@@ -219,3 +219,20 @@ def test_uris_collections_and_options_are_checked(index, tmp_path):
         open_searcher(str(tmp_path / "t.db"))
     with pytest.raises(UserError, match="--collection goes with a Milvus"):
         open_searcher(str(index), collection="x")
+
+
+def test_the_cli_exports_and_searches_a_milvus_uri(index, tmp_path, capsys):
+    from triclip.app.cli import main
+
+    db = str(tmp_path / "t.db")
+    assert main(["index", "export", "--index", str(index), "--to", db, "--collection", "shapes", "--chunk", "25"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["collection"] == "shapes" and summary["captions"] == "shapes_captions"
+    assert summary["rows_written"] == summary["count"]
+    assert main(["search", "--index", db, "--text", QUERIES[0], "-k", "5", "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert main(["search", "--index", str(index), "--text", QUERIES[0], "-k", "5", "--json"]) == 0
+    want = json.loads(capsys.readouterr().out)
+    assert ranked([got]) == ranked([want])
+    assert main(["search", "--index", db, "--collection", "shapes", "--text", QUERIES[0], "--funnel", "8"]) == 2
+    assert "no --funnel, --bytes or --rescore" in capsys.readouterr().err

@@ -386,6 +386,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
                                       rescore=rescore)
     searched = time.perf_counter()
+    getattr(searcher, "close", lambda: None)()  # a Milvus client (and Milvus Lite's file) is let go
     labels = texts + images
     if ns.json:
         _print_json(results[0] if len(results) == 1 else results)

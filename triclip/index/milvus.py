@@ -100,8 +100,6 @@ def _check_lite_path(path: Path) -> None:
         raise UserError(f"{path} is not a Milvus Lite file (Milvus Lite keeps a folder there; this is a file)")
     if path.is_dir() and any(path.iterdir()) and not (path / "LOCK").exists():
         raise UserError(f"{path} holds files that are not Milvus Lite's; give a new or a Milvus Lite PATH.db")
-    if _locked(path / "LOCK"):
-        raise UserError(f"Milvus Lite file {path} is open in another process (Milvus Lite serves one process at a time)")
 
 
 def _locked(lock: Path) -> bool:
