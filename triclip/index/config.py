@@ -69,5 +69,7 @@ class ExportConfig:
     nlist: int | None = None  # IVF lists of the Milvus index (None: 4 sqrt(rows), at most 65536)
     nprobe: int | None = None  # IVF lists searched per query, recorded for triclip search (None: a quarter of nlist, at least 16)
     text: bool = True  # export the caption vectors too (image->text search; --no-text: images only)
+    shards: int | None = None  # a new collection's shards (write channels; None: the server's default, 1); Milvus Lite has one
+    replicas: int = 1  # in-memory replicas the collection is loaded with (query nodes serving it; Milvus Lite: 1)
     timeout: float = 10.0  # seconds to wait for Milvus before giving up (an address that does not answer)
     overwrite: bool = False  # drop the collections when they hold another index's, version's or run's rows, and export anew

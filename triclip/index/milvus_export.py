@@ -113,7 +113,7 @@ def export(cfg: ExportConfig) -> dict:
         names = [cfg.collection] + ([mv.captions_name(cfg.collection)] if cfg.text and src.text_count else [])
         start, plans = prepare(client, src, names, plans, cfg)
         written = write_rows(client, src, names, plans, cfg, start, lite)
-        finish(client, src, names, plans)
+        finish(client, src, names, plans, 1 if lite else cfg.replicas)
     except UserError:
         raise
     except Exception as err:  # noqa: BLE001 (pymilvus' and grpc's errors, Milvus Lite's own)
@@ -138,6 +138,10 @@ def _check(cfg: ExportConfig) -> None:
         value = getattr(cfg, name)
         if value is not None and not 1 <= value <= 65536:
             raise UserError(f"--{name} must be from 1 to 65536, got {value}")
+    if cfg.shards is not None and not 1 <= cfg.shards <= 64:
+        raise UserError(f"--shards must be from 1 to 64, got {cfg.shards}")
+    if not 1 <= cfg.replicas <= 64:
+        raise UserError(f"--replicas must be from 1 to 64, got {cfg.replicas}")
     if not cfg.timeout > 0:
         raise UserError(f"--timeout must be positive, got {cfg.timeout}")
 
@@ -295,7 +299,8 @@ def prepare(client, src: Source, names: list[str], plans: list[Plan], cfg: Expor
             # before it (a full disk) left nothing that a rerun takes for someone else's collection
             _clear_lite_leftover(client, cfg.to, name)
             own = mv.properties(record(src, plans, cfg) if name == names[0] else {"captions_of": names[0]})
-            client.create_collection(name, schema=_schema(client, p.m, caption=name != names[0]), properties=own)
+            shards = {"num_shards": cfg.shards} if cfg.shards else {}
+            client.create_collection(name, schema=_schema(client, p.m, caption=name != names[0]), properties=own, **shards)
         start = 0
     else:
         start, plans = resume_point(src, old, plans, cfg)
@@ -506,13 +511,14 @@ def _check_length(text: str, limit: int, what: str, row: int) -> None:
 # ---------------------------------------------------------------------------- the index, the load, the counts
 
 
-def finish(client, src: Source, names: list[str], plans: list[Plan]) -> None:
-    """Flush, build the Milvus index where there is none, load, and check the counts against the manifest."""
+def finish(client, src: Source, names: list[str], plans: list[Plan], replicas: int = 1) -> None:
+    """Flush, build the Milvus index where there is none, load (``replicas`` copies), and check the counts against
+    the manifest."""
     for name, p, want in zip(names, plans, (src.count, src.text_count)):
         client.flush(name)
         if not client.list_indexes(name):
             client.create_index(name, _index_params(client, p))
-        _load(client, name, p)
+        _load(client, name, p, replicas)
         got = count_rows(client, name)
         if got != want:
             raise UserError(f"collection {name!r} holds {got} rows after the export, the index has {want};"
@@ -530,12 +536,13 @@ def _index_params(client, p: Plan):
     return params
 
 
-def _load(client, name: str, p: Plan) -> None:
+def _load(client, name: str, p: Plan, replicas: int = 1) -> None:
     """Load ``name``; Milvus Lite may find an index file half-written (by its own background worker, or a
     killed export): then wait and try again, and at last drop the index and build it anew."""
+    copies = {"replica_number": replicas} if replicas > 1 else {}
     for attempt in range(LOAD_TRIES):
         try:
-            client.load_collection(name)
+            client.load_collection(name, **copies)
             return
         except Exception:  # noqa: BLE001 (Lite's message varies with what it found)
             time.sleep(0.5 * (attempt + 1))
