@@ -554,5 +554,5 @@ def _load(client, name: str, p: Plan, replicas: int = 1) -> None:
 
 def count_rows(client, name: str) -> int:
     """The rows of a loaded collection (``count(*)``: upserted rows counted once)."""
-    answer = client.query(name, filter="", output_fields=["count(*)"])
+    answer = client.query(name, filter="", output_fields=["count(*)"], consistency_level="Strong")  # every write seen
     return int(answer[0]["count(*)"])

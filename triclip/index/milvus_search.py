@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
@@ -59,6 +60,7 @@ class MilvusSearcher(Searcher):
     lite: bool = False  # the server is Milvus Lite
     _row_cache: OrderedDict = field(default_factory=OrderedDict, repr=False)  # row -> (image, file)
     _id_cache: OrderedDict = field(default_factory=OrderedDict, repr=False)  # id -> row
+    _cache_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)  # the app's threads share the caches
 
     remote = True  # the app reads rows through view_parts, not from contents.meta
 
@@ -208,10 +210,11 @@ class MilvusSearcher(Searcher):
         return _call(self.uri, fn, *args, **kwargs)
 
     def _remember(self, image_id: str, row: int) -> None:
-        self._id_cache[image_id] = row
-        self._id_cache.move_to_end(image_id)
-        while len(self._id_cache) > CACHE_ROWS:
-            self._id_cache.popitem(last=False)
+        with self._cache_lock:
+            self._id_cache[image_id] = row
+            self._id_cache.move_to_end(image_id)
+            while len(self._id_cache) > CACHE_ROWS:
+                self._id_cache.popitem(last=False)
 
     # -- for the app
 
@@ -229,8 +232,9 @@ class MilvusSearcher(Searcher):
 
     def row(self, row: int) -> tuple[str, tuple | None] | None:
         """``(image path, file identity)`` of an image row, or None when the collection has no such row."""
-        if row in self._row_cache:
-            return self._row_cache[row]
+        with self._cache_lock:
+            if row in self._row_cache:
+                return self._row_cache[row]
         got = self._call(self.client.query, self.collection, ids=[int(row)], output_fields=["row", "image", "file"])
         if not got:
             return None
@@ -241,14 +245,16 @@ class MilvusSearcher(Searcher):
             folder, name = os.path.split(path)
             path = os.path.join(os.path.realpath(folder), name)
         value = (path if os.path.isabs(path) else "", tuple(ident) if ok else None)
-        self._row_cache[row] = value
-        while len(self._row_cache) > CACHE_ROWS:
-            self._row_cache.popitem(last=False)
+        with self._cache_lock:
+            self._row_cache[row] = value
+            while len(self._row_cache) > CACHE_ROWS:
+                self._row_cache.popitem(last=False)
         return value
 
     def row_of(self, image_id: str) -> int | None:
-        if image_id in self._id_cache:
-            return self._id_cache[image_id]
+        with self._cache_lock:
+            if image_id in self._id_cache:
+                return self._id_cache[image_id]
         got = self._call(self.client.query, self.collection, filter=f"id == {json.dumps(image_id)}", output_fields=["row"])
         if not got:
             return None
