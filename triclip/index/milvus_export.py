@@ -29,6 +29,7 @@ import math
 import os
 import shutil
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
@@ -424,19 +425,23 @@ def write_rows(client, src: Source, names: list[str], plans: list[Plan], cfg: Ex
         for name in names:
             client.release_collection(name)  # Lite: no index build racing the rows below (one process serves it)
     written = {"rows_written": 0, "text_rows_written": 0}
-    with progress(total=src.count - start, desc=f"export to {names[0]}", unit="image") as bar:
+    with progress(total=src.count - start, desc=f"export to {names[0]}", unit="image") as bar, \
+            ThreadPoolExecutor(1, thread_name_prefix="triclip-export") as pool:
         for a in range(start, src.count, cfg.chunk):
             rows = [_row(line, a + i) for i, line in enumerate(islice(lines, min(cfg.chunk, src.count - a)))]
             b = a + len(rows)
             if b != min(a + cfg.chunk, src.count):
                 raise UserError(f"index {src.root / src.version} is damaged: {META} has fewer rows than its manifest says")
+            captions = None
             if text_rows is not None:
                 t0, t1 = int(np.searchsorted(text_rows, a, "left")), int(np.searchsorted(text_rows, b, "left"))
-                if t1 > t0:
-                    client.upsert(names[1], _caption_rows(src, rows, a, t0, t1, plans[1].m))
+                if t1 > t0:  # sent beside the images' request (its own thread), both done before the watermark moves
+                    captions = pool.submit(client.upsert, names[1], _caption_rows(src, rows, a, t0, t1, plans[1].m))
                 written["text_rows_written"] += t1 - t0
                 text_sha.update(np.ascontiguousarray(src.text_rows[t0:t1]).tobytes())
             client.upsert(names[0], _image_rows(src, rows, a, plans[0].m))
+            if captions is not None:
+                captions.result()
             written["rows_written"] += len(rows)
             for row in rows:
                 ids_sha.update(row["id"].encode("utf-8") + b"\n")
