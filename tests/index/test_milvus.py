@@ -213,6 +213,10 @@ def test_uris_collections_and_options_are_checked(index, tmp_path):
                                  ("nlist", 0, "--nlist"), ("timeout", 0.0, "--timeout")]:
         with pytest.raises(UserError, match=needle):
             export(ExportConfig(index=str(index), to=str(tmp_path / "t.db"), **{field: value}))
+    with pytest.raises(UserError, match="no such Milvus Lite file"):
+        open_searcher(str(tmp_path / "never.db"))
+    assert not (tmp_path / "never.db").exists()
+    mv.close(mv.connect(str(tmp_path / "t.db")))  # a Milvus Lite file with no collection
     with pytest.raises(UserError, match="no collection 'nope'"):
         open_searcher(str(tmp_path / "t.db"), collection="nope")
     with pytest.raises(UserError, match="holds no collection written by triclip"):

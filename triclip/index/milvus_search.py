@@ -74,6 +74,8 @@ class MilvusSearcher(Searcher):
                 missing or is not the one the collection records.
         """
         t0 = time.perf_counter()
+        if not uri.startswith(mv.SERVER_SCHEMES) and not os.path.isdir(uri):  # searching makes no Lite file
+            raise UserError(f"{uri}: no such Milvus Lite file (triclip index export --to {uri} writes one)")
         client = mv.connect(uri, timeout)
         try:
             name = mv.find_collection(client, uri, collection)
