@@ -309,6 +309,23 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_index_export(ns: argparse.Namespace) -> int:
+    from triclip.app.options import to_config
+    from triclip.index.config import ExportConfig
+    from triclip.index.milvus_export import export
+
+    _print_json(export(to_config(ExportConfig, ns)))
+    return 0
+
+
+def _index_export_options(p: argparse.ArgumentParser) -> None:
+    """``index export``'s options: every field of ExportConfig."""
+    from triclip.app.options import add_options
+    from triclip.index.config import ExportConfig
+
+    add_options(p, ExportConfig, overrides={"text": {"help": "export the image rows only, no caption vectors"}})
+
+
 def cmd_index_rollback(ns: argparse.Namespace) -> int:
     from triclip.index.store import rollback
 
@@ -358,10 +375,10 @@ def cmd_search(ns: argparse.Namespace) -> int:
     started = time.perf_counter()
     startup = _process_age()  # interpreter start and the CLI's own imports
     texts, images = _search_queries(ns)
-    from triclip.index.search import Searcher
+    from triclip.index.milvus_search import open_searcher
 
     imported = time.perf_counter()
-    searcher = Searcher.load(ns.index, run=ns.run, device=ns.device, text_only=not images)
+    searcher = open_searcher(ns.index, run=ns.run, device=ns.device, text_only=not images, collection=ns.collection)
     if ns.factor is not None:
         if ns.factor < 1:
             raise UserError(f"--factor must be >= 1, got {ns.factor}")
@@ -376,6 +393,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
                                       rescore=rescore)
     searched = time.perf_counter()
+    getattr(searcher, "close", lambda: None)()  # a Milvus client (and Milvus Lite's file) is let go
     labels = texts + images
     if ns.json:
         _print_json(results[0] if len(results) == 1 else results)
@@ -414,7 +432,7 @@ def cmd_app(ns: argparse.Namespace) -> int:
 
     code = 0
     try:
-        serve(ns.index, host=ns.host, port=ns.port, run=ns.run, device=ns.device)
+        serve(ns.index, host=ns.host, port=ns.port, run=ns.run, device=ns.device, collection=ns.collection)
     except UserError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         code = 2
@@ -540,12 +558,21 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if full("index"):
         _index_build_options(p)
     p.set_defaults(func=cmd_index_build)
+    p = isub.add_parser(
+        "export",
+        help="copy an index's live version into Milvus (a Milvus Lite PATH.db or a server http://HOST:19530)",
+        description="Export an index folder to Milvus (options: triclip.index.config.ExportConfig; docs/scale_out.md).",
+    )
+    if full("index"):
+        _index_export_options(p)
+    p.set_defaults(func=cmd_index_export)
     p = isub.add_parser("rollback", help="go back to the version an index build --overwrite replaced")
     p.add_argument("--index", required=True, help="index folder (index build --out)")
     p.set_defaults(func=cmd_index_rollback)
 
     p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")
-    p.add_argument("--index", required=True, help="index folder (index build --out)")
+    p.add_argument("--index", required=True, help="index folder (index build --out), or a Milvus URI (index export --to)")
+    p.add_argument("--collection", default=None, help="with a Milvus --index: the collection (default: its one triclip collection)")
     p.add_argument("--text", action="append", default=None, help="a text query (repeat for several)")
     p.add_argument("--text-file", default=None, help="a file of text queries, one per line")
     p.add_argument("--image", action="append", default=None, help="an image query file (repeat for several)")
@@ -566,7 +593,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("app", help="serve a search app")
-    p.add_argument("--index", required=True, help="index folder to serve (index build --out); the app follows its updates")
+    p.add_argument("--index", required=True, help="index folder to serve (index build --out; the app follows its updates),"
+                   " or a Milvus URI (index export --to)")
+    p.add_argument("--collection", default=None, help="with a Milvus --index: the collection (default: its one triclip collection)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
     p.add_argument("--port", type=int, default=7860, help="port to listen on (default: 7860)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")

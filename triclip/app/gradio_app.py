@@ -123,20 +123,22 @@ def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
 
 
 def serve(
-    index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None = None, device: str | None = None
+    index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None = None, device: str | None = None,
+    collection: str | None = None,
 ) -> None:
-    """Load the index and serve the app until Ctrl-C or SIGTERM.
+    """Load the index (a folder, or a Milvus URI: ``triclip.index.milvus_search``) and serve the app until
+    Ctrl-C or SIGTERM.
 
     Raises:
         UserError: a bad address (checked before anything loads), or no usable index.
     """
-    from triclip.index.search import Searcher
+    from triclip.index.milvus_search import open_searcher
 
     check_address(host, port)  # one line, before seconds of loading
     cfg = AppConfig(index=index, host=host, port=port, run=run, device=device)
     log_to_stderr()
     set_threads(cfg.threads)  # before the warm-up: the ONNX session takes torch's thread count when it is made
-    searcher = Searcher.load(index, run=run, device=device)
+    searcher = open_searcher(index, run=run, device=device, collection=collection)
     searcher.embed_texts(["warm-up"])  # the first query pays for lazy initialisation (ONNX sessions), not a user
     blocks, app = build_app(searcher, cfg)
     gc.collect()
@@ -145,7 +147,8 @@ def serve(
     signal.signal(signal.SIGTERM, interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         launch(blocks, app, host, port, block=False)
-        print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+        where = getattr(searcher, "served_from", index)
+        print(f"serving {len(searcher):,} images from {where} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
         wait(blocks)
     except KeyboardInterrupt:
         blocks.close()

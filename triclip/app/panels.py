@@ -104,8 +104,11 @@ def header(view: IndexView) -> gr.Markdown:
 def header_text(view: IndexView) -> str:
     searcher = view.searcher
     run_name = Path(searcher.manifest.get("run", "")).name or "?"
+    where = getattr(searcher, "served_from", None)  # a Milvus collection (triclip.index.milvus_search)
+    served = f" · served from {where}" if where else ""
     return (
-        f"## triclip search · {len(searcher):,} images · D = {view.dim} · run `{run_name}` · version {view.version}\n"
+        f"## triclip search · {len(searcher):,} images · D = {searcher.dim} · run `{run_name}` · version {view.version}"
+        f"{served}\n"
         "Search by text or by image; click a result for more like it. Pick m (a pruned index) or a byte budget"
         " (compact codes): each choice shows its bytes per image, the index size and its measured text→image recall@10."
     )
@@ -163,6 +166,13 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
 
     n = len(view.searcher)
     out: list[tuple[str, int | str]] = []
+    if getattr(view.searcher, "served_from", None):  # a Milvus collection: its one m and index
+        plan = view.searcher.plans[0]
+        label = f"{view.dim} · Milvus {plan['index_type']} · {plan['bytes_per_vector']} B/image"
+        label += f" · {human_bytes(plan['bytes_per_vector'] * n)}"
+        if view.recall.get(view.dim) is not None:
+            label += f" · R@10 {view.recall[view.dim]:.3f}"
+        return [(label, view.dim)]
     for m in view.dims:
         label = f"{m} = D" if m == view.dim else str(m)
         label += f" · {4 * m} B/image · {human_bytes(4 * m * n)}"

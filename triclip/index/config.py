@@ -60,3 +60,21 @@ def parse_bytes(text: str) -> int:
     if value <= 0:
         raise UserError(f"--memory-budget must be positive, got {text!r}")
     return int(value * units[unit])
+
+
+@dataclass
+class ExportConfig:
+    """What ``triclip index export`` was asked to do (``triclip.index.milvus_export``)."""
+
+    index: str  # index folder to export (index build --out); read only: nothing in it changes
+    to: str  # where: a Milvus Lite file PATH.db (a folder, made if missing) or a Milvus server http://HOST:19530
+    collection: str = "triclip"  # collection of the image rows; the captions go to COLLECTION_captions
+    bytes: int | None = None  # a byte budget of the index (index build --bytes): its code's m, and the Milvus index nearest that code (IVF_PQ, IVF_SQ8, IVF_RABITQ; docs/scale_out.md); None: the float vectors at D (FLAT on Milvus Lite, HNSW on a server)
+    chunk: int = 2000  # rows sent per request: memory is bounded by it, whatever the index's size
+    nlist: int | None = None  # IVF lists of the Milvus index (None: 4 sqrt(rows), at most 65536)
+    nprobe: int | None = None  # IVF lists searched per query, recorded for triclip search (None: a quarter of nlist, at least 16)
+    text: bool = True  # export the caption vectors too (image->text search; --no-text: images only)
+    shards: int | None = None  # a new collection's shards (write channels; None: the server's default, 1); Milvus Lite has one
+    replicas: int = 1  # in-memory replicas the collection is loaded with (query nodes serving it; Milvus Lite: 1)
+    timeout: float = 10.0  # seconds to wait for Milvus before giving up (an address that does not answer)
+    overwrite: bool = False  # drop the collections when they hold another index's, version's or run's rows, and export anew
