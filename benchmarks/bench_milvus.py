@@ -155,7 +155,7 @@ def export_once(index: Path, work: Path, chunk: int) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--work", required=True, help="scratch folder (shards, indexes, Milvus Lite data)")
     p.add_argument("--rows", default="1000000,100000", help="index sizes, comma-separated")
     p.add_argument("--chunks", default="2000", help="export chunk sizes, comma-separated (each size: the first rows only)")

@@ -40,7 +40,8 @@ from triclip.core.errors import UserError
 from triclip.core.progress import progress
 from triclip.index import milvus as mv
 from triclip.index.config import ExportConfig
-from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, VERSION_RE, current_version
+from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, current_version
+from triclip.index.versions import VERSION_RE
 from triclip.index.vectors import prefix
 
 INDEX_FOR_CODEC = {  # the code of a budget -> (the Milvus index on a server, on Milvus Lite), same m

@@ -50,6 +50,7 @@ import faiss
 import numpy as np
 
 from triclip.index import faiss_index as fi
+from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
 from triclip.index.store import IndexContents, load_contents
 from triclip.index.vectors import prefix
 from triclip.core.errors import UserError
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
 
 TARGETS = ("image", "text")
 MAX_QUERY_CHARS = 10_000  # longer text queries are refused (the text tower truncates far earlier)
-SHORTLIST_FACTOR = 20  # funnel candidates per wanted hit (openclipart titles, m=32: recall@10 0.996 at 20, 0.987 at 10)
 MATMUL_SHORTLIST_MAX = 50_000  # funnel: Flat indexes up to this size are shortlisted by matmul, larger by FAISS
 SHORTLIST_CHUNK = 64  # queries scored at once by a Flat shortlist: (q, N) scores in the CPU cache at N ~ 10k
 RERANK_CHUNK = 16  # queries re-ranked at once: their (q, C, D) gather stays in the CPU cache
