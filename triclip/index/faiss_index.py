@@ -50,6 +50,7 @@ from pathlib import Path
 import faiss
 import numpy as np
 from triclip.core.progress import progress as progress_bar
+from triclip.index.threads import in_search_thread
 
 METRIC = faiss.METRIC_INNER_PRODUCT
 # threads prefetching the lists of an on-disk index per search (FAISS's default). benchmarks/bench_shards.py
@@ -342,6 +343,7 @@ def search(
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    in_search_thread()  # this thread's OpenMP count is the serving count (triclip.index.threads)
     queries = as_float32(queries, index.d)
     k = min(int(k), int(index.ntotal))
     if k == 0:

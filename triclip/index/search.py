@@ -51,6 +51,7 @@ import numpy as np
 
 from triclip.index import faiss_index as fi
 from triclip.index.store import IndexContents, load_contents
+from triclip.index.threads import in_search_thread
 from triclip.index.vectors import prefix
 from triclip.core.errors import UserError
 from triclip.model.text_onnx import TextEncoder, cached_text_encoder, export_for_run
@@ -269,6 +270,7 @@ class Searcher:
             One list of hits per query, best first.
         """
         k = _check_k(k)
+        in_search_thread()  # this thread's OpenMP count is the serving count, whichever thread calls
         if target not in TARGETS:
             raise UserError(f"unknown search target {target!r}; choose from {list(TARGETS)}")
         if target == "text" and not self.has_text:

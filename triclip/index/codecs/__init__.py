@@ -14,6 +14,12 @@ reads its own file (FAISS: https://github.com/facebookresearch/faiss):
 - ``opq`` (:mod:`.opq`): an OPQ rotation learnt on the top m dimensions, then PQ.
 - ``rq`` (:mod:`.rq`): residual quantisation, M codebooks of 2^nbits centroids over the whole width.
 - ``mixed`` (:mod:`.mixed`): the importance-aware mixed-precision code of :mod:`triclip.index.allocation`.
+- ``pqfs`` / ``rqfs`` (:mod:`.pqfs`, :mod:`.rqfs`): PQ and RQ with 4-bit codes, searched by fast scan (SIMD,
+  8-bit lookup tables: estimated scores, 10-30x faster scans).
+- ``rabitq`` / ``rabitqfs`` (:mod:`.rabitq`): RaBitQ's sign bits and estimator, and its fast scan.
+- ``ivf`` (:mod:`.ivf`): inverted lists over pq, opq, rq, pqfs, rqfs or int8 codes (a query scans ``nprobe`` of
+  ``nlist`` lists); ``binary_ivf`` (:mod:`.binary_ivf`): the same over binary codes. Offered from
+  ``IVF_MIN_N`` vectors up.
 
 A code that keeps fewer than D dimensions stores them re-normalised to unit length (as today's top-m index
 does, ``triclip.index.sources.prefix``), so scores are cosines over what is kept (on synthetic data at 8 B, float32 at
@@ -45,6 +51,11 @@ from triclip.index.codecs import pq  # noqa: E402,F401  isort: skip
 from triclip.index.codecs import opq  # noqa: E402,F401  isort: skip
 from triclip.index.codecs import rq  # noqa: E402,F401  isort: skip
 from triclip.index.codecs import mixed  # noqa: E402,F401  isort: skip
+from triclip.index.codecs import pqfs  # noqa: E402,F401  isort: skip
+from triclip.index.codecs import rqfs  # noqa: E402,F401  isort: skip
+from triclip.index.codecs import rabitq  # noqa: E402,F401  isort: skip
+from triclip.index.codecs import ivf  # noqa: E402,F401  isort: skip
+from triclip.index.codecs import binary_ivf  # noqa: E402,F401  isort: skip
 from triclip.index.codecs.opq import OPQ_DIMS_PER_CODE, OPQ_ITERATIONS  # noqa: E402
 from triclip.index.codecs.pq import PQ_DIMS_PER_CODE  # noqa: E402
 from triclip.index.codecs.rq import RQ_MAX_CODES, RQ_MEMORY  # noqa: E402

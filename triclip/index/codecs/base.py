@@ -10,6 +10,7 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.index.codecs.spec import CodecSpec
+from triclip.index.threads import in_search_thread
 
 METRIC = faiss.METRIC_INNER_PRODUCT
 
@@ -26,6 +27,10 @@ class Codec:
     title: ClassVar[str] = ""  # its words in a chart's legend (the app's recall-against-bytes chart)
     family: ClassVar[str] = ""  # the name of its row in tables of results (benchmarks/bench_bytes.py)
     symmetric: ClassVar[bool] = False  # the query is encoded as the vectors are (binary), not scored as floats
+    exact_scan: ClassVar[bool] = True  # search ranks by the exact score against reconstruct()'s vectors (False:
+    # scores are estimates: fast scan's 8-bit lookup tables, RaBitQ's estimator)
+    fit_cost: ClassVar[int] = 0  # how long its training takes, in ranks (0: seconds at most; 1: k-means of 256
+    # centroids per codebook; 2: residual quantisers' beam search): a budget fits cheaper candidates first
     spec: CodecSpec
     dim: int  # width D of the vectors it takes and reconstructs
 
@@ -76,6 +81,7 @@ class Codec:
         ``{"nprobe": 16}``); the code itself is not changed, so threads may search with different settings at
         once. None: the code's own. A code without settings refuses any (UserError).
         """
+        in_search_thread()  # OpenMP's thread count is per thread: the serving count here (triclip.index.threads)
         q = self._check(q, "queries")
         return self._search(q, max(1, min(k, len(self))), self.search_parameters(params))
 
@@ -99,6 +105,11 @@ class Codec:
     def code_bytes(self) -> int:
         """Size of the stored code array (what bytes_per_vector promises, times n)."""
         raise NotImplementedError
+
+    def ram_bytes(self) -> int:
+        """Bytes the code holds in memory for its vectors: :meth:`code_bytes` plus what the structure adds
+        (an inverted list's ids, a fast-scan block's padding)."""
+        return self.code_bytes()
 
     def save(self, path) -> None:
         """Write the code atomically to ``path`` (:func:`triclip.index.codecs.load` reads it back)."""

@@ -87,7 +87,14 @@ class FaissCodec(Codec):
         return int(self.index.ntotal)
 
     def code_bytes(self) -> int:
-        return faiss.vector_to_array(faiss.downcast_index(self.index.index).codes).size
+        """The codes proper: n x FAISS's code size (a fast-scan code pads its array to blocks of 32 rows)."""
+        inner = faiss.downcast_index(self.index.index)
+        return int(inner.ntotal) * int(inner.code_size)
+
+    def ram_bytes(self) -> int:
+        """What the code holds in memory for its vectors: the code array (padding included) and any ids."""
+        inner = faiss.downcast_index(self.index.index)
+        return int(inner.codes.size()) if hasattr(inner, "codes") else self.code_bytes()
 
     def save(self, path):
         with atomic_path(path) as tmp:

@@ -20,6 +20,7 @@ class PQCodec(CodebookCodec):
     family = "PQ"
     dims_per_code = PQ_DIMS_PER_CODE  # fewest dimensions per sub-quantiser among the candidates
     halves = True  # the candidates: on the largest multiple of M up to D, and half of it
+    fit_cost = 1
 
     @classmethod
     def describe(cls, spec):

@@ -28,6 +28,7 @@ class RQCodec(CodebookCodec):
     title = "RQ"
     family = "RQ"
     spans_all = True
+    fit_cost = 2
 
     @classmethod
     def describe(cls, spec):
