@@ -372,7 +372,7 @@ def cmd_search(ns: argparse.Namespace) -> int:
     parts = ([searcher.embed_texts(texts)] if texts else []) + ([searcher.embed_images(images)] if images else [])
     queries = np.concatenate(parts)  # (Q, D)
     embedded = time.perf_counter()
-    rescore = ns.rescore if ns.rescore in (None, "float") else _int_option("--rescore", ns.rescore)
+    rescore = ns.rescore if ns.rescore in (None, "float", "none") else _int_option("--rescore", ns.rescore)
     results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
                                       rescore=rescore)
     searched = time.perf_counter()
@@ -555,8 +555,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     p.add_argument("--bytes", type=int, default=None, metavar="B",
                    help="search the codes of B bytes per vector (index build --bytes): the image codes, the caption codes"
                         " with --target text (default: none, float at m)")
-    p.add_argument("--rescore", default=None, metavar="float|B2",
-                   help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")
+    p.add_argument("--rescore", default=None, metavar="float|B2|none",
+                   help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes;"
+                        " none: the codes alone (default: the stages index build chose for B)")
     p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
     p.add_argument("-k", type=int, default=10, help="hits per query (default: 10)")
     p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")

@@ -139,7 +139,8 @@ def build_and_write(
             contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
             attach_curves(cfg.out, contents, kept)
             write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
-        return summary(contents.manifest, cfg.out, started, added=len(coll.meta), rank=rank, world=world)
+        out = summary(contents.manifest, cfg.out, started, added=len(coll.meta), rank=rank, world=world)
+        return _with_candidates(out, kept)
     finally:
         if rank == 0:
             shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
@@ -166,8 +167,9 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
         evaluation = bud.indexed_evaluation(coll.image, coll.text, coll.text_rows, coll.meta, bud.EVAL_MAX_IMAGES,
                                             str(coll.origin.source.get("data") or coll.origin.embeddings))
     budgets = bud.parse_budgets(cfg.bytes)
+    rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore)
     entries = {}
-    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed)
+    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules)
     for choice in choices:
         contents.codes[choice.budget] = stored = bud.fill(choice.codec, coll.image)
         entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, code_name(choice.budget))
@@ -177,13 +179,23 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     curves["bytes"] = bud.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
-        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed)
+        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed, rules)
         for choice in text_choices:
             contents.text_codes[choice.budget] = stored = bud.fill(choice.codec, coll.text)
             entries[str(choice.budget)]["text"] = bud.manifest_entry(choice, stored, reverse,
                                                                      code_name(choice.budget, "text"))
         curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
     return entries, curves
+
+
+def _with_candidates(out: dict, curves: dict | None) -> dict:
+    """The summary with every candidate each budget tried (from the curves' frontiers), for the build's table."""
+    for key, side in (("bytes", None), ("text_bytes", "text")):
+        for budget, tried in ((curves or {}).get(key) or {}).get("candidates", {}).items():
+            entry = (out.get("budgets") or {}).get(budget)
+            if entry is not None and (side is None or entry.get(side)):
+                (entry if side is None else entry[side])["candidates"] = tried
+    return out
 
 
 def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budget: int, target: float) -> dict:

@@ -30,6 +30,8 @@ class IndexBuildConfig:
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
     bytes: list[int] | None = None  # byte budgets per image, e.g. 8,16,32,64: per budget the code (every codec of --codec and m that fits) with the best recall measured on --val-data is stored (search --bytes B)
     codec: str | None = None  # with --bytes: use this codec (its best m) instead of the best of all
+    latency_ms: float | None = None  # with --bytes: the code kept answers one query (one thread) within this many ms at the collection's size (None: no slower than the exact float32 scan of it at full D)
+    rescore: bool = True  # with --bytes: a code may be the first of two stages, its shortlist re-ranked by the float vectors read from disk (memory-mapped) (--no-rescore: the codes alone)
     add: bool = False  # append to the existing index at --out instead of building a new one
     overwrite: bool = False  # replace the index at --out (its previous version is kept: triclip index rollback --index OUT)
     weights: Literal["best", "last"] = "best"  # the run's best epoch by validation t2i_r10 (last when none is kept), or its last
@@ -44,7 +46,7 @@ class IndexBuildConfig:
     embeddings: str | None = None  # build from `triclip embed` shards instead of --run + --data
     memory_budget: int | None = None  # bytes one index may take in memory, e.g. 8G (None: half the available)
     on_disk: Literal["auto", "always", "never"] = "auto"  # IVF lists in a mapped file (auto: beyond --memory-budget)
-    recall_target: float = 0.95  # IVF nprobe: the smallest reaching this recall@10 against exact search
+    recall_target: float = 0.95  # IVF nprobe: the smallest reaching this recall@10 against exact search (codes of --bytes: against the code's own exhaustive scan; their float re-rank's shortlist: against exact float32 search)
     tune_queries: int = 1000  # held-out queries the nprobe of an IVF index is tuned on
 
 

@@ -167,6 +167,8 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
         (cfg.lock_timeout >= 0, f"--lock-timeout must be >= 0, got {cfg.lock_timeout}"),
         (0 < cfg.recall_target <= 1, f"the recall target must be in (0, 1], got {cfg.recall_target}"),
         (cfg.tune_queries >= 1, f"tune_queries must be >= 1, got {cfg.tune_queries}"),
+        (cfg.latency_ms is None or cfg.latency_ms > 0, f"--latency-ms must be positive, got {cfg.latency_ms}"),
+        (cfg.latency_ms is None or cfg.bytes, "--latency-ms bounds the codes of --bytes: give --bytes too"),
         (cfg.memory_budget is None or cfg.memory_budget > 0, f"--memory-budget must be positive, got {cfg.memory_budget}"),
         (cfg.on_disk in ("auto", "always", "never"), f"--on-disk must be auto, always or never, got {cfg.on_disk!r}"),
     )

@@ -59,6 +59,22 @@ class Codec:
         raise NotImplementedError
 
     @classmethod
+    def probe(cls, spec: CodecSpec, dim: int) -> Codec | None:
+        """A twin of ``spec``'s structure that searches as fast as the fitted code, made without training
+        (random codebooks): ``triclip.index.latency`` times it to leave out, unfitted, a code too slow for a
+        latency bound. None: no twin (the code is cheap to fit, and is timed once fitted)."""
+        return None
+
+    def add_random(self, n: int, rng: np.random.Generator) -> None:
+        """Append ``n`` random entries (a probe's filling: only their number matters)."""
+        x = rng.standard_normal((n, self.dim)).astype(np.float32)
+        self.add(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+    def exhaustive(self) -> dict | None:
+        """Search parameters that scan every vector (inverted lists: nprobe = nlist); None: a search always does."""
+        return None
+
+    @classmethod
     def owns(cls, file: CodecFile) -> bool:
         """Whether ``file`` is a file this codec wrote (:meth:`save`)."""
         raise NotImplementedError

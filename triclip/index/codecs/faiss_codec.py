@@ -83,6 +83,22 @@ class FaissCodec(Codec):
         ids = self._ids(ids)
         return self.index.reconstruct_batch(ids) if len(ids) else np.zeros((0, self.dim), np.float32)
 
+    def add_random(self, n, rng):
+        """Random codes straight into FAISS's array where it takes them (``add_sa_codes``), else random vectors."""
+        inner = faiss.downcast_index(self.index.index)
+        if isinstance(inner, faiss.IndexFlatCodes) and not isinstance(inner, faiss.IndexFastScan):
+            inner.add_sa_codes(rng.integers(0, 256, (n, inner.sa_code_size()), dtype=np.uint8))
+            self.index.ntotal = inner.ntotal
+        else:
+            super().add_random(n, rng)
+
+    @classmethod
+    def twin(cls, spec: CodecSpec, dim: int, inner: faiss.Index, rotation=None):
+        """A codec of ``spec`` over an already trained (random) ``inner`` index: :meth:`probe`'s twins."""
+        index = faiss.IndexPreTransform(inner) if rotation is None else faiss.IndexPreTransform(rotation, inner)
+        index.prepend_transform(faiss.RemapDimensionsTransform(dim, spec.m, False))
+        return cls(spec, faiss.deserialize_index(faiss.serialize_index(index)), dim)
+
     def __len__(self):
         return int(self.index.ntotal)
 
@@ -101,7 +117,10 @@ class FaissCodec(Codec):
             faiss.write_index(self.index, os.fspath(tmp))
 
     def empty_copy(self):
-        index = faiss.clone_index(self.index)
+        try:
+            index = faiss.clone_index(self.index)
+        except RuntimeError:  # FAISS 1.15.1 clones no IndexRaBitQFastScan: a copy through its file format
+            index = faiss.deserialize_index(faiss.serialize_index(self.index))
         index.reset()
         return type(self)(self.spec, index, self.dim)
 

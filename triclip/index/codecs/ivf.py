@@ -167,6 +167,9 @@ class IVFCodec(FaissCodec):
             raise UserError(f"nprobe must be a positive integer, got {nprobe!r}")
         return faiss.SearchParametersIVF(nprobe=int(min(nprobe, self.ivf.nlist)))
 
+    def exhaustive(self):
+        return {"nprobe": int(self.ivf.nlist)}
+
     def set_nprobe(self, nprobe: int) -> None:
         """Make ``nprobe`` the code's own (saved with it; the spec records it). Before serving only."""
         self.ivf.nprobe = int(max(1, min(nprobe, self.ivf.nlist)))

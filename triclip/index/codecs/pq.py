@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import faiss
+import numpy as np
 
 from triclip.index.codecs.base import METRIC, bytes_note, first
 from triclip.index.codecs.faiss_codec import CodebookCodec
@@ -43,6 +44,19 @@ class PQCodec(CodebookCodec):
         inner = faiss.IndexPQ(spec.m, spec.params["M"], spec.params["nbits"], METRIC)
         inner.pq.cp.min_points_per_centroid = 1  # small collections: train anyway, without a warning per k-means
         return spec, inner, None
+
+    @classmethod
+    def probe(cls, spec, dim):
+        """Random centroids (nothing trained); :mod:`.opq` adds a random rotation, as costly as its learnt one."""
+        spec, inner, _ = PQCodec.faiss_parts(spec, 1 << 30)
+        rng = np.random.default_rng(0)
+        faiss.copy_array_to_vector(rng.standard_normal(inner.pq.centroids.size()).astype(np.float32), inner.pq.centroids)
+        inner.is_trained = True
+        rotation = None
+        if cls.name == "opq":
+            rotation = faiss.RandomRotationMatrix(spec.m, spec.m)
+            rotation.init(0)
+        return cls.twin(spec, dim, inner, rotation)
 
     @classmethod
     def owns_index(cls, inner, chain):

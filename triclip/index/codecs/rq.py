@@ -8,6 +8,7 @@ M codebooks of 2^nbits centroids over the whole width, each encoding what the pr
 from __future__ import annotations
 
 import faiss
+import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.index.codecs.base import METRIC, bytes_note
@@ -50,6 +51,16 @@ class RQCodec(CodebookCodec):
         inner.rq.cp.min_points_per_centroid = 1
         inner.rq.max_mem_distances = RQ_MEMORY  # training encodes too
         return spec, inner, None
+
+    @classmethod
+    def probe(cls, spec, dim):
+        """Random codebooks (its beam-search training takes 10-15 s even on 256 vectors)."""
+        spec, inner, _ = cls.faiss_parts(spec, 1 << 30)
+        rng = np.random.default_rng(0)
+        books = rng.standard_normal(spec.params["M"] * (1 << spec.params["nbits"]) * spec.m).astype(np.float32)
+        faiss.copy_array_to_vector(books, inner.rq.codebooks)
+        inner.rq.is_trained = inner.is_trained = True
+        return cls.twin(spec, dim, inner)
 
     def apply_settings(self):
         """Encode with :data:`RQ_MEMORY` of distance tables (a setting FAISS does not save in the file)."""
