@@ -94,6 +94,11 @@ def measure(codec: codecs.Codec, evaluation: EvalSet, shortlist: int | None = No
                        evaluation.positives)
 
 
+def latency_model() -> LatencyModel:
+    """The latency model a build uses: timed on this machine (tests replace this function: nothing is timed)."""
+    return LatencyModel()
+
+
 @dataclass
 class Rules:
     """What a budget's code must meet (``index build --bytes B [--latency-ms L]``)."""
@@ -102,7 +107,7 @@ class Rules:
     latency_ms: float | None = None  # single-query bound, one thread (None: the float32 scan of N vectors at D)
     recall_target: float = 0.95  # nprobe: share of the code's own top 10 kept; shortlist: of the exact float top 10
     rescore: bool = True  # also offer each code as the first of two stages (its shortlist re-ranked by float vectors)
-    model: LatencyModel = field(default_factory=LatencyModel)  # how latencies are obtained (tests inject one)
+    model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
 
 
 @dataclass
@@ -140,6 +145,7 @@ class Choice:
     bound_ms: float = 0.0  # the latency bound it was kept within
     reference: Latency | None = None  # the float32 scan of N vectors at D
     note: str = ""  # why the kept code is outside the bound, when it is
+    full_recall: float | None = None  # the float vectors' own recall@10 at D on the evaluation set (the ceiling)
 
 
 def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,
@@ -181,7 +187,9 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
         variants = evaluate(codec, evaluation, tune, rules)
         found.extend(variants)
         tried[i] = [v.entry(dim) for v in variants]
-    return _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
+    choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
+    choice.full_recall = ceiling
+    return choice
 
 
 def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:
@@ -377,7 +385,8 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
     ``index_bytes``: the codes (bytes per vector x n; FAISS's files add a header); ``ram_bytes``: what the
     stored code holds in memory (inverted lists add 8-byte ids, fast scan pads to blocks of 32);
     ``rescore``: None (the codes alone) or the second stage, ``{"with": "float", "shortlist": L,
-    "disk_bytes_per_query": 4 D L}`` (the shortlist's float vectors, memory-mapped from disk)."""
+    "disk_bytes_per_query": 4 D L}`` (the shortlist's float vectors, memory-mapped from disk); ``lists``: the
+    file of inverted lists kept on disk, when they are."""
     size = stored.spec.bytes_per_vector * len(stored)
     kept = choice.kept
     rescore = None if kept is None or kept.shortlist is None else {
@@ -389,7 +398,9 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
             "code_recall": None if kept is None else kept.code_recall, "keeps": None if kept is None else kept.keeps,
             "latency": None if kept is None else kept.latency.to_json(),
             "latency_bound_ms": round(choice.bound_ms, 4),
-            "float_latency": None if choice.reference is None else choice.reference.to_json(), "note": choice.note}
+            "float_latency": None if choice.reference is None else choice.reference.to_json(), "note": choice.note,
+            "full_recall": choice.full_recall,
+            **({"lists": f"{file}.ivfdata"} if getattr(stored, "on_disk", lambda: False)() else {})}
 
 
 def parse_budgets(values) -> list[int]:

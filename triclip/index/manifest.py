@@ -12,7 +12,8 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     budgets ({str(B): {"spec" (triclip.index.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
     stored codes), "split", "index_bytes", "bytes_per_vector", "ram_bytes", "rescore" (None, or the float
     re-rank: "with", "shortlist", "shortlist_how", "disk_bytes_per_query"), "code_recall", "keeps",
-    "latency" ({"ms", "how"}), "latency_bound_ms", "float_latency", "note", "text" (the caption codes, the
+    "latency" ({"ms", "how"}), "latency_bound_ms", "float_latency", "note", "full_recall" (the float vectors'
+    own recall on the same evaluation), "text" (the caption codes, the
     same keys, recall = i2t; absent without captions)}}: ``--bytes``, ``triclip.index.budgets``; an inverted
     lists code's nlist and nprobe are in its spec's params),
     created, updated (and on_disk, written by ``triclip.index.store``)

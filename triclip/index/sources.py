@@ -72,7 +72,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         return build_and_write(cfg, coll, all_dims)
     cfg = replace(cfg, val_data=cfg.val_data or split_val(cfg.data))  # a split folder's curves: on its validation split
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
-    if base is not None and base.manifest.get("on_disk"):
+    if base is not None and (base.manifest.get("on_disk") or _codes_on_disk(base.manifest)):
         raise UserError(f"{cfg.out} keeps IVF lists on disk: --add is not supported; rebuild it with --embeddings")
     pairs = load_collection(cfg.data, cfg.data_config or DataConfig())  # a split folder: all its splits; bad data fails before the model loads
     device = pick_device(cfg.device)
@@ -179,6 +179,12 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
         codecs.lookup(cfg.codec)  # UserError: unknown codec ...; choose from ...
     claim_index_dir(cfg.out, cfg.add, cfg.overwrite)
     return dims
+
+
+def _codes_on_disk(manifest: dict) -> bool:
+    """Whether a budget's codes (image or caption) keep their inverted lists on disk (read-only)."""
+    entries = (manifest.get("budgets") or {}).values()
+    return any(e.get("lists") or (e.get("text") or {}).get("lists") for e in entries)
 
 
 def claim_index_dir(out: str, add: bool, overwrite: bool) -> None:

@@ -11,6 +11,7 @@
     INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``triclip.index.codecs``),
                                   named by the manifest's ``budgets``; with codes the float vectors are memory-mapped
     INDEX/v000003/text.b16.codec  the caption codes of the same budget (``budgets[B]["text"]``), with captions
+    INDEX/v000003/image.b16.codec.ivfdata  the inverted lists of a budget's codes kept on disk (``budgets[B]["lists"]``)
 
 An index on disk (``triclip.index.build`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
@@ -441,6 +442,9 @@ def _read_codes(file: Path, dim: int, count: int, folder: Path):
         raise _damaged(folder, f"{file.name} is not a readable codec file") from None
     if len(codec) != count or codec.dim != dim:
         raise _damaged(folder, f"{file.name} holds {len(codec)} vectors of width {codec.dim}, expected {count} of {dim}")
+    lists = fi.on_disk_lists(codec.index) if hasattr(codec, "filled_on_disk") else None
+    if lists is not None and (folder / lists.filename).stat().st_size < lists.totsize:  # mapped past its end: SIGBUS
+        raise _damaged(folder, f"{lists.filename} is truncated")
     return codec
 
 

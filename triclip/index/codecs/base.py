@@ -156,7 +156,11 @@ class CodecFile:
 
     @functools.cached_property
     def faiss_index(self) -> faiss.Index:
-        return faiss.read_index(self.path)
+        """The index; inverted lists on disk are mapped read-only from the file beside it that it names."""
+        from triclip.index.faiss_index import quiet_stdout
+
+        with quiet_stdout():  # FAISS prints a line when it maps on-disk lists
+            return faiss.read_index(self.path, faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
 
 
 def prefix_candidates(name: str, budget: int, dim: int, bits: int, step: int = 1) -> list[CodecSpec]:

@@ -22,6 +22,10 @@ Written by hand: :meth:`IVFCodec.reconstruct`. FAISS 1.15.1 crashes (segmentatio
 ``sa_decode``-ing, a fast-scan IVF index read back from a file; the codes are unpacked from the lists with
 FAISS's own ``CodePacker`` and decoded by its quantiser instead (equal to FAISS's reconstruction before a save).
 
+Lists on disk (:meth:`IVFCodec.filled_on_disk`): FAISS's ``OnDiskInvertedLists`` in a ``.ivfdata`` file beside the
+code file, memory-mapped read-only (``index build`` beyond ``--memory-budget``; not for fast-scan lists, which FAISS
+keeps in blocks that have no on-disk form).
+
 Each inverted list stores an 8-byte id per vector beside its code: a budget counts the code's bytes (as every
 codec), :meth:`IVFCodec.ram_bytes` what is held (codes, fast scan's block padding, ids).
 """
@@ -30,12 +34,14 @@ from __future__ import annotations
 
 import math
 import threading
+from pathlib import Path
 
 import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import METRIC
+from triclip.index import faiss_index as fi
+from triclip.index.codecs.base import METRIC, unit_prefix
 from triclip.index.codecs.faiss_codec import FaissCodec
 from triclip.index.codecs.registry import lookup, register_codec
 from triclip.index.codecs.rq import RQ_MEMORY
@@ -234,8 +240,36 @@ class IVFCodec(FaissCodec):
         return faiss.rev_swig_ptr(lists.get_single_code(lst, offset), ivf.code_size).copy()
 
     def add(self, x):
+        if self.on_disk():  # FAISS would abort the process (an exception inside its threads), not raise
+            raise UserError(f"{self.spec.label()} keeps its lists on disk, read-only: rebuild to add vectors")
         super().add(x)
         self._rows = None
+
+    def on_disk(self) -> bool:
+        """Whether the lists are in a memory-mapped file (``faiss.OnDiskInvertedLists``)."""
+        return fi.is_on_disk(self.index)
+
+    def filled_on_disk(self, vectors, lists: Path) -> "IVFCodec":
+        """A copy of this trained code holding every row of ``vectors`` (``ShardVectors``), its lists merged into
+        the file ``lists`` (FAISS's on-disk lists, ``triclip.index.faiss_index.merge_on_disk``; recorded by its bare
+        name, read beside the code file). One shard in memory at a time. Fast-scan lists (FAISS's blocked lists)
+        have no on-disk form: UserError."""
+        if isinstance(faiss.downcast_InvertedLists(self.ivf.invlists), faiss.BlockInvertedLists):
+            raise UserError(f"{self.spec.label()}: fast-scan lists cannot be kept on disk")
+        files, counts = [], []
+        for s, part in enumerate(vectors.parts):
+            if len(part):
+                x = unit_prefix(self._check(np.asarray(part, np.float32), "vectors"), self.spec.m)
+                copy = self.empty_copy()
+                copy.index.add_with_ids(x, np.arange(vectors.offsets[s], vectors.offsets[s] + len(x), dtype=np.int64))
+                files.append(lists.parent / f"{lists.stem}.part{s:05d}.faiss")
+                fi.save(copy.index, files[-1])
+                counts.append(len(x))
+        merged = fi.merge_on_disk(self.index, files, counts, lists)
+        for file in files:
+            file.unlink(missing_ok=True)
+        fi.relocate_lists(merged, lists.name)
+        return IVFCodec(self.spec, merged, self.dim)
 
 
 def _inner_params(params: dict) -> dict:
