@@ -66,9 +66,10 @@ class Codec:
         return None
 
     def add_random(self, n: int, rng: np.random.Generator) -> None:
-        """Append ``n`` random entries (a probe's filling: only their number matters)."""
-        x = rng.standard_normal((n, self.dim)).astype(np.float32)
-        self.add(x / np.linalg.norm(x, axis=1, keepdims=True))
+        """Append ``n`` random unit vectors (a probe's filling: only their number matters), 65,536 at a time."""
+        for start in range(0, n, 65_536):
+            x = rng.standard_normal((min(65_536, n - start), self.dim), dtype=np.float32)
+            self.add(x / np.linalg.norm(x, axis=1, keepdims=True))
 
     def exhaustive(self) -> dict | None:
         """Search parameters that scan every vector (inverted lists: nprobe = nlist); None: a search always does."""
