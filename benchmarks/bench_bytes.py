@@ -354,9 +354,9 @@ def plot(files: list[str], png: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("measure")
+    p = sub.add_parser("measure", allow_abbrev=False)
     p.add_argument("--data", required=True, help="folder with train / val / test .jsonl")
     p.add_argument("--runs", required=True, help="runs go to RUNS/VARIANT/seedN (reused when there)")
     p.add_argument("--name", default=None, help="data set name in the output (default: the folder's name)")
@@ -368,9 +368,9 @@ def main(argv=None) -> int:
     p.add_argument("--direction", choices=["t2i", "i2t"], default="t2i",
                    help="t2i: the image codes, text queries; i2t: the caption codes, image queries")
     p.add_argument("--json", required=True, help="write every number here")
-    p = sub.add_parser("report", help="the tables of saved measurements")
+    p = sub.add_parser("report", allow_abbrev=False, help="the tables of saved measurements")
     p.add_argument("files", nargs="+")
-    p = sub.add_parser("plot")
+    p = sub.add_parser("plot", allow_abbrev=False)
     p.add_argument("files", nargs="+")
     p.add_argument("--png", required=True)
     ns = parser.parse_args(argv)

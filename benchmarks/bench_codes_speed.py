@@ -106,7 +106,7 @@ def specs_for(budget: int, dim: int, names: list[str]) -> list[codecs.CodecSpec]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--budget", type=int, default=16)

@@ -1,4 +1,4 @@
-"""Issue 28's full matrix (slow): every writing command x SIGKILL at three points x rerun with and
+"""The kill matrix (slow): every writing command x SIGKILL at three points x rerun with and
 without --overwrite, and x a 5 MB disk (``scripts/kill_matrix.py``; its docstring says what passes)."""
 
 from __future__ import annotations
