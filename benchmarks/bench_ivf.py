@@ -6,12 +6,12 @@ Usage::
 
 Synthetic unit vectors (``benchmarks.bench_index.synthetic``: D = 256, a power-law spectrum, clustered). Per N:
 the code (``--code``, its first candidate of ``--budget`` bytes) fitted on 20,000 vectors and filled with N, flat
-and in ``triclip.index.codecs.ivf.lists_for(N)`` lists (at most 20,000 / 39 of them: the training sample), its
+and in ``triclip.codecs.ivf.lists_for(N)`` lists (at most 20,000 / 39 of them: the training sample), its
 nprobe tuned as ``index build`` does (``triclip.index.budgets.tune_nprobe``: the smallest power of two keeping
 ``--target`` of its own exhaustive top 10, on 200 queries); the median single-query latency of each
 (``triclip.index.latency``, one thread, in the same run), the flat float32 scan at D beside them, and recall@10 of
 the lists at that nprobe against their own exhaustive scan (on 200 other queries), and of each code against exact
-float32 search. ``triclip.index.codecs.ivf.IVF_MIN_N`` is set from this.
+float32 search. ``triclip.codecs.ivf.IVF_MIN_N`` is set from this.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_index import synthetic  # noqa: E402
-from triclip.index import codecs  # noqa: E402
+from triclip import codecs  # noqa: E402
 from triclip.index.budgets import overlap, tune_nprobe  # noqa: E402
-from triclip.index.codecs.ivf import lists_for  # noqa: E402
+from triclip.codecs.ivf import lists_for  # noqa: E402
 from triclip.index.latency import _median_ms  # noqa: E402
 
 D = 256

@@ -131,7 +131,7 @@ def test_set_threads_sets_torch_and_faiss_threads():
 
     from triclip.app.server import set_threads
     from triclip.index.faiss_index import search
-    from triclip.index.threads import set_search_threads
+    from triclip.codecs.threads import set_search_threads
 
     before = torch.get_num_threads()
     seen = []

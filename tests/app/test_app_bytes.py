@@ -12,7 +12,7 @@ QUERY = "two red circles"
 
 
 def _label(entry: dict) -> str:
-    from triclip.index.codecs import CodecSpec
+    from triclip.codecs import CodecSpec
 
     return CodecSpec.from_json(entry["spec"]).label()
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.search import Searcher
 from triclip.index.store import current_version, load_contents

@@ -1,4 +1,4 @@
-"""triclip.index.codecs and triclip.index.allocation: every registered code searches like exact search over its own
+"""triclip.codecs and triclip.codecs.allocation: every registered code searches like exact search over its own
 decoded vectors, stores exactly the bytes it promises, survives a save / load, and the bit allocation is the optimum.
 
 The per-codec tests run over the registry (``codecs.names()``): a codec added to it is tested here unchanged, on
@@ -11,7 +11,8 @@ import itertools
 import numpy as np
 import pytest
 
-from triclip.index import allocation, codecs
+from triclip import codecs
+from triclip.codecs import allocation
 from triclip.index.faiss_index import recall_at_k
 from triclip.index.vectors import exact_topk
 from triclip.core.errors import UserError
@@ -205,8 +206,8 @@ def test_a_codec_is_one_registered_class(scratch_registry, data, tmp_path):
     import faiss
 
     from triclip.app.cli import _codec_names
-    from triclip.index.codecs.base import METRIC, prefix_candidates
-    from triclip.index.codecs.faiss_codec import FaissCodec
+    from triclip.codecs.base import METRIC, prefix_candidates
+    from triclip.codecs.faiss_codec import FaissCodec
 
     @codecs.register_codec("float16")
     class Float16Codec(FaissCodec):
@@ -322,7 +323,7 @@ def test_opq_below_256_vectors_is_refused_in_one_line_not_a_crash():
     import sys
 
     code = (
-        "import numpy as np; from triclip.index import codecs; from triclip.core.errors import UserError\n"
+        "import numpy as np; from triclip import codecs; from triclip.core.errors import UserError\n"
         "x = np.random.default_rng(0).standard_normal((190, 256)).astype('float32')\n"
         "try:\n    codecs.fit(codecs.CodecSpec('opq', 256, 16, {'M': 16, 'nbits': 8}), x)\n"
         "except UserError as err:\n    print('refused:', err)\n"

@@ -1,4 +1,4 @@
-"""Inverted lists over codes (``triclip.index.codecs.ivf``): against exact search, tuned nprobe, ``--add`` without
+"""Inverted lists over codes (``triclip.codecs.ivf``): against exact search, tuned nprobe, ``--add`` without
 retraining, lists on disk, and searches from many threads with the serving OpenMP count."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import faiss
 import numpy as np
 import pytest
 
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index.budgets import overlap, tune_nprobe
-from triclip.index.codecs import ivf
+from triclip.codecs import ivf
 from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.store import current_version, load_contents
 from triclip.index.vectors import ShardVectors, exact_topk
@@ -162,7 +162,7 @@ def test_twenty_threads_search_a_budget_as_one_thread_does_with_the_serving_thre
     """OpenMP's thread count is per thread: each of 20 threads searching the codes of a budget at once runs with
     the configured count (read back inside each thread after its search), and gets one thread's answers."""
     from triclip.index.search import Searcher
-    from triclip.index.threads import search_threads, set_search_threads
+    from triclip.codecs.threads import search_threads, set_search_threads
 
     out = tmp_path / "index"
     build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out), bytes=[8]))

@@ -356,8 +356,8 @@ def _budget(choice: str) -> int:
 
 
 def code_label(entry: dict) -> str:
-    """The code a budget stores, e.g. ``opq16x8 m=32`` (``triclip.index.codecs.CodecSpec.label``)."""
-    from triclip.index.codecs import CodecSpec
+    """The code a budget stores, e.g. ``opq16x8 m=32`` (``triclip.codecs.CodecSpec.label``)."""
+    from triclip.codecs import CodecSpec
 
     return CodecSpec.from_json(entry["spec"]).label()
 

@@ -413,7 +413,7 @@ def frontier_figure(view: IndexView):
     pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
     from matplotlib.figure import Figure
 
-    from triclip.index.codecs import title
+    from triclip.codecs import title
 
     front = (view.curves or {}).get("bytes")
     if not front:

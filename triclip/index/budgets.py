@@ -1,7 +1,7 @@
 """``index build --bytes 8,16,32``: for each budget, the code that retrieves best, measured; torch-free.
 
 For each budget B (bytes per vector, codes only) every codec and m that fits
-(``triclip.index.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
+(``triclip.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
 ``FIT_ROWS``), then measured on an evaluation set: the validation split's served vectors
 (``--val-data``), else the indexed data's first images. The image codes are measured by
 text->image recall@10 over distinct caption texts (a text's positives are every image
@@ -24,7 +24,7 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.progress import progress
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index.latency import Latency, LatencyModel
 from triclip.index.search import rerank
 from triclip.index.vectors import exact_topk

@@ -453,7 +453,7 @@ def build_in_memory(vectors: ShardVectors, m: int, index: faiss.Index, seed: int
 def train_once(vectors: ShardVectors, m: int, index: faiss.Index, seed: int = 0) -> faiss.Index:
     """Train ``index`` (empty) on a sample drawn across the shards; the rows ``fi.build`` would draw."""
     fi._prepare_training(index, seed)
-    ivf = fi._ivf_or_none(index)
+    ivf = fi.ivf_or_none(index)
     want = max(20_000, 64 * ivf.nlist) if ivf is not None else 20_000
     n = vectors.count
     rows = np.arange(n) if n <= want else np.sort(np.random.default_rng(seed).choice(n, size=want, replace=False))

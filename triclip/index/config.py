@@ -26,7 +26,7 @@ SHORTLIST_FACTOR = 20  # funnel / rescore candidates per wanted hit (openclipart
 class IndexBuildConfig:
     """What ``triclip index build`` was asked to do.
 
-    ``codec`` is a name the codec registry holds (``triclip.index.codecs.names()``): not a ``Literal`` here, which
+    ``codec`` is a name the codec registry holds (``triclip.codecs.names()``): not a ``Literal`` here, which
     would name them a second time (the registry needs FAISS); the command line offers them as ``--codec``'s
     choices and :func:`triclip.index.sources.build_index` refuses another before any work.
     """

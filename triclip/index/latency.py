@@ -15,7 +15,7 @@ entries to min(N, :data:`TIME_ROWS`) (a scan's cost depends on how many codes it
 
 Before a slow-to-train code is fitted, its *probe* (:meth:`LatencyModel.probe`) times a twin with the same
 structure and random codebooks (nothing to train), filled with random codes: a code whose scan alone is slower
-than the bound is left out unfitted. Timing runs with one OpenMP thread (``triclip.index.threads``).
+than the bound is left out unfitted. Timing runs with one OpenMP thread (``triclip.codecs.threads``).
 
 Tests inject their own :class:`LatencyModel` (fixed numbers), so nothing is timed there.
 """
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from triclip.index.threads import search_threads, set_search_threads
+from triclip.codecs.threads import search_threads, set_search_threads
 
 REPS = 25  # single queries timed per measurement (the median is kept)
 TINY = 64  # rows of the copy that times a query's fixed cost (before the scan)
@@ -76,7 +76,7 @@ class LatencyModel:
     def float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
         """The exact float32 scan at full D (``IndexFlatIP``) of ``n`` vectors: a sample ``vectors`` (n_s, D), filled
         up with random rows as :meth:`search` does. Timed once per sample and N (every budget shares it)."""
-        from triclip.index.codecs import CodecSpec, fit
+        from triclip.codecs import CodecSpec, fit
 
         key = (vectors.shape, n, float(np.asarray(vectors[0]).sum()))
         cache = self.__dict__.setdefault("_float_scans", {})
@@ -87,10 +87,10 @@ class LatencyModel:
         return cache[key]
 
     def probe(self, spec, dim: int, n: int, queries: np.ndarray) -> Latency | None:
-        """A top-10 query on a twin of ``spec`` (:meth:`~triclip.index.codecs.Codec.probe`) holding N random
+        """A top-10 query on a twin of ``spec`` (:meth:`~triclip.codecs.Codec.probe`) holding N random
         codes (at most :data:`TIME_ROWS`, then scaled); None when the codec has no twin (it is cheap to fit:
         it is timed once fitted)."""
-        from triclip.index.codecs import lookup
+        from triclip.codecs import lookup
 
         twin = lookup(spec.codec).probe(spec, dim)
         return None if twin is None else self.search(twin, queries, 10, n)

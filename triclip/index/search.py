@@ -53,13 +53,13 @@ import numpy as np
 from triclip.index import faiss_index as fi
 from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
 from triclip.index.store import IndexContents, load_contents
-from triclip.index.threads import in_search_thread
+from triclip.codecs.threads import in_search_thread
 from triclip.index.vectors import prefix
 from triclip.core.errors import UserError
 from triclip.model.text_onnx import TextEncoder, cached_text_encoder, export_for_run
 
 if TYPE_CHECKING:
-    from triclip.index.codecs import Codec
+    from triclip.codecs import Codec
     from triclip.compact.features import CompactTransform
 
 TARGETS = ("image", "text")
@@ -355,7 +355,7 @@ class Searcher:
         return min(n, k * max(1, int(self.shortlist_factor)))
 
     def _search_codes(self, codes, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top k by the codes of one budget (``triclip.index.codecs``; FAISS-backed ones under the GPU lock if any)."""
+        """Top k by the codes of one budget (``triclip.codecs``; FAISS-backed ones under the GPU lock if any)."""
         if self._faiss_lock is None:
             return codes.search(queries, k)
         with self._faiss_lock:
@@ -445,7 +445,7 @@ def _rerank_one(vectors: np.ndarray, query: np.ndarray, candidates: np.ndarray, 
 
 def rerank_from(source, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`rerank` against ``source``: stored vectors (N, D), memory-mapped or not, or a codec whose
-    decoded vectors (``triclip.index.codecs.Codec.reconstruct``) are scored; only the candidates are read."""
+    decoded vectors (``triclip.codecs.Codec.reconstruct``) are scored; only the candidates are read."""
     if isinstance(source, np.ndarray):
         return rerank(source, queries, candidates, k)
     valid = candidates >= 0

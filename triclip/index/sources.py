@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index import faiss_index as fi
 from triclip.index.build import Collection, build_and_write
 from triclip.index.config import IndexBuildConfig, check_build, listed  # noqa: F401 (IndexBuildConfig re-exported)

@@ -12,10 +12,10 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import METRIC, bytes_note, first
-from triclip.index.codecs.faiss_codec import CodebookCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 FAST_BITS = 4  # fast scan's only width
 

@@ -12,12 +12,12 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import METRIC, bytes_note
-from triclip.index.codecs.faiss_codec import CodebookCodec
-from triclip.index.codecs.pqfs import FAST_BITS
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.rq import RQ_MEMORY
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note
+from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.pqfs import FAST_BITS
+from triclip.codecs.registry import register_codec
+from triclip.codecs.rq import RQ_MEMORY
+from triclip.codecs.spec import CodecSpec
 
 RQFS_MAX_CODES = 16  # most codebooks among the candidates (RQ16x4fs on 5k x 256: ~20 s to train on a shared
 # machine; RQ32x4fs twice that, at 16 B where PQ32x4fs trains in a second)
@@ -62,7 +62,7 @@ class RQFastScanCodec(CodebookCodec):
         return spec, inner, None
 
     def apply_settings(self):
-        """Encode with :data:`~triclip.index.codecs.rq.RQ_MEMORY` of distance tables (not saved in the file)."""
+        """Encode with :data:`~triclip.codecs.rq.RQ_MEMORY` of distance tables (not saved in the file)."""
         faiss.downcast_index(self.index.index).rq.max_mem_distances = RQ_MEMORY
 
     @classmethod

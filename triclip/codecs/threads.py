@@ -8,7 +8,7 @@ cost 30.6 ms of CPU per query against 0.22 ms with one thread each (docs/benchma
 
 :func:`set_search_threads` sets the count for every search from then on, in whatever thread;
 :func:`in_search_thread` is called at every search entry (``triclip.index.faiss_index.search``,
-``triclip.index.codecs.Codec.search``, ``triclip.index.search.Searcher.search_vectors``) and applies it to the
+``triclip.codecs.Codec.search``, ``triclip.index.search.Searcher.search_vectors``) and applies it to the
 calling thread when that thread's count differs (one call to OpenMP, ~1 µs; nothing when it already matches).
 """
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import faiss
 
-from triclip.index.codecs.base import METRIC, bytes_note, first
-from triclip.index.codecs.faiss_codec import FaissCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.faiss_codec import FaissCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 FACTOR_BYTES = 8  # per vector: the estimator's two float32 factors
 

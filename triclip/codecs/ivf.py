@@ -40,12 +40,12 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index import faiss_index as fi
-from triclip.index.codecs.base import METRIC, unit_prefix
-from triclip.index.codecs.faiss_codec import FaissCodec
-from triclip.index.codecs.registry import lookup, register_codec
-from triclip.index.codecs.rq import RQ_MEMORY
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs import ondisk
+from triclip.codecs.base import METRIC, unit_prefix
+from triclip.codecs.faiss_codec import FaissCodec
+from triclip.codecs.registry import lookup, register_codec
+from triclip.codecs.rq import RQ_MEMORY
+from triclip.codecs.spec import CodecSpec
 
 IVF_MIN_N = 100_000  # no inverted lists below this many vectors: a flat fast scan of them is already quick
 # (benchmarks/bench_ivf.py: PQ32x4fs, D = 256, one thread, shared 2 cores: see docs/benchmarks.md)
@@ -247,11 +247,11 @@ class IVFCodec(FaissCodec):
 
     def on_disk(self) -> bool:
         """Whether the lists are in a memory-mapped file (``faiss.OnDiskInvertedLists``)."""
-        return fi.is_on_disk(self.index)
+        return ondisk.is_on_disk(self.index)
 
     def filled_on_disk(self, vectors, lists: Path) -> "IVFCodec":
         """A copy of this trained code holding every row of ``vectors`` (``ShardVectors``), its lists merged into
-        the file ``lists`` (FAISS's on-disk lists, ``triclip.index.faiss_index.merge_on_disk``; recorded by its bare
+        the file ``lists`` (FAISS's on-disk lists, ``triclip.codecs.ondisk.merge_on_disk``; recorded by its bare
         name, read beside the code file). One shard in memory at a time. Fast-scan lists (FAISS's blocked lists)
         have no on-disk form: UserError."""
         if isinstance(faiss.downcast_InvertedLists(self.ivf.invlists), faiss.BlockInvertedLists):
@@ -263,12 +263,12 @@ class IVFCodec(FaissCodec):
                 copy = self.empty_copy()
                 copy.index.add_with_ids(x, np.arange(vectors.offsets[s], vectors.offsets[s] + len(x), dtype=np.int64))
                 files.append(lists.parent / f"{lists.stem}.part{s:05d}.faiss")
-                fi.save(copy.index, files[-1])
+                ondisk.save(copy.index, files[-1])
                 counts.append(len(x))
-        merged = fi.merge_on_disk(self.index, files, counts, lists)
+        merged = ondisk.merge_on_disk(self.index, files, counts, lists)
         for file in files:
             file.unlink(missing_ok=True)
-        fi.relocate_lists(merged, lists.name)
+        ondisk.relocate_lists(merged, lists.name)
         return IVFCodec(self.spec, merged, self.dim)
 
 

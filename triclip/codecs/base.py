@@ -9,8 +9,8 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.spec import CodecSpec
-from triclip.index.threads import in_search_thread
+from triclip.codecs.spec import CodecSpec
+from triclip.codecs.threads import in_search_thread
 
 METRIC = faiss.METRIC_INNER_PRODUCT
 
@@ -54,7 +54,7 @@ class Codec:
 
     @classmethod
     def fit(cls, spec: CodecSpec, train: np.ndarray, importance: np.ndarray | None = None) -> Codec:
-        """Train a code on (N, D) float32 vectors, finite, m <= D (:func:`triclip.index.codecs.fit` checks); it
+        """Train a code on (N, D) float32 vectors, finite, m <= D (:func:`triclip.codecs.fit` checks); it
         holds no vectors. The returned codec's ``spec`` is the fitted one."""
         raise NotImplementedError
 
@@ -98,7 +98,7 @@ class Codec:
         ``{"nprobe": 16}``); the code itself is not changed, so threads may search with different settings at
         once. None: the code's own. A code without settings refuses any (UserError).
         """
-        in_search_thread()  # OpenMP's thread count is per thread: the serving count here (triclip.index.threads)
+        in_search_thread()  # OpenMP's thread count is per thread: the serving count here (triclip.codecs.threads)
         q = self._check(q, "queries")
         return self._search(q, max(1, min(k, len(self))), self.search_parameters(params))
 
@@ -129,7 +129,7 @@ class Codec:
         return self.code_bytes()
 
     def save(self, path) -> None:
-        """Write the code atomically to ``path`` (:func:`triclip.index.codecs.load` reads it back)."""
+        """Write the code atomically to ``path`` (:func:`triclip.codecs.load` reads it back)."""
         raise NotImplementedError
 
     def empty_copy(self) -> Codec:
@@ -147,7 +147,7 @@ class Codec:
 
 
 class CodecFile:
-    """A file :func:`triclip.index.codecs.load` is reading: its first bytes, and the FAISS index in it read once,
+    """A file :func:`triclip.codecs.load` is reading: its first bytes, and the FAISS index in it read once,
     whichever codecs ask (several codecs share FAISS's ``IndexPreTransform`` file format)."""
 
     def __init__(self, path: str):
@@ -158,7 +158,7 @@ class CodecFile:
     @functools.cached_property
     def faiss_index(self) -> faiss.Index:
         """The index; inverted lists on disk are mapped read-only from the file beside it that it names."""
-        from triclip.index.faiss_index import quiet_stdout
+        from triclip.codecs.ondisk import quiet_stdout
 
         with quiet_stdout():  # FAISS prints a line when it maps on-disk lists
             return faiss.read_index(self.path, faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)

@@ -11,11 +11,11 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.binary import BinaryCodec
-from triclip.index.codecs import ivf
-from triclip.index.codecs.ivf import TRAIN_PER_LIST, lists_for
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.binary import BinaryCodec
+from triclip.codecs import ivf
+from triclip.codecs.ivf import TRAIN_PER_LIST, lists_for
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 FILE_HEAD = b"IBwF"  # FAISS's four characters for an IndexBinaryIVF
 
@@ -40,8 +40,8 @@ class BinaryIVFCodec(BinaryCodec):
 
     @classmethod
     def candidates(cls, budget, dim, n=None):
-        """:mod:`.binary`'s largest m in lists of :func:`~triclip.index.codecs.ivf.lists_for` n; none below
-        :data:`~triclip.index.codecs.ivf.IVF_MIN_N`."""
+        """:mod:`.binary`'s largest m in lists of :func:`~triclip.codecs.ivf.lists_for` n; none below
+        :data:`~triclip.codecs.ivf.IVF_MIN_N`."""
         if n is None or n < ivf.IVF_MIN_N:  # read here: tests lower it
             return []
         nlist = lists_for(n)

@@ -11,10 +11,10 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import METRIC, bytes_note
-from triclip.index.codecs.faiss_codec import CodebookCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note
+from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 RQ_MEMORY = 256 << 20  # bytes of beam-search distance tables RQ encodes with at once (FAISS's default 5 GB:
 # adding 300k vectors to an RQ16x8 peaked at 6.8 GB; with this cap 1.2 GB, the same codes, 1.6x faster)

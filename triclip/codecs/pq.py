@@ -5,10 +5,10 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from triclip.index.codecs.base import METRIC, bytes_note, first
-from triclip.index.codecs.faiss_codec import CodebookCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 PQ_DIMS_PER_CODE = 4  # fewest dimensions per PQ sub-quantiser among the candidates
 

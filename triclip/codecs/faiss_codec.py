@@ -16,8 +16,8 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
-from triclip.index.codecs.base import Codec, CodecFile, unit_prefix
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import Codec, CodecFile, unit_prefix
+from triclip.codecs.spec import CodecSpec
 
 FILE_HEAD = b"IxPT"  # FAISS's four characters for an IndexPreTransform
 
