@@ -65,7 +65,7 @@ def measure(n: int, code: str, budget: int, target: float, centres: np.ndarray, 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     p.add_argument("--sizes", default="10000,30000,100000,300000")
     p.add_argument("--code", default="pqfs", help="the flat code put in lists (an ivf inner code)")
     p.add_argument("--budget", type=int, default=16)
