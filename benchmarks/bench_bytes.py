@@ -1,4 +1,4 @@
-"""Recall against bytes per vector: every code of ``triclip.index.codecs`` and the peers, on a run's served embeddings.
+"""Recall against bytes per vector: every code of ``triclip.codecs`` and the peers, on a run's served embeddings.
 
 Usage::
 
@@ -19,7 +19,7 @@ Rows (bytes = what a vector costs in memory):
 
 - ``float32 top-m (today)``: the first m coordinates re-normalised, exact (today's pruned index);
 - ``int8`` / ``binary`` / ``PQ`` / ``OPQ+PQ`` / ``RQ`` / ``mixed`` / ``float32 (codec)``: every codec of
-  ``triclip.index.codecs``, its row named by the registry (``codecs.family``; MRL-style prefixes for int8 / binary:
+  ``triclip.codecs``, its row named by the registry (``codecs.family``; MRL-style prefixes for int8 / binary:
   for an MRL run, MRL's prefix as int8 / binary); each family's m picked on the val split;
 - ``triclip (chosen on val)``: of every ``codecs.candidates(B, D)``, the one best on val (what
   ``index build --bytes`` keeps), scored on test;
@@ -54,8 +54,8 @@ import faiss  # noqa: E402
 import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from triclip.index import codecs  # noqa: E402
-from triclip.index.allocation import query_weights  # noqa: E402
+from triclip import codecs  # noqa: E402
+from triclip.codecs.allocation import query_weights  # noqa: E402
 from triclip.index.sources import prefix  # noqa: E402
 
 K = 10

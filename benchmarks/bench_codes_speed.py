@@ -1,4 +1,4 @@
-"""Speed and memory of the codes of ``triclip.index.codecs`` as ratios against float32 Flat, in one run.
+"""Speed and memory of the codes of ``triclip.codecs`` as ratios against float32 Flat, in one run.
 
 Usage::
 
@@ -31,7 +31,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_index import synthetic  # noqa: E402
-from triclip.index import codecs  # noqa: E402
+from triclip import codecs  # noqa: E402
 from triclip.index.faiss_index import recall_at_k  # noqa: E402
 
 K = 10

@@ -6,7 +6,7 @@ Usage::
         [--budgets 8,16] [--codecs rq,opq]
 
 The question (docs/results_bytes.md, "Query-weighted vector codes"): the mixed code allocates bits by what a
-dimension contributes to the score ``q . x`` (triclip/index/allocation.py); can a vector quantiser use the same
+dimension contributes to the score ``q . x`` (triclip/codecs/allocation.py); can a vector quantiser use the same
 importance? A code's score error for a query is ``q . e`` (``e`` the image's coding error), whose mean square
 over the queries is ``e^T C e`` with ``C = E[q q^T]``. Coding ``x' = A x`` with ``A^T A = C`` makes a quantiser's
 own objective ``|A e|^2`` exactly that error, and the query is searched as ``A^-T q`` (``q . x = A^-T q . A x``).
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_bytes import K, mean_sd, recall, served, sides  # noqa: E402
-from triclip.index.codecs import CodecSpec, lookup  # noqa: E402
+from triclip.codecs import CodecSpec, lookup  # noqa: E402
 
 WEIGHTINGS = (("none", 0.0), ("diag", 0.0), ("diag", 0.1), ("full", 0.01), ("full", 0.1))
 
@@ -55,7 +55,7 @@ def weighting(queries: np.ndarray, how: str, eps: float) -> np.ndarray:
 
 def quantiser(codec: str, budget: int, d: int, n: int) -> faiss.Index:
     """The index's own RQ (LUT search, no norms) or OPQ+PQ at ``budget`` bytes on all d dimensions, as
-    ``triclip.index.codecs`` builds it for n training vectors (without its top-m re-normalisation: A x is not unit)."""
+    ``triclip.codecs`` builds it for n training vectors (without its top-m re-normalisation: A x is not unit)."""
     _, inner, rotation = lookup(codec).faiss_parts(CodecSpec(codec, d, budget, {"M": budget, "nbits": 8}), n)
     return inner if rotation is None else faiss.IndexPreTransform(rotation, inner)
 

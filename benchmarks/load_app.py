@@ -80,7 +80,7 @@ class LoadConfig:
     clients: int = 20  # concurrent clients, each sending one query after another
     seconds: float = 30.0  # sending stops after this long
     max_requests: int = 100_000  # and after this many queries in all
-    m: int | None = None  # the m searched (None: the app's default, D)
+    m: int | str | None = None  # the m searched, or a byte budget's codes as "8B" (None: the app's default, D)
     funnel: bool = False  # funnel search: shortlist at m, re-rank at D
     k: int = 12  # results per query
     timeout: float = 30.0  # seconds one query may take before it counts as an error
@@ -467,6 +467,16 @@ def process_cpu(pid: int | None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
+def _m_choice(text: str) -> int | str:
+    """``--m``: an m (``64``) or a byte budget's codes (``8B``), as the app's control takes them."""
+    text = text.strip()
+    if text.upper().endswith("B") and text[:-1].isdigit():
+        return f"{int(text[:-1])}B"
+    if text.isdigit():
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected an m like 64 or a budget like 8B, got {text!r}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -474,7 +484,8 @@ def main(argv=None) -> int:
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--seconds", type=float, default=30.0)
     p.add_argument("--max-requests", type=int, default=100_000)
-    p.add_argument("--m", type=int, default=None, help="m searched (default: the app's default, D)")
+    p.add_argument("--m", type=_m_choice, default=None,
+                   help="m searched, or a byte budget's codes as 8B (index build --bytes) (default: the app's default, D)")
     p.add_argument("--funnel", action="store_true", help="shortlist at --m, re-rank at D")
     p.add_argument("-k", type=int, default=12)
     p.add_argument(

@@ -1,8 +1,9 @@
 """Dependencies point one way, in pipeline order (docs/CONTRACT.md "Layout"); no import circles.
 
-The packages under ``triclip/``: ``core`` <- ``data``, ``compact`` <- ``model``, ``losses`` <- ``training``
-<- ``index`` <- ``app``, where ``index`` (search) never imports ``training`` or ``losses``: a served index
-reads runs through ``triclip.model.run`` only.
+The packages under ``triclip/``: ``core`` <- ``data``, ``compact`` <- ``codecs``, ``model``, ``losses`` <-
+``training`` <- ``index`` <- ``app``, where ``codecs`` (byte codes) imports only ``core`` and ``compact``, and
+``index`` (search) never imports ``training`` or ``losses``: a served index reads runs through
+``triclip.model.run`` only.
 
 Read from the source with ``ast`` (every ``import`` / ``from ... import``, lazy ones
 inside functions included), so a backwards import anywhere fails here.
@@ -21,15 +22,16 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("core", "data", "compact", "model", "losses", "training", "index", "app")  # pipeline order
+PACKAGES = ("core", "data", "compact", "codecs", "model", "losses", "training", "index", "app")  # pipeline order
 ALLOWED = {
     "core": {"core"},
     "data": {"core", "data"},
     "compact": {"core", "compact"},
+    "codecs": {"core", "compact", "codecs"},  # byte codes: FAISS and numpy, never the index that stores them
     "model": {"core", "data", "compact", "model"},
     "losses": {"core", "compact", "losses"},
     "training": {"core", "data", "compact", "model", "losses", "training"},
-    "index": {"core", "data", "compact", "model", "index"},
+    "index": {"core", "data", "compact", "codecs", "model", "index"},
     "app": set(PACKAGES),  # the CLI's train / eval commands and the demo call training
 }
 # app modules that serve search read runs through the library only (the CLI's train / eval handlers

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.index.conftest import make_run
+from tests.index.conftest import GivenLatency, make_run
 
 DIMS = [8, 16]  # m's of the test index besides D = 32
 
@@ -48,7 +48,9 @@ def small_index(root: Path, num: int = 40, seed: int = 0, **options) -> Path:
     prepare("shapes", str(root / "data"), num=num, seed=seed)
     run = make_run(root / "run", seed=seed)
     data = str(root / "data" / "train.jsonl")
-    build_index(IndexBuildConfig(run=str(run), data=data, out=str(root / "index"), dims=DIMS, **options))
+    with pytest.MonkeyPatch.context() as patch:  # the choice of a budget's code is by recall, not by this machine's load
+        patch.setattr("triclip.index.budgets.latency_model", lambda: GivenLatency())
+        build_index(IndexBuildConfig(run=str(run), data=data, out=str(root / "index"), dims=DIMS, **options))
     return root / "index"
 
 

@@ -122,18 +122,36 @@ def test_cli_app_on_a_missing_index_is_one_line_exit_2(tmp_path):
 
 
 def test_set_threads_sets_torch_and_faiss_threads():
+    """FAISS's count is OpenMP's, per thread: a thread started afterwards searches with it too."""
+    import threading
+
     import faiss
+    import numpy as np
     import torch
 
     from triclip.app.server import set_threads
+    from triclip.index.faiss_index import search
+    from triclip.codecs.threads import set_search_threads
 
     before = torch.get_num_threads()
+    seen = []
+    index = faiss.IndexFlatIP(4)
+    index.add(np.eye(4, dtype=np.float32))
+
+    def worker():
+        search(index, np.eye(4, dtype=np.float32)[:1], 2)
+        seen.append(faiss.omp_get_max_threads())
+
     try:
         set_threads(1)
         assert torch.get_num_threads() == 1 and faiss.omp_get_max_threads() == 1
+        thread = threading.Thread(target=worker)
+        thread.start()
+        thread.join()
+        assert seen == [1]
     finally:
         torch.set_num_threads(before)
-        faiss.omp_set_num_threads(before)
+        set_search_threads(None)
 
 
 def test_json_route_answers_as_the_searcher_does(app_url, app_index):

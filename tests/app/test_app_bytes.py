@@ -11,6 +11,12 @@ from tests.app.conftest import serving, small_index
 QUERY = "two red circles"
 
 
+def _label(entry: dict) -> str:
+    from triclip.codecs import CodecSpec
+
+    return CodecSpec.from_json(entry["spec"]).label()
+
+
 @pytest.fixture(scope="module")
 def bytes_index(tmp_path_factory):
     return small_index(tmp_path_factory.mktemp("bytes"), num=60, bytes=[4, 8])
@@ -31,7 +37,11 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     for budget in (4, 8):
         entry = searcher.manifest["budgets"][str(budget)]
         label = choices[f"{budget}B"]
-        assert label.startswith(f"{budget} B: {entry['spec']['codec']}") and f"R@10 {entry['recall']:.3f}" in label
+        assert label.startswith(f"{budget} B: {_label(entry)}") and f"R@10 {entry['recall']:.3f}" in label
+        assert label.endswith(f" · {entry['latency']['ms']:.3g} ms")  # the latency the build measured at this size
+        row = next(line for line in frontier_text(view).splitlines() if line.startswith(f"| {budget} B |"))
+        assert f"| {entry['latency']['ms']:.3g} ms ({entry['latency']['how']}) |" in row  # the bytes panel's column
+    assert "| latency (1 query) |" in frontier_text(view)
     items, status, ids = app.search_text(QUERY, "8B", False, 5)
     expected = [h["id"] for h in searcher.search_text([QUERY], k=5, bytes=8)[0]]
     assert ids == expected and "8 B per image" in status and "re-scored" not in status
@@ -63,7 +73,7 @@ def test_image_to_text_by_a_budget_searches_its_caption_codes(bytes_index):
     expected = searcher.search_image([image], k=5, target="text", bytes=8)[0]
     assert list(rows["caption"]) == [h["caption"] for h in expected] and len(rows) == 5
     entry = searcher.manifest["budgets"]["8"]["text"]
-    assert f"8 B per caption: {entry['spec']['codec']}" in status and f"i2t recall@10 {entry['recall']:.3f}" in status
+    assert f"8 B per caption: {_label(entry)}" in status and f"i2t recall@10 {entry['recall']:.3f}" in status
     rows, status = app.image_to_text(image, "8B", True, 5)
     assert list(rows["caption"]) == [h["caption"] for h in
                                      searcher.search_image([image], k=5, target="text", bytes=8, rescore="float")[0]]
@@ -75,6 +85,10 @@ def test_the_json_route_takes_bytes(bytes_index):
         route = url + "triclip/api/search_text"
         answer = httpx.get(route, params={"q": QUERY, "bytes": 4, "k": 3}, timeout=60).json()
         assert answer["bytes"] == 4 and len(answer["hits"]) == 3 and answer["m"] >= 1
+        from triclip.index.store import read_manifest
+
+        assert answer["latency_ms"] == read_manifest(bytes_index)["budgets"]["4"]["latency"]["ms"] > 0
+        assert httpx.get(route, params={"q": QUERY, "m": 8}, timeout=60).json()["latency_ms"] is None
         bad = httpx.get(route, params={"q": QUERY, "bytes": 6}, timeout=60)
         assert bad.status_code == 400 and "bytes must be one of [4, 8]" in bad.json()["error"]
         both = httpx.get(route, params={"q": QUERY, "bytes": 4, "m": 8}, timeout=60)

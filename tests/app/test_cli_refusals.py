@@ -82,7 +82,7 @@ CASES = [  # (argv, what the one line must say)
     (SEARCH + ["--bytes", "0"], "--bytes must be >= 1"),
     (SEARCH + ["--bytes", "129"], "--bytes 129 is above the float vectors' size"),
     (SEARCH + ["--bytes", "8"], "--bytes 8: no codes of that many bytes here"),
-    (SEARCH + ["--bytes", "8", "--rescore", "many"], "--rescore takes float or a number of bytes"),
+    (SEARCH + ["--bytes", "8", "--rescore", "many"], "--rescore takes float, none or a number of bytes"),
     (SEARCH + ["--m", "7"], "m=7 is not indexed here; choose from [8, 16, 32]"),
     (SEARCH + ["--funnel", "4"], "funnel=4 is not indexed here"),
     (SEARCH + ["-k", "0"], "-k must be >= 1"),

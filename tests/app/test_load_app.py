@@ -49,3 +49,13 @@ def test_only_this_machine_is_loaded():
 def test_gradio_clients_only_use_the_queue(app_url):
     with pytest.raises(SystemExit, match="--client gradio"):
         run_load(LoadConfig(app_url, clients=1, seconds=1, client="gradio", api="json"))
+
+
+def test_m_takes_an_m_or_a_byte_budget():
+    import argparse
+
+    from benchmarks.load_app import _m_choice
+
+    assert _m_choice("64") == 64 and _m_choice("8B") == "8B" and _m_choice(" 16b") == "16B"
+    with pytest.raises(argparse.ArgumentTypeError):
+        _m_choice("eight")

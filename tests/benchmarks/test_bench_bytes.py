@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks import bench_bytes as bb
-from triclip.index import codecs
+from triclip import codecs
 
 
 def _split(n: int, dim: int, seed: int, texts=None) -> dict:

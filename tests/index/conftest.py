@@ -87,3 +87,44 @@ def synthetic():
     x = centres[rng.integers(0, 40, 3000)] + 0.3 * unit_vectors(rng, 3000, 32)
     x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
     return ShardVectors.of([x[:1100], x[1100:1100], x[1100:2500], x[2500:]])
+
+
+class GivenLatency:
+    """A latency model that times nothing (``triclip.index.latency.LatencyModel``'s interface): each code's query
+    takes ``per_byte`` ms per byte of its code (``codes``: ms by codec name instead), a re-rank ``per_candidate``
+    ms per candidate, the float32 scan ``reference`` ms; probes say what the fitted code would."""
+
+    def __init__(self, reference: float = 1.0, per_byte: float = 0.001, per_candidate: float = 0.0,
+                 codes: dict | None = None):
+        self.reference, self.per_byte, self.per_candidate, self.codes = reference, per_byte, per_candidate, codes or {}
+
+    def ms(self, spec) -> float:
+        return self.codes.get(spec.codec, self.per_byte * spec.bytes_per_vector)
+
+    def search(self, codec, queries, k, n, params=None):
+        from triclip.index.latency import Latency
+
+        return Latency(self.ms(codec.spec), "given")
+
+    def rerank(self, vectors, queries, count):
+        return self.per_candidate * count
+
+    def float_scan(self, vectors, queries, n):
+        from triclip.index.latency import Latency
+
+        return Latency(self.reference, "given")
+
+    def probe(self, spec, dim, n, queries):
+        from triclip.index.latency import Latency
+
+        return Latency(self.ms(spec), "given")
+
+
+@pytest.fixture
+def given_latency(monkeypatch):
+    """Builds in this test take their latencies from a :class:`GivenLatency` (returned; change its fields)."""
+    from triclip.index import budgets
+
+    model = GivenLatency()
+    monkeypatch.setattr(budgets, "latency_model", lambda: model)
+    return model

@@ -8,29 +8,37 @@ import json
 import numpy as np
 import pytest
 
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.search import Searcher
 from triclip.index.store import current_version, load_contents
 from triclip.index.vectors import exact_topk
 from triclip.core.errors import UserError
-from tests.index.conftest import EMBED_DIM
+from tests.index.conftest import EMBED_DIM, GivenLatency
 
 BUDGETS = [4, 8, 16]
 
 
 @pytest.fixture(scope="module")
 def by_bytes(run_dir, shapes_dir, tmp_path_factory):
+    """Every code answers within the bound (latencies given, not timed): the choice is by recall, as before."""
+    from triclip.index import budgets
+
     out = tmp_path_factory.mktemp("bytes") / "index"
-    summary = build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out),
-                                           dims=[8], bytes=BUDGETS))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(budgets, "latency_model", lambda: GivenLatency())
+        summary = build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out),
+                                               dims=[8], bytes=BUDGETS))
     return out, summary
 
 
 def _recall_from_files(folder, budget: int) -> float:
-    """t2i recall@10 over distinct captions of the stored codes, from the version's files only."""
+    """t2i recall@10 over distinct captions of the stored codes, from the version's files only: the codes alone,
+    or their recorded shortlist re-ranked by the stored float vectors."""
     manifest = json.loads((folder / "manifest.json").read_text())
-    codec = codecs.load(folder / manifest["budgets"][str(budget)]["file"], manifest["dim"])
+    entry = manifest["budgets"][str(budget)]
+    codec = codecs.load(folder / entry["file"], manifest["dim"])
+    image = np.load(folder / "vectors.npy")  # (N, D)
     text = np.load(folder / "text_vectors.npy")  # (T, D)
     rows = np.load(folder / "text_rows.npy")  # (T, 2)
     meta = [json.loads(line) for line in (folder / "meta.jsonl").read_text().splitlines()]
@@ -41,7 +49,11 @@ def _recall_from_files(folder, budget: int) -> float:
         positives.setdefault(caption, set()).add(row)
     hits = 0
     for caption, t in first.items():
-        _, ids = codec.search(text[t : t + 1], 10)
+        if entry["rescore"] is None:
+            _, ids = codec.search(text[t : t + 1], 10)
+        else:  # the evaluation is the indexed images themselves here: the recorded shortlist as it is
+            _, short = codec.search(text[t : t + 1], entry["rescore"]["shortlist"])
+            ids = short[:, np.argsort(-(image[short[0]] @ text[t]), kind="stable")[:10]]
         hits += any(int(i) in positives[caption] for i in ids[0])
     return hits / len(first)
 
@@ -78,9 +90,12 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
         entry = manifest["budgets"][str(b)]
         assert entry["spec"]["bytes_per_vector"] <= b and (folder / entry["file"]).is_file()
         assert entry["recall"] == pytest.approx(_recall_from_files(folder, b), abs=1e-9)
-        tried = [c["recall"] for c in curves["candidates"][str(b)] if c["recall"] is not None]
-        assert len(tried) >= 4 and entry["recall"] == max(tried)  # the best of every codec and m that fits
+        tried = [min(c["recall"], entry["full_recall"]) for c in curves["candidates"][str(b)] if c["recall"] is not None]
+        assert len(tried) >= 4 and min(entry["recall"], entry["full_recall"]) == max(tried)  # the best that fits,
+        # counted up to the float vectors' own recall
         assert curves["chosen"][str(b)]["recall"] == entry["recall"]
+        assert entry["latency"] == {"ms": round(GivenLatency().ms(codecs.CodecSpec.from_json(entry["spec"])), 4),
+                                    "how": "given"} and entry["latency_bound_ms"] == 1.0
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
     tried = [c["codec"] for c in curves["candidates"]["4"]]
     assert tried == [s.codec for s in codecs.candidates(4, manifest["dim"])]  # every registered codec that fits, in order
@@ -278,14 +293,19 @@ def test_validation_recall_is_the_stored_codes_on_the_validation_split(run_dir, 
 def test_opq_and_rq_on_too_few_vectors_are_skipped_not_a_crash():
     """OPQ trained on fewer than 256 vectors of D = 256 aborted the whole process inside FAISS (RQ raised in its
     PCA); a budget then measures the other codes and says why OPQ and RQ were left out."""
-    from triclip.index.budgets import EvalSet, choose
+    from triclip.index.budgets import EvalSet, Rules, choose
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((190, 256)).astype(np.float32)
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     evaluation = EvalSet.of(x[:40], x[:40], np.arange(40), [f"t{i}" for i in range(40)], "indexed", "synthetic")
-    choice = choose(16, x, evaluation)
+    rules = Rules(n=len(x), model=GivenLatency())
+    choice = choose(16, x, evaluation, rules=rules)
     opq = [c for c in choice.tried if c["codec"] in ("opq", "rq")]
-    assert {c["codec"] for c in opq} == {"opq", "rq"}
-    assert all(c["recall"] is None and "at least 256" in c["error"] for c in opq)
+    assert {c["codec"] for c in opq} == {"opq", "rq"}  # not fitted: too few vectors, or a kept code is as good
+    assert all(c["recall"] is None and ("at least 256" in c.get("error", "") or "cannot win" in c.get("skipped", ""))
+               for c in opq)
     assert choice.recall == max(c["recall"] for c in choice.tried if c["recall"] is not None)
+    for codec in ("opq", "rq"):  # alone, each is fitted and refused in one line
+        with pytest.raises(UserError, match="could be fitted: .*at least 256"):
+            choose(16, x, evaluation, force=codec, rules=rules)

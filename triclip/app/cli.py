@@ -278,7 +278,7 @@ def _index_build_options(p: argparse.ArgumentParser) -> None:
 
 
 def _codec_names() -> tuple[str, ...]:
-    from triclip.index.codecs import names
+    from triclip.codecs import names
 
     return names()
 

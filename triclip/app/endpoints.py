@@ -260,9 +260,12 @@ class SearchApp:
             entry = view.budgets[_budget(m)]
             entry = entry if target == "image" else entry["text"]
             metric = "recall@10" if target == "image" else "i2t recall@10"
-            recall = f" ({metric} {entry['recall']:.3f})" if entry.get("recall") is not None else ""
+            recall = f" ({metric} {entry['recall']:.3f}{latency_note(entry)})" if entry.get("recall") is not None else ""
             what = f"{_budget(m)} B per {'image' if target == 'image' else 'caption'}: {code_label(entry)}{recall}"
-            return f"{what}, re-scored at D = {view.dim}" if funnel else what
+            if funnel:
+                return f"{what}, re-scored at D = {view.dim}"
+            stage = entry.get("rescore")
+            return f"{what}, its top {stage['shortlist']} re-ranked at D = {view.dim}" if stage else what
         recall = view.recall.get(m)
         measured = f" (recall@10 {recall:.3f})" if recall is not None else ""
         if funnel:
@@ -341,13 +344,20 @@ def check_budget(view, value) -> str:
     return f"{budget}B"
 
 
+def latency_note(entry: dict) -> str:
+    """``", 0.052 ms"``: a budget's recorded single-query latency at the index's size (index build --bytes); ""
+    for an index that records none."""
+    latency = entry.get("latency")
+    return f", {latency['ms']:.3g} ms" if latency else ""
+
+
 def _budget(choice: str) -> int:
     return int(choice[:-1])
 
 
 def code_label(entry: dict) -> str:
-    """The code a budget stores, e.g. ``opq16x8 m=32`` (``triclip.index.codecs.CodecSpec.label``)."""
-    from triclip.index.codecs import CodecSpec
+    """The code a budget stores, e.g. ``opq16x8 m=32`` (``triclip.codecs.CodecSpec.label``)."""
+    from triclip.codecs import CodecSpec
 
     return CodecSpec.from_json(entry["spec"]).label()
 

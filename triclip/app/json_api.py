@@ -1,7 +1,8 @@
 """The JSON API: ``GET SEARCH_ROUTE?q=...&m=...|bytes=...&k=...&funnel=0|1``, text -> image outside Gradio.
 
-``bytes=B`` searches the codes of B bytes per image (``index build --bytes``; ``funnel=1`` re-scores
-their shortlist with the float vectors); the answer names ``m`` and ``bytes`` searched.
+``bytes=B`` searches the codes of B bytes per image (``index build --bytes``) with the stages the build chose
+(``funnel=1``: their shortlist re-scored with the float vectors); the answer names ``m`` and ``bytes`` searched
+and ``latency_ms``, the budget's single-query latency the build measured at the index's size (None for an m).
 
     routes = [json_route(app)]     # app: an triclip.app.endpoints.SearchApp; mounted beside Gradio's routes
 
@@ -36,7 +37,7 @@ class JsonSearch:
     server's CPU per query. Queries arriving together are embedded in one batch: one
     drain task at a time takes the waiting queries of one index version (up to
     ``AppConfig.batch``), embeds them in a worker thread and answers each. Answer:
-    ``{"query", "m", "funnel", "ms", "hits": [{"id", "image" (URL of the image route),
+    ``{"query", "m", "bytes", "latency_ms", "funnel", "ms", "hits": [{"id", "image" (URL of the image route),
     "caption", "score"}]}``; bad input is a 400 with ``{"error": message}``.
     """
 
@@ -74,8 +75,9 @@ class JsonSearch:
             hit["image"] = self.app.image_url(base, view, hit["id"])
         ms = round((time.perf_counter() - started) * 1000, 2)
         budget = int(m[:-1]) if isinstance(m, str) else None
+        latency = (view.budgets[budget].get("latency") or {}).get("ms") if budget else None
         answer = {"query": text, "m": view.budgets[budget]["spec"]["m"] if budget else m, "bytes": budget,
-                  "funnel": funnel, "ms": ms, "version": view.version, "hits": hits}
+                  "latency_ms": latency, "funnel": funnel, "ms": ms, "version": view.version, "hits": hits}
         return JSONResponse({**answer, "left_out": left_out} if left_out else answer)
 
     async def _embed(self, view: IndexView, text: str):

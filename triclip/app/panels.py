@@ -204,6 +204,8 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
         label += f" · {human_bytes(entry['index_bytes'])}"
         if entry.get("recall") is not None:
             label += f" · R@10 {entry['recall']:.3f}"
+        if entry.get("latency"):
+            label += f" · {entry['latency']['ms']:.3g} ms"
         out.append((label, f"{budget}B"))
     return out
 
@@ -383,7 +385,27 @@ def frontier_text(view: IndexView) -> str:
         captions = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})"
                              for b, c in sorted(text["chosen"].items(), key=lambda kv: int(kv[0])))
         words += f" Image→text searches the caption codes of the same budgets, by i2t recall@10: {captions}."
-    return words
+    return words + budgets_table(view)
+
+
+def budgets_table(view: IndexView) -> str:
+    """The stored image codes as a table: bytes, code, stages, recall, single-query latency at this index's size
+    (measured, or extrapolated from a sample, by the build), memory held and disk read per query."""
+    from triclip.app.endpoints import code_label
+    from triclip.index.budgets import human_bytes
+
+    if not view.budgets:
+        return ""
+    rows = ["", "", "| bytes | code | stages | recall@10 | latency (1 query) | in memory | read from disk per query |",
+            "|---:|---|---|---:|---:|---:|---:|"]
+    for budget, e in sorted(view.budgets.items()):
+        stage, latency = e.get("rescore"), e.get("latency")
+        stages = f"codes + float top {stage['shortlist']}" if stage else "codes"
+        took = f"{latency['ms']:.3g} ms ({latency['how']})" if latency else "-"
+        disk = human_bytes(stage["disk_bytes_per_query"]) if stage else "0 B"
+        rows.append(f"| {budget} B | {code_label(e)} | {stages} | {e['recall']:.3f} | {took}"
+                    f" | {human_bytes(e.get('ram_bytes', e['index_bytes']))} | {disk} |")
+    return "\n".join(rows)
 
 
 def frontier_figure(view: IndexView):
@@ -391,7 +413,7 @@ def frontier_figure(view: IndexView):
     pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
     from matplotlib.figure import Figure
 
-    from triclip.index.codecs import title
+    from triclip.codecs import title
 
     front = (view.curves or {}).get("bytes")
     if not front:
@@ -401,7 +423,7 @@ def frontier_figure(view: IndexView):
     best: dict[str, dict[int, float]] = {}
     for tried in front["candidates"].values():
         for c in tried:
-            if c.get("recall") is not None:
+            if c.get("recall") is not None and c.get("stages", "codes") == "codes":  # bytes in memory: codes alone
                 by = best.setdefault(c["codec"], {})
                 by[c["bytes"]] = max(by.get(c["bytes"], 0.0), c["recall"])
     for codec, points in sorted(best.items()):

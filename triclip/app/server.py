@@ -84,12 +84,14 @@ def log_to_stderr() -> None:
 
 
 def set_threads(threads: int) -> None:
-    """Threads each search may use in torch (and the ONNX Runtime sessions made after this) and FAISS."""
-    import faiss
+    """Threads each search may use in torch (and the ONNX Runtime sessions made after this) and FAISS: FAISS's in
+    every thread that searches (OpenMP's count is per thread: ``triclip.codecs.threads``), not only this one."""
     import torch
 
+    from triclip.codecs.threads import set_search_threads
+
     torch.set_num_threads(max(1, threads))
-    faiss.omp_set_num_threads(max(1, threads))
+    set_search_threads(max(1, threads))
 
 
 def interrupt(signum, frame):

@@ -1,7 +1,7 @@
 """``index build --bytes 8,16,32``: for each budget, the code that retrieves best, measured; torch-free.
 
 For each budget B (bytes per vector, codes only) every codec and m that fits
-(``triclip.index.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
+(``triclip.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
 ``FIT_ROWS``), then measured on an evaluation set: the validation split's served vectors
 (``--val-data``), else the indexed data's first images. The image codes are measured by
 text->image recall@10 over distinct caption texts (a text's positives are every image
@@ -17,17 +17,24 @@ beside float pruning (the index ordering's curve at 4m bytes): the frontier the 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from triclip.index import codecs
 from triclip.core.errors import UserError
 from triclip.core.progress import progress
+from triclip import codecs
+from triclip.index.latency import Latency, LatencyModel
+from triclip.index.search import rerank
+from triclip.index.vectors import exact_topk
 
 FIT_ROWS = 20_000  # collection vectors a code is fitted on (a seeded sample beyond)
 EVAL_MAX_IMAGES = 5000  # without --val-data: the indexed data's first this many images
 K = 10  # recall@K
+TUNE_QUERIES = 200  # evaluation queries that tune nprobe and the shortlist, and time the codes
+SHORTLISTS = (20, 50, 100, 200, 500, 1000, 2000, 5000)  # float re-rank shortlists tried on the sample
+SHORTLIST_MAX = 50_000  # longest shortlist at N (scaled from the sample): 200 MB of float vectors read per query
 
 
 @dataclass
@@ -76,12 +83,53 @@ def recall_at_k(ids: np.ndarray, positives: list[set[int]], k: int = K) -> float
     return float(np.mean(hits)) if hits else 0.0
 
 
-def measure(codec: codecs.Codec, evaluation: EvalSet) -> float:
-    """Recall@10 of ``codec``'s trained code on the evaluation set (a copy holding its gallery)."""
+def measure(codec: codecs.Codec, evaluation: EvalSet, shortlist: int | None = None) -> float:
+    """Recall@10 of ``codec``'s trained code on the evaluation set (a copy holding its gallery), scanning every
+    vector (inverted lists: all of them). ``shortlist``: its top ``shortlist`` re-ranked by the float vectors."""
     gallery = codec.empty_copy()
     gallery.add(evaluation.gallery)
-    _, ids = gallery.search(evaluation.queries, K)
-    return recall_at_k(ids, evaluation.positives)
+    if shortlist is None:
+        return recall_at_k(gallery.search(evaluation.queries, K, params=gallery.exhaustive())[1], evaluation.positives)
+    return recall_at_k(_two_stage(gallery, evaluation.gallery, evaluation.queries, shortlist, gallery.exhaustive()),
+                       evaluation.positives)
+
+
+def latency_model() -> LatencyModel:
+    """The latency model a build uses: timed on this machine (tests replace this function: nothing is timed)."""
+    return LatencyModel()
+
+
+@dataclass
+class Rules:
+    """What a budget's code must meet (``index build --bytes B [--latency-ms L]``)."""
+
+    n: int  # the collection's size N the latencies are for
+    latency_ms: float | None = None  # single-query bound, one thread (None: the float32 scan of N vectors at D)
+    recall_target: float = 0.95  # nprobe: share of the code's own top 10 kept; shortlist: of the exact float top 10
+    rescore: bool = True  # also offer each code as the first of two stages (its shortlist re-ranked by float vectors)
+    model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
+
+
+@dataclass
+class Variant:
+    """One way to search a fitted code: alone, or as the first stage before a float re-rank."""
+
+    codec: codecs.Codec  # fitted, holding no vectors (inverted lists: with their tuned nprobe)
+    recall: float  # recall@10 on the evaluation set, times ``keeps``
+    latency: Latency  # one query at N
+    shortlist: int | None = None  # candidates re-ranked by the float vectors at N (None: the codes alone)
+    shortlist_how: str = "measured"  # measured at N, or extrapolated from the sample (N / n_sample times longer)
+    keeps: float = 1.0  # inverted lists: share of the exhaustive answers kept at the tuned nprobe (on the sample)
+    code_recall: float = 0.0  # the codes alone, scanned exhaustively, on the evaluation set
+
+    def entry(self, dim: int) -> dict:
+        """Its row in ``curves.json``'s candidates and in the build's table."""
+        spec = self.codec.spec
+        return {"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector,
+                "stages": "codes" if self.shortlist is None else "codes + float re-rank", "recall": self.recall,
+                "code_recall": self.code_recall, "keeps": round(self.keeps, 4), "latency_ms": round(self.latency.ms, 4),
+                "latency": self.latency.how, "shortlist": self.shortlist,
+                "disk_bytes_per_query": 4 * dim * (self.shortlist or 0)}
 
 
 @dataclass
@@ -90,37 +138,206 @@ class Choice:
 
     budget: int
     codec: codecs.Codec  # fitted, holding no vectors
-    recall: float  # measured on the evaluation set, by this very codec
-    tried: list[dict]  # {"label", "codec", "m", "bytes", "recall"} per candidate, in the order tried
+    recall: float  # measured on the evaluation set, by this very codec (and its stages)
+    tried: list[dict]  # per candidate (and stage), in the order of codecs.candidates: Variant.entry, or a
+    # {"label", "codec", "m", "bytes", "recall": None, "error" | "skipped"} for one not measured
+    kept: Variant | None = None  # the kept way to search it
+    bound_ms: float = 0.0  # the latency bound it was kept within
+    reference: Latency | None = None  # the float32 scan of N vectors at D
+    note: str = ""  # why the kept code is outside the bound, when it is
+    full_recall: float | None = None  # the float vectors' own recall@10 at D on the evaluation set (the ceiling)
 
 
-def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0) -> Choice:
-    """Fit every candidate code of ``budget`` bytes on ``train`` (N, D), measure each, keep the best.
+def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,
+           rules: Rules | None = None) -> Choice:
+    """Fit the candidate codes of ``budget`` bytes on ``train`` (N, D), measure each, keep the best within the
+    latency bound of ``rules`` (None: N = len(train), bound = the float32 scan of N vectors, with re-scoring).
 
-    ``force``: only that codec's candidates. Ties go to the fewer bytes, then to the earlier candidate.
+    Best: the highest recall@10 on the evaluation set, counted up to the float vectors' own (more is noise of
+    the evaluation set: a code cannot know more than the vectors it codes), then the fewer bytes, then the faster.
+    Slow-to-fit codes are fitted last and left out unfitted when they cannot win: their probe's scan alone is
+    slower than the bound, or a kept code already has full-D recall with no more bytes and a faster query.
+    ``force``: only that codec's candidates. Without any code within the default bound, the fastest is kept
+    (``note`` says so); with ``rules.latency_ms`` given, that is a UserError.
     """
     dim = train.shape[1]
-    specs = [s for s in codecs.candidates(budget, dim) if force is None or s.codec == force]
+    rules = rules or Rules(n=len(train))
+    specs = [s for s in codecs.candidates(budget, dim, rules.n) if force is None or s.codec == force]
     if not specs:
         raise UserError(f"--codec {force} has no code that fits {budget} bytes per vector at D={dim}")
-    sample = _sample(train, seed)
-    best, tried = None, []
-    for spec in progress(specs, desc=f"codes of {budget} B", unit="code", disable=None):
-        try:
-            codec = codecs.fit(spec, sample)
-        except UserError as err:  # e.g. too few vectors for this code: it is not a candidate here
-            tried.append({"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector,
-                          "recall": None, "error": str(err)})
+    tune = TuneSet.of(_sample(train, seed), evaluation)
+    reference = rules.model.float_scan(tune.gallery, tune.queries, rules.n)
+    bound = rules.latency_ms if rules.latency_ms is not None else reference.ms
+    ceiling = recall_at_k(exact_topk(evaluation.gallery, evaluation.queries, K), evaluation.positives)
+    tried: list[dict | None] = [None] * len(specs)
+    found: list[Variant] = []
+    order = sorted(range(len(specs)), key=lambda i: (codecs.lookup(specs[i].codec).fit_cost, i))
+    for i in progress(order, desc=f"codes of {budget} B", unit="code", disable=None):
+        spec = specs[i]
+        best = _best(found, bound, ceiling)
+        why = _left_out(spec, best, bound, ceiling, rules, tune)
+        if why:
+            tried[i] = [_unmeasured(spec, "skipped", why)]
             continue
-        recall = measure(codec, evaluation)
-        fitted = codec.spec
-        tried.append({"label": fitted.label(), "codec": fitted.codec, "m": fitted.m, "bytes": fitted.bytes_per_vector,
-                      "recall": recall})
-        if best is None or (recall, -fitted.bytes_per_vector) > (best[1], -best[0].spec.bytes_per_vector):
-            best = (codec, recall)
+        try:
+            codec = codecs.fit(spec, tune.gallery)
+        except UserError as err:  # e.g. too few vectors for this code: it is not a candidate here
+            tried[i] = [_unmeasured(spec, "error", str(err))]
+            continue
+        variants = evaluate(codec, evaluation, tune, rules)
+        found.extend(variants)
+        tried[i] = [v.entry(dim) for v in variants]
+    choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
+    choice.full_recall = ceiling
+    return choice
+
+
+def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:
+    """The Choice of the best variant within ``bound``; without one, the fastest (or a UserError, see choose)."""
+    if not found:
+        raise UserError(f"no code of {budget} bytes per vector could be fitted: "
+                        f"{next((t.get('error') or t.get('skipped')) for t in reversed(tried))}")
+    best, note = _best(found, bound, ceiling), ""
     if best is None:
-        raise UserError(f"no code of {budget} bytes per vector could be fitted: {tried[-1]['error']}")
-    return Choice(budget, best[0], best[1], tried)
+        fastest = min(found, key=lambda v: v.latency.ms)
+        if rules.latency_ms is not None:
+            raise UserError(f"no code of {budget} bytes per vector answers within {rules.latency_ms:g} ms at"
+                            f" N = {rules.n:,}: the fastest, {_words(fastest)}, takes {fastest.latency.ms:.3g} ms")
+        best, note = fastest, f"no code within the float scan's {bound:.3g} ms at N = {rules.n:,}: the fastest kept"
+    return Choice(budget, best.codec, best.recall, tried, best, bound, reference, note)
+
+
+def _best(found: list[Variant], bound: float, ceiling: float) -> Variant | None:
+    """The best variant within ``bound`` (see :func:`choose`), None when none is."""
+    within = [v for v in found if v.latency.ms <= bound]
+    return max(within, key=lambda v: (min(v.recall, ceiling), -v.codec.spec.bytes_per_vector, -v.latency.ms),
+               default=None)
+
+
+def _left_out(spec, best: Variant | None, bound: float, ceiling: float, rules: Rules, tune) -> str:
+    """Why a slow-to-fit candidate is not fitted ("" to fit it): it cannot win."""
+    if codecs.lookup(spec.codec).fit_cost == 0:
+        return ""
+    full = best is not None and best.recall >= ceiling and spec.bytes_per_vector >= best.codec.spec.bytes_per_vector
+    probe = rules.model.probe(spec, tune.gallery.shape[1], rules.n, tune.queries)
+    if probe is not None and probe.ms > bound:
+        return f"its scan alone takes {probe.ms:.3g} ms at N = {rules.n:,} ({probe.how}), over {bound:.3g} ms"
+    if full and (probe is None or probe.ms >= best.latency.ms):
+        return f"cannot win: {_words(best)} already keeps full-D recall in fewer or as many bytes, as fast"
+    return ""
+
+
+def _words(v: Variant) -> str:
+    return v.codec.spec.label() + ("" if v.shortlist is None else f" + float re-rank of {v.shortlist}")
+
+
+def _unmeasured(spec: codecs.CodecSpec, key: str, why: str) -> dict:
+    return {"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector, "recall": None,
+            key: why}
+
+
+# ---------------------------------------------------------------------------- a fitted code's stages
+
+
+@dataclass
+class TuneSet:
+    """What nprobe, the shortlist and the latencies are tuned on: a sample of the collection (the gallery) and
+    the first evaluation queries, with their exact float32 top 10 among the sample."""
+
+    gallery: np.ndarray  # (n_s, D) collection vectors (the codes' training sample)
+    queries: np.ndarray  # (Q, D), Q <= TUNE_QUERIES
+    truth: np.ndarray  # (Q, K) exact top-K rows of gallery
+
+    @classmethod
+    def of(cls, sample: np.ndarray, evaluation: EvalSet) -> "TuneSet":
+        queries = np.ascontiguousarray(evaluation.queries[:TUNE_QUERIES], dtype=np.float32)
+        return cls(sample, queries, exact_topk(sample, queries, K))
+
+
+def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rules) -> list[Variant]:
+    """The ways to search a fitted ``codec``: alone, and (``rules.rescore``) as the first stage of a float
+    re-rank, each with its recall on the evaluation set and its latency at N.
+
+    Inverted lists get the fewest lists (a power of two) that keep ``rules.recall_target`` of their own
+    exhaustive top 10 on the sample (:func:`tune_nprobe`), set on ``codec``; the re-rank gets the shortest
+    shortlist whose re-ranked top 10 holds that share of the exact float top 10 (:func:`tune_shortlist`),
+    scaled to N when the sample is smaller. Recall on the evaluation set is measured scanning every list,
+    times the share kept at the tuned nprobe (``keeps``), with the shortlist the same share of its gallery as at N.
+    """
+    copy = codec.empty_copy()
+    copy.add(tune.gallery)
+    keeps = 1.0
+    if copy.exhaustive() is not None:
+        nprobe, keeps = tune_nprobe(copy, tune.queries, rules.recall_target)
+        codec.set_nprobe(nprobe)
+        copy.set_nprobe(nprobe)
+    code_recall = measure(codec, evaluation)
+    staged = None
+    if rules.rescore and not (codec.spec.codec == "float32" and codec.spec.m == codec.dim):  # exact already
+        staged = tune_shortlist(copy, tune, rules.recall_target)
+    n_s, n_eval = len(tune.gallery), len(evaluation.gallery)
+    out = []
+    if staged is not None:
+        shortlist, keeps2 = staged
+        at_n = shortlist if rules.n <= n_s else min(SHORTLIST_MAX, math.ceil(shortlist * rules.n / n_s))
+        recall = measure(codec, evaluation, max(K, min(n_eval, math.ceil(at_n * n_eval / max(rules.n, 1)))))
+        first = rules.model.search(copy, tune.queries, min(at_n, len(copy)), rules.n)
+        latency = first.plus(rules.model.rerank(tune.gallery, tune.queries, at_n))
+        out.append(Variant(codec, recall * keeps2, latency, at_n, "measured" if rules.n <= n_s else "extrapolated",
+                           keeps2, code_recall))
+    alone = rules.model.search(copy, tune.queries, K, rules.n)
+    return [Variant(codec, code_recall * keeps, alone, keeps=keeps, code_recall=code_recall)] + out
+
+
+def tune_nprobe(copy: codecs.Codec, queries: np.ndarray, target: float) -> tuple[int, float]:
+    """The smallest power of two nprobe (up to nlist) whose top 10 keeps ``target`` of the exhaustive top 10,
+    on ``copy`` (inverted lists holding the sample); and the share it keeps."""
+    nlist = copy.exhaustive()["nprobe"]
+    whole = copy.search(queries, K, params={"nprobe": nlist})[1]
+    nprobe = 1
+    while True:
+        kept = overlap(copy.search(queries, K, params={"nprobe": nprobe})[1], whole)
+        if kept >= target or nprobe >= nlist:
+            return nprobe, kept
+        nprobe = min(2 * nprobe, nlist)
+
+
+def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[int, float] | None:
+    """The shortest of :data:`SHORTLISTS` whose float re-rank holds ``target`` of the exact top 10 on the sample,
+    and (inverted lists) the share of the exhaustive lists' re-ranked answers kept at the code's nprobe; None
+    when none up to a quarter of the sample does (a longer one is no shortcut over the float scan).
+
+    A re-rank by the exact scores keeps every true top-10 row its shortlist holds (they outscore the rest), so
+    what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here."""
+    lengths = [n for n in SHORTLISTS if n <= len(copy) // 4]
+    start = 0
+    while start < len(lengths):  # search ever longer shortlists: long ones cost a heap per query
+        end = min(len(lengths), start + 2)
+        ids = copy.search(tune.queries, lengths[end - 1])[1]  # (Q, L) best first: shorter ones are prefixes
+        for length in lengths[start:end]:
+            if _held(ids[:, :length], tune.truth) >= target:
+                if copy.exhaustive() is None:
+                    return length, 1.0
+                whole = copy.search(tune.queries, length, params=copy.exhaustive())[1]
+                return length, min(1.0, _held(ids[:, :length], tune.truth) / max(_held(whole, tune.truth), 1e-9))
+        start = end
+    return None
+
+
+def _held(shortlists: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each row of ``truth`` (Q, K) that the same row of ``shortlists`` (Q, L) holds."""
+    return overlap(shortlists, truth)
+
+
+def _two_stage(codes: codecs.Codec, vectors: np.ndarray, queries: np.ndarray, shortlist: int, params) -> np.ndarray:
+    """Top-K ids: the codes' top ``shortlist``, re-ranked by the float ``vectors`` (N, D). Shape: (Q, K)."""
+    candidates = codes.search(queries, min(shortlist, len(codes)), params=params)[1]
+    return rerank(vectors, queries, candidates, K)[1]
+
+
+def overlap(found: np.ndarray, truth: np.ndarray) -> float:
+    """Mean share of each row of ``truth`` (Q, K) found in the same row of ``found`` (Q, >= K)."""
+    return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth)]))
 
 
 def _sample(train: np.ndarray, seed: int) -> np.ndarray:
@@ -132,14 +349,16 @@ def _sample(train: np.ndarray, seed: int) -> np.ndarray:
 
 
 def choose_all(budgets: list[int], vectors, evaluation: EvalSet, force: str | None = None,
-               seed: int = 0) -> list[Choice]:
+               seed: int = 0, rules: Rules | None = None) -> list[Choice]:
     """:func:`choose` for every budget, fitted on a sample of ``vectors`` (``triclip.index.vectors.ShardVectors``: the
-    image rows, or the caption rows with a reversed ``evaluation``)."""
+    image rows, or the caption rows with a reversed ``evaluation``); ``rules``: N is ``vectors.count`` whatever
+    it says. The sample is the only part of the collection held in memory here."""
     rows = np.arange(vectors.count)
     if len(rows) > FIT_ROWS:
         rows = np.sort(np.random.default_rng(seed).choice(vectors.count, size=FIT_ROWS, replace=False))
     train = vectors.rows(rows, vectors.dim)  # (n, D) unit rows, as stored
-    return [choose(b, train, evaluation, force, seed) for b in budgets]
+    rules = replace(rules, n=vectors.count) if rules is not None else Rules(n=vectors.count)
+    return [choose(b, train, evaluation, force, seed, rules) for b in budgets]
 
 
 def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
@@ -161,10 +380,27 @@ def indexed_evaluation(image, text, text_rows: np.ndarray, meta: list[dict], max
 
 
 def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, file: str) -> dict:
-    """The manifest's ``budgets[str(B)]``: the stored code, its measured recall and its size."""
-    size = stored.spec.bytes_per_vector * len(stored)  # the codes (FAISS's files add a header)
+    """The manifest's ``budgets[str(B)]``: the stored code, its measured recall, its size, its latency and stages.
+
+    ``index_bytes``: the codes (bytes per vector x n; FAISS's files add a header); ``ram_bytes``: what the
+    stored code holds in memory (inverted lists add 8-byte ids, fast scan pads to blocks of 32);
+    ``rescore``: None (the codes alone) or the second stage, ``{"with": "float", "shortlist": L,
+    "disk_bytes_per_query": 4 D L}`` (the shortlist's float vectors, memory-mapped from disk); ``lists``: the
+    file of inverted lists kept on disk, when they are."""
+    size = stored.spec.bytes_per_vector * len(stored)
+    kept = choice.kept
+    rescore = None if kept is None or kept.shortlist is None else {
+        "with": "float", "shortlist": kept.shortlist, "shortlist_how": kept.shortlist_how,
+        "disk_bytes_per_query": 4 * stored.dim * kept.shortlist}
     return {"spec": stored.spec.to_json(), "file": file, "recall": choice.recall, "split": evaluation.split,
-            "index_bytes": int(size), "bytes_per_vector": stored.spec.bytes_per_vector}
+            "index_bytes": int(size), "bytes_per_vector": stored.spec.bytes_per_vector,
+            "ram_bytes": int(stored.ram_bytes()), "rescore": rescore,
+            "code_recall": None if kept is None else kept.code_recall, "keeps": None if kept is None else kept.keeps,
+            "latency": None if kept is None else kept.latency.to_json(),
+            "latency_bound_ms": round(choice.bound_ms, 4),
+            "float_latency": None if choice.reference is None else choice.reference.to_json(), "note": choice.note,
+            "full_recall": choice.full_recall,
+            **({"lists": f"{file}.ivfdata"} if getattr(stored, "on_disk", lambda: False)() else {})}
 
 
 def parse_budgets(values) -> list[int]:
@@ -185,7 +421,10 @@ def frontier(choices: list[Choice], float_curve: dict[str, float] | None, evalua
         "data": evaluation.data,
         "gallery": int(len(evaluation.gallery)),
         "queries": int(len(evaluation.queries)),
-        "chosen": {str(c.budget): {**_entry(c.codec.spec), "recall": c.recall} for c in choices},
+        "chosen": {str(c.budget): {**_entry(c.codec.spec), "recall": c.recall,
+                                   **({} if c.kept is None else {"latency_ms": round(c.kept.latency.ms, 4),
+                                                                 "shortlist": c.kept.shortlist})}
+                   for c in choices},
         "candidates": {str(c.budget): c.tried for c in choices},
         "float_pruning": {str(4 * int(m)): r for m, r in (float_curve or {}).items() if r is not None},
     }
@@ -196,20 +435,47 @@ def _entry(spec: codecs.CodecSpec) -> dict:
 
 
 def table(budgets: dict) -> str:
-    """The lines ``index build`` prints: bytes / codes / code / m / recall / index size per budget and side
-    (summary["budgets"]; the caption codes under ``"text"``)."""
-    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>11}"]
+    """The lines ``index build`` prints (summary["budgets"]; the caption codes under ``"text"``): per budget and
+    side the kept code, its stages, recall, single-query latency at N (measured, or extrapolated from a sample),
+    what it holds in memory and reads from disk per query, and its index size; under it every candidate tried
+    (``candidates``), with its latency or why it was left out."""
+    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<26} {'m':>5}  {'stages':<24} {'recall@10':>9}  {'latency':>20}"
+             f"  {'RAM':>9}  {'disk/query':>10}  {'index size':>11}"]
     for b, entry in sorted(budgets.items(), key=lambda kv: int(kv[0])):
         for side, e in (("image", entry), ("text", entry.get("text"))):
             if e is None:
                 continue
             spec = codecs.CodecSpec.from_json(e["code"])
-            recall = "-" if e.get("recall") is None else f"{e['recall']:.4f}"
-            lines.append(f"{b:>6}  {side:<6} {spec.label():<20} {spec.m:>5}  {recall:>9}"
-                         f"  {human_bytes(e['index_bytes']):>11}")
+            rescore = e.get("rescore")
+            stages = "codes" if not rescore else f"codes + float top {rescore['shortlist']}"
+            disk = human_bytes(rescore["disk_bytes_per_query"]) if rescore else "0 B"
+            lines.append(f"{b:>6}  {side:<6} {spec.label():<26} {spec.m:>5}  {stages:<24} {_recall(e.get('recall')):>9}"
+                         f"  {_latency(e.get('latency')):>20}  {human_bytes(e.get('ram_bytes', e['index_bytes'])):>9}"
+                         f"  {disk:>10}  {human_bytes(e['index_bytes']):>11}")
+            for c in e.get("candidates") or []:
+                lines.append("        - " + _candidate(c))
     if any(entry.get("text") for entry in budgets.values()):
         lines.append("recall@10: text->image for the image codes, image->text for the caption (text) codes")
+    lines.append("latency: one query, one thread, at the collection's size: measured there, or extrapolated from a"
+                 " timed sample (time per code scanned x codes scanned)")
     return "\n".join(lines)
+
+
+def _recall(value) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def _latency(entry: dict | None) -> str:
+    return "-" if not entry else f"{entry['ms']:.3g} ms ({entry['how']})"
+
+
+def _candidate(c: dict) -> str:
+    """One tried candidate's line under its budget in :func:`table`."""
+    if c.get("recall") is None:
+        return f"{c['label']}: {c.get('skipped') or 'not fitted: ' + str(c.get('error'))}"
+    stages = "" if not c.get("shortlist") else f" + float top {c['shortlist']}"
+    return (f"{c['label']}{stages}: recall@10 {c['recall']:.4f}, "
+            f"{_latency({'ms': c['latency_ms'], 'how': c['latency']})}")
 
 
 def human_bytes(n: float) -> str:

@@ -134,12 +134,13 @@ def build_and_write(
         kept = curves(contents.dims) if curves is not None else None
         decided = _decisions(factories, text_factories if coll.text else None, tuning, budget, cfg.recall_target)
         if cfg.bytes:
-            decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation)
+            decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation, work, budget)
         with writer_lock(cfg.out, cfg.lock_timeout):
             contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
             attach_curves(cfg.out, contents, kept)
             write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
-        return summary(contents.manifest, cfg.out, started, added=len(coll.meta), rank=rank, world=world)
+        out = summary(contents.manifest, cfg.out, started, added=len(coll.meta), rank=rank, world=world)
+        return _with_candidates(out, kept)
     finally:
         if rank == 0:
             shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
@@ -151,11 +152,13 @@ def build_and_write(
             dist.destroy_process_group()
 
 
-def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, evaluation) -> tuple[dict, dict]:
-    """The codes of every ``--bytes`` budget, chosen by measured recall (``triclip.index.budgets``): image codes by
-    text->image recall, caption codes (with captions) by image->text recall. Puts them in
-    ``contents.codes`` / ``contents.text_codes``; returns the manifest's ``budgets`` and the curves with
-    their frontiers (``bytes``, ``text_bytes``)."""
+def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, evaluation, work: Path,
+           memory: int) -> tuple[dict, dict]:
+    """The codes of every ``--bytes`` budget, chosen by measured recall within the latency bound
+    (``triclip.index.budgets``): image codes by text->image recall, caption codes (with captions) by image->text
+    recall. Puts them in ``contents.codes`` / ``contents.text_codes`` (inverted lists beyond ``memory`` bytes,
+    or with ``--on-disk always``, in a lists file in ``work``: :func:`fill_codes`); returns the manifest's
+    ``budgets`` and the curves with their frontiers (``bytes``, ``text_bytes``)."""
     from triclip.index import budgets as bud
     from triclip.index.store import code_name
 
@@ -166,24 +169,55 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
         evaluation = bud.indexed_evaluation(coll.image, coll.text, coll.text_rows, coll.meta, bud.EVAL_MAX_IMAGES,
                                             str(coll.origin.source.get("data") or coll.origin.embeddings))
     budgets = bud.parse_budgets(cfg.bytes)
+    rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore)
     entries = {}
-    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed)
+    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules)
     for choice in choices:
-        contents.codes[choice.budget] = stored = bud.fill(choice.codec, coll.image)
-        entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, code_name(choice.budget))
+        file = code_name(choice.budget)
+        contents.codes[choice.budget] = stored = fill_codes(choice.codec, coll.image, cfg.on_disk, memory, work, file,
+                                                            contents)
+        entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, file)
     own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
     curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
                       "ordering": coll.origin.transform["ordering"], "curves": {}}
     curves["bytes"] = bud.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
-        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed)
+        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed, rules)
         for choice in text_choices:
-            contents.text_codes[choice.budget] = stored = bud.fill(choice.codec, coll.text)
-            entries[str(choice.budget)]["text"] = bud.manifest_entry(choice, stored, reverse,
-                                                                     code_name(choice.budget, "text"))
+            file = code_name(choice.budget, "text")
+            contents.text_codes[choice.budget] = stored = fill_codes(choice.codec, coll.text, cfg.on_disk, memory,
+                                                                     work, file, contents)
+            entries[str(choice.budget)]["text"] = bud.manifest_entry(choice, stored, reverse, file)
         curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
     return entries, curves
+
+
+def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Path, file: str,
+               contents: IndexContents):
+    """``codec`` (trained) filled with every row of ``vectors``: in memory, or for inverted lists (not fast-scan
+    ones) beyond ``memory`` bytes (``on_disk`` "auto"; "always": any size) in ``{file}.ivfdata``, written in
+    ``work`` and named in ``contents.files`` so the version takes it in."""
+    from triclip.index import budgets as bud
+
+    lists = fi.ivf_list_bytes(codec.index, vectors.count) if hasattr(codec, "filled_on_disk") else None
+    blocked = lists is not None and isinstance(
+        faiss.downcast_InvertedLists(faiss.extract_index_ivf(codec.index).invlists), faiss.BlockInvertedLists)
+    if lists is None or blocked or on_disk == "never" or (on_disk == "auto" and lists <= memory):
+        return bud.fill(codec, vectors)
+    name = f"{file}.ivfdata"
+    contents.files[name] = work / name
+    return codec.filled_on_disk(vectors, work / name)
+
+
+def _with_candidates(out: dict, curves: dict | None) -> dict:
+    """The summary with every candidate each budget tried (from the curves' frontiers), for the build's table."""
+    for key, side in (("bytes", None), ("text_bytes", "text")):
+        for budget, tried in ((curves or {}).get(key) or {}).get("candidates", {}).items():
+            entry = (out.get("budgets") or {}).get(budget)
+            if entry is not None and (side is None or entry.get(side)):
+                (entry if side is None else entry[side])["candidates"] = tried
+    return out
 
 
 def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budget: int, target: float) -> dict:
@@ -419,7 +453,7 @@ def build_in_memory(vectors: ShardVectors, m: int, index: faiss.Index, seed: int
 def train_once(vectors: ShardVectors, m: int, index: faiss.Index, seed: int = 0) -> faiss.Index:
     """Train ``index`` (empty) on a sample drawn across the shards; the rows ``fi.build`` would draw."""
     fi._prepare_training(index, seed)
-    ivf = fi._ivf_or_none(index)
+    ivf = fi.ivf_or_none(index)
     want = max(20_000, 64 * ivf.nlist) if ivf is not None else 20_000
     n = vectors.count
     rows = np.arange(n) if n <= want else np.sort(np.random.default_rng(seed).choice(n, size=want, replace=False))

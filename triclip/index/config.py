@@ -26,7 +26,7 @@ SHORTLIST_FACTOR = 20  # funnel / rescore candidates per wanted hit (openclipart
 class IndexBuildConfig:
     """What ``triclip index build`` was asked to do.
 
-    ``codec`` is a name the codec registry holds (``triclip.index.codecs.names()``): not a ``Literal`` here, which
+    ``codec`` is a name the codec registry holds (``triclip.codecs.names()``): not a ``Literal`` here, which
     would name them a second time (the registry needs FAISS); the command line offers them as ``--codec``'s
     choices and :func:`triclip.index.sources.build_index` refuses another before any work.
     """
@@ -39,6 +39,8 @@ class IndexBuildConfig:
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
     bytes: list[int] | None = bounded(None, low=1)  # byte budgets per image, e.g. 8,16,32,64, each at most 4 x D (the float vectors' size): per budget the code (every codec of --codec and m that fits) with the best recall measured on --val-data is stored (search --bytes B); a new index only (--add extends the index's own budgets)
     codec: str | None = None  # with --bytes: use this codec (its best m) instead of the best of all
+    latency_ms: float | None = bounded(None, above=0)  # with --bytes: the code kept answers one query (one thread) within this many ms at the collection's size (None: no slower than the exact float32 scan of it at full D)
+    rescore: bool = True  # with --bytes: a code may be the first of two stages, its shortlist re-ranked by the float vectors read from disk (memory-mapped) (--no-rescore: the codes alone)
     add: bool = False  # append to the existing index at --out instead of building a new one
     overwrite: bool = False  # replace the index at --out (its previous version is kept: triclip index rollback --index OUT)
     weights: Literal["best", "last"] = "best"  # the run's best epoch by validation t2i_r10 (last when none is kept), or its last
@@ -53,7 +55,7 @@ class IndexBuildConfig:
     embeddings: str | None = None  # build from `triclip embed` shards instead of --run + --data
     memory_budget: int | None = bounded(None, above=0)  # bytes one index may take in memory, e.g. 8G (None: half the available)
     on_disk: Literal["auto", "always", "never"] = "auto"  # IVF lists in a mapped file (auto: beyond --memory-budget)
-    recall_target: float = bounded(0.95, above=0, high=1)  # IVF nprobe: the smallest reaching this recall@10 against exact search
+    recall_target: float = bounded(0.95, above=0, high=1)  # IVF nprobe: the smallest reaching this recall@10 against exact search (codes of --bytes: against the code's own exhaustive scan; their float re-rank's shortlist: against exact float32 search)
     tune_queries: int = bounded(1000, low=1)  # held-out queries the nprobe of an IVF index is tuned on
 
 
@@ -111,8 +113,9 @@ class SearchConfig:
     m: int | None = bounded(None, low=1)  # search the index at m (None: D); not with --funnel or --bytes
     funnel: int | None = bounded(None, low=1, metavar="M")  # shortlist at m=M, re-rank at full D; not with --bytes
     bytes: int | None = bounded(None, low=1, metavar="B")  # search the codes of B bytes per vector (index build --bytes): the image codes, the caption codes with --target text (None: float at m)
-    rescore: str | None = field(default=None, metadata={"metavar": "float|B2", "help": (
-        "with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")})
+    rescore: str | None = field(default=None, metadata={"metavar": "float|B2|none", "help": (
+        "with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes; none: the"
+        " codes alone (default: the stages index build chose for B)")})
     factor: int | None = bounded(None, low=1, help=(
         f"funnel / rescore candidates per hit, with --funnel or --rescore (default: {SHORTLIST_FACTOR})"))
     k: int = bounded(10, low=1, flags=["-k"])  # hits per query
@@ -150,6 +153,8 @@ def check_build(cfg: IndexBuildConfig) -> None:
                         " (a new budget needs a new index: --overwrite)")
     if cfg.codec is not None and not cfg.bytes:
         raise UserError(f"--codec {cfg.codec} picks the code of each --bytes budget: give --bytes too")
+    if cfg.latency_ms is not None and not cfg.bytes:
+        raise UserError("--latency-ms bounds the codes of --bytes: give --bytes too")
     check_dims(cfg.dims)
     if not cfg.factory.strip():
         raise UserError("--factory must be a FAISS factory string or auto")
@@ -262,13 +267,13 @@ def check_search(cfg: SearchConfig) -> dict:
 
 
 def rescore_value(text: str | None) -> int | str | None:
-    """``--rescore``: ``"float"``, or the budget B2 as an int (UserError otherwise)."""
-    if text in (None, "float"):
+    """``--rescore``: ``"float"``, ``"none"``, or the budget B2 as an int (UserError otherwise)."""
+    if text in (None, "float", "none"):
         return text
     try:
         value = int(text)
     except ValueError:
-        raise UserError(f"--rescore takes float or a number of bytes, got {text!r}") from None
+        raise UserError(f"--rescore takes float, none or a number of bytes, got {text!r}") from None
     if value < 1:
         raise UserError(f"--rescore must be float or a number of bytes >= 1, got {value}")
     return value

@@ -37,19 +37,17 @@ it resizes or relocates such a file; that is silenced, since ``--json`` output g
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import math
 import os
-import sys
-import tempfile
-import threading
 from dataclasses import dataclass
-from pathlib import Path
 
 import faiss
 import numpy as np
 from triclip.core.progress import progress as progress_bar
+from triclip.codecs import ondisk
+from triclip.codecs.ondisk import (  # noqa: F401  (also read as fi.*)
+    is_on_disk, ivf_list_bytes, ivf_or_none, merge_on_disk, on_disk_lists, quiet_stdout, relocate_lists)
+from triclip.codecs.threads import in_search_thread
 
 METRIC = faiss.METRIC_INNER_PRODUCT
 # threads prefetching the lists of an on-disk index per search (FAISS's default). benchmarks/bench_shards.py
@@ -173,7 +171,7 @@ def as_float32(vectors: np.ndarray, dim: int | None = None) -> np.ndarray:
 
 def train_sample(vectors: np.ndarray, index: faiss.Index, seed: int = 0) -> np.ndarray:
     """Rows to train on: 64 per IVF list (at least 20,000, all if fewer), drawn without replacement."""
-    ivf = _ivf_or_none(index)
+    ivf = ivf_or_none(index)
     want = max(20_000, 64 * ivf.nlist) if ivf is not None else 20_000
     if len(vectors) <= want:
         return vectors
@@ -227,7 +225,7 @@ def build(
 def min_train_vectors(index: faiss.Index) -> tuple[int, str]:
     """Fewest training vectors FAISS accepts for ``index`` (one per k-means centroid) and why."""
     need, why = 1, "no training"
-    ivf = _ivf_or_none(index)
+    ivf = ivf_or_none(index)
     if ivf is not None:
         need, why = ivf.nlist, f"one per IVF list: {ivf.nlist} lists"
     inner = faiss.downcast_index(ivf) if ivf is not None else faiss.downcast_index(index)
@@ -245,16 +243,9 @@ def _last_line(err: Exception) -> str:
     return text.splitlines()[-1].split("failed: ")[-1] if text else "rejected by FAISS"
 
 
-def _ivf_or_none(index: faiss.Index):
-    try:
-        return faiss.extract_index_ivf(index)
-    except RuntimeError:
-        return None
-
-
 def _prepare_training(index: faiss.Index, seed: int) -> None:
     """Seed k-means; skip polysemous PQ training (only for Hamming filtering, unused here, and slow)."""
-    ivf = _ivf_or_none(index)
+    ivf = ivf_or_none(index)
     if ivf is not None:
         ivf.cp.seed = seed
         ivf = faiss.downcast_index(ivf)
@@ -310,7 +301,7 @@ def search_parameters(index: faiss.Index, k: int, params: SearchParams | None = 
         return None if inner is None else _keep(faiss.IndexRefineSearchParameters(base_index_params=inner), inner)
     if isinstance(index, faiss.IndexHNSW):
         return faiss.SearchParametersHNSW(efSearch=params.ef_search or max(64, 2 * k))
-    ivf = _ivf_or_none(index)
+    ivf = ivf_or_none(index)
     if ivf is None and hasattr(index, "nprobe"):  # a GPU IVF index
         ivf = index
     if ivf is not None:
@@ -342,6 +333,7 @@ def search(
     """
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
+    in_search_thread()  # this thread's OpenMP count is the serving count (triclip.codecs.threads)
     queries = as_float32(queries, index.d)
     k = min(int(k), int(index.ntotal))
     if k == 0:
@@ -369,18 +361,8 @@ def bytes_per_vector(index: faiss.Index) -> float:
 
 
 def save(index: faiss.Index, path: str | os.PathLike) -> None:
-    """Write atomically: a temporary file in the same folder, then ``os.replace``."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".faiss", dir=folder)
-    os.close(fd)
-    try:
-        faiss.write_index(to_cpu(index), tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Write atomically (``triclip.codecs.ondisk.save``) a CPU copy of ``index``."""
+    ondisk.save(to_cpu(index), path)
 
 
 def load(path: str | os.PathLike, on_disk: bool = False, prefetch_threads: int = PREFETCH_THREADS) -> faiss.Index:
@@ -405,97 +387,3 @@ def load(path: str | os.PathLike, on_disk: bool = False, prefetch_threads: int =
     if on_disk_lists(index) is not None:
         on_disk_lists(index).prefetch_nthread = prefetch_threads
     return index
-
-
-# ---------------------------------------------------------------------------- on disk
-
-
-def on_disk_lists(index: faiss.Index):
-    """The ``faiss.OnDiskInvertedLists`` of an IVF index whose lists are on disk, else None."""
-    ivf = _ivf_or_none(index)
-    if ivf is None:
-        return None
-    lists = faiss.downcast_InvertedLists(ivf.invlists)
-    return lists if isinstance(lists, faiss.OnDiskInvertedLists) else None
-
-
-def is_on_disk(index: faiss.Index) -> bool:
-    return on_disk_lists(index) is not None
-
-
-def ivf_list_bytes(index: faiss.Index, n: int) -> int | None:
-    """Bytes the inverted lists of IVF ``index`` take with ``n`` vectors (codes + int64 ids); None: not IVF."""
-    ivf = _ivf_or_none(index)
-    return None if ivf is None else int(n) * (int(ivf.code_size) + 8)
-
-
-def merge_on_disk(trained: faiss.Index, part_files: list, counts: list[int], ivfdata: str | os.PathLike) -> faiss.Index:
-    """One index whose lists are the concatenation of the parts' lists, written to ``ivfdata``.
-
-    ``faiss.contrib.ondisk.merge_ondisk``, with checks: each part (a copy of ``trained``
-    holding ``counts[s]`` vectors, saved with :func:`save`) is memory-mapped
-    (``IO_FLAG_MMAP``), not loaded, and its ids are kept as they are (``shift_ids`` off):
-    the parts must already carry their global ids (``add_with_ids``), so merging in
-    any order gives the same rows. Within each list the parts' entries follow in part
-    order, as successive ``IndexIVF.merge_from`` calls would put them.
-
-    Returns:
-        A copy of ``trained`` whose lists are a ``faiss.OnDiskInvertedLists`` on ``ivfdata``.
-    """
-    merged = faiss.clone_index(trained)
-    target = faiss.extract_index_ivf(merged)
-    if merged.ntotal:
-        raise ValueError("merge_on_disk needs an empty trained index")
-    parts, vector = [], faiss.InvertedListsPtrVector()
-    for file, count in zip(part_files, counts, strict=True):
-        part = faiss.read_index(os.fspath(file), faiss.IO_FLAG_MMAP)
-        if part.ntotal != count:
-            raise ValueError(f"part {file} holds {part.ntotal} vectors, expected {count}")
-        ivf = faiss.extract_index_ivf(part)
-        if ivf.nlist != target.nlist or ivf.code_size != target.code_size:
-            raise ValueError(f"part {file} is not a copy of the trained index")
-        parts.append(part)  # keeps its lists alive until the merge is done
-        vector.push_back(ivf.invlists)
-    lists = faiss.OnDiskInvertedLists(target.nlist, target.code_size, os.fspath(ivfdata))
-    with quiet_stdout():
-        ntotal = lists.merge_from_multiple(vector.data(), vector.size(), False)
-    if ntotal != sum(counts):
-        raise ValueError(f"the on-disk merge holds {ntotal} vectors, expected {sum(counts)}")
-    target.replace_invlists(lists, True)  # the index owns the lists now
-    lists.this.disown()
-    target.ntotal = merged.ntotal = ntotal  # a wrapper (e.g. a pre-transform) counts its inner index's vectors
-    return merged
-
-
-def relocate_lists(index: faiss.Index, name: str) -> None:
-    """Record ``name`` (a bare file name) as the lists file of an on-disk index before :func:`save`.
-
-    The mapping stays open; only what is written changes, so no absolute path of a
-    temporary folder ends up in the file (reading looks beside the ``.faiss`` file anyway).
-    """
-    lists = on_disk_lists(index)
-    if lists is None:
-        raise ValueError("not an on-disk index")
-    lists.filename = Path(name).name
-
-
-_STDOUT_LOCK = threading.Lock()
-
-
-@contextlib.contextmanager
-def quiet_stdout():
-    """Send what C code prints to file descriptor 1 meanwhile to /dev/null (one thread at a time)."""
-    libc = ctypes.CDLL(None)
-    with _STDOUT_LOCK:
-        sys.stdout.flush()
-        libc.fflush(None)
-        saved = os.dup(1)
-        null = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(null, 1)
-            yield
-        finally:
-            libc.fflush(None)
-            os.dup2(saved, 1)
-            os.close(saved)
-            os.close(null)

@@ -9,9 +9,13 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     ({str(m): factory}), factory_option, metric, count, text_count (None without a caption
     index), sources, skipped, embeddings (the shards' folder, or None), memory_budget,
     on_disk_option, nprobe / text_nprobe ({str(m): nprobe} of IVF indexes), nprobe_tuning,
-    budgets ({str(B): {"spec" (triclip.index.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
-    stored codes), "split", "index_bytes", "bytes_per_vector", "text" (the caption codes, the same
-    keys, recall = i2t; absent without captions)}}: ``--bytes``, ``triclip.index.budgets``),
+    budgets ({str(B): {"spec" (triclip.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
+    stored codes), "split", "index_bytes", "bytes_per_vector", "ram_bytes", "rescore" (None, or the float
+    re-rank: "with", "shortlist", "shortlist_how", "disk_bytes_per_query"), "code_recall", "keeps",
+    "latency" ({"ms", "how"}), "latency_bound_ms", "float_latency", "note", "full_recall" (the float vectors'
+    own recall on the same evaluation), "text" (the caption codes, the
+    same keys, recall = i2t; absent without captions)}}: ``--bytes``, ``triclip.index.budgets``; an inverted
+    lists code's nlist and nprobe are in its spec's params),
     created, updated (and on_disk, written by ``triclip.index.store``)
 
 Each image row of ``meta.jsonl`` records its file's identity (``"file"``: device, inode,
@@ -106,8 +110,9 @@ def summary(manifest: dict, index: str, started: float, **extra) -> dict:
 
 
 def _budget_summary(entry: dict) -> dict:
-    """One side's codes of a budget, as the summary shows them: recall, sizes and the code."""
-    return {k: entry[k] for k in ("recall", "index_bytes", "bytes_per_vector")} | {"code": entry["spec"]}
+    """One side's codes of a budget, as the summary shows them: recall, sizes, the code, its latency and stages."""
+    keys = ("recall", "index_bytes", "bytes_per_vector", "ram_bytes", "latency", "rescore", "note")
+    return {k: entry[k] for k in keys if k in entry} | {"code": entry["spec"]}
 
 
 # ---------------------------------------------------------------------------- meta rows

@@ -223,7 +223,7 @@ class Rows:
 
 def plan(src: Source, cfg: ExportConfig, lite: bool) -> list[Plan]:
     """The image collection's plan, then the captions' (the budget's caption code, else the images')."""
-    from triclip.index.codecs import CodecSpec
+    from triclip.codecs import CodecSpec
 
     dim = int(src.manifest["dim"])
     if cfg.bytes is None:

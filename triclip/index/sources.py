@@ -31,7 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index import faiss_index as fi
 from triclip.index.build import Collection, build_and_write
 from triclip.index.config import IndexBuildConfig, check_build, listed  # noqa: F401 (IndexBuildConfig re-exported)
@@ -73,7 +73,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         return build_and_write(cfg, coll, all_dims)
     cfg = replace(cfg, val_data=cfg.val_data or split_val(cfg.data))  # a split folder's curves: on its validation split
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
-    if base is not None and base.manifest.get("on_disk"):
+    if base is not None and (base.manifest.get("on_disk") or _codes_on_disk(base.manifest)):
         raise UserError(f"{cfg.out} keeps IVF lists on disk: --add is not supported; rebuild it with --embeddings")
     pairs = load_collection(cfg.data, cfg.data_config or DataConfig())  # a split folder: all its splits; bad data fails before the model loads
     device = pick_device(cfg.device)
@@ -155,6 +155,12 @@ def _validate(cfg: IndexBuildConfig) -> list[int] | None:
     claim_index_dir(cfg.out, cfg.add, cfg.overwrite)
     dims = listed(cfg.dims)
     return sorted(set(dims)) if dims is not None else None
+
+
+def _codes_on_disk(manifest: dict) -> bool:
+    """Whether a budget's codes (image or caption) keep their inverted lists on disk (read-only)."""
+    entries = (manifest.get("budgets") or {}).values()
+    return any(e.get("lists") or (e.get("text") or {}).get("lists") for e in entries)
 
 
 def claim_index_dir(out: str, add: bool, overwrite: bool) -> None:

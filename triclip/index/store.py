@@ -8,9 +8,10 @@
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
-    INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``triclip.index.codecs``),
+    INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``triclip.codecs``),
                                   named by the manifest's ``budgets``; with codes the float vectors are memory-mapped
     INDEX/v000003/text.b16.codec  the caption codes of the same budget (``budgets[B]["text"]``), with captions
+    INDEX/v000003/image.b16.codec.ivfdata  the inverted lists of a budget's codes kept on disk (``budgets[B]["lists"]``)
 
 An index on disk (``triclip.index.build`` beyond the memory budget) is an IVF index
 whose lists are in ``{kind}.m{m}.ivfdata`` beside its ``.faiss`` file; the manifest names
@@ -100,8 +101,8 @@ class IndexContents:
     text_vectors: np.ndarray | None = None  # (T, D) caption vectors, or None without a caption index
     text_rows: np.ndarray = field(default_factory=lambda: np.zeros((0, 2), np.int64))  # (T, 2) image row, caption no.
     text_indexes: dict[int, faiss.Index] = field(default_factory=dict)  # m -> caption index (empty: none)
-    codes: dict = field(default_factory=dict)  # budget (bytes per vector) -> triclip.index.codecs.Codec over the image rows
-    text_codes: dict = field(default_factory=dict)  # budget -> triclip.index.codecs.Codec over the caption rows
+    codes: dict = field(default_factory=dict)  # budget (bytes per vector) -> triclip.codecs.Codec over the image rows
+    text_codes: dict = field(default_factory=dict)  # budget -> triclip.codecs.Codec over the caption rows
     version: str | None = None  # the folder it was read from, e.g. "v000003"
     files: dict[str, Path] = field(default_factory=dict)  # name in the version -> a file written elsewhere (same
     # filesystem) that the writer moves in: the .ivfdata lists of on-disk indexes, vectors written in pieces
@@ -393,8 +394,8 @@ def _check_budgets(manifest: dict, has_text: bool, folder: Path) -> tuple[list[i
 
 
 def _read_codes(file: Path, dim: int, count: int, folder: Path):
-    """The codes of one budget (``triclip.index.codecs``), checked to hold ``count`` vectors of width ``dim``."""
-    from triclip.index import codecs
+    """The codes of one budget (``triclip.codecs``), checked to hold ``count`` vectors of width ``dim``."""
+    from triclip import codecs
 
     if not file.is_file():
         raise FileNotFoundError(file)
@@ -404,6 +405,9 @@ def _read_codes(file: Path, dim: int, count: int, folder: Path):
         raise _damaged(folder, f"{file.name} is not a readable codec file") from None
     if len(codec) != count or codec.dim != dim:
         raise _damaged(folder, f"{file.name} holds {len(codec)} vectors of width {codec.dim}, expected {count} of {dim}")
+    lists = fi.on_disk_lists(codec.index) if hasattr(codec, "filled_on_disk") else None
+    if lists is not None and (folder / lists.filename).stat().st_size < lists.totsize:  # mapped past its end: SIGBUS
+        raise _damaged(folder, f"{lists.filename} is truncated")
     return codec
 
 

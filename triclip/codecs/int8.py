@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import faiss
 
-from triclip.index.codecs.base import METRIC, bytes_note, first, prefix_candidates
-from triclip.index.codecs.faiss_codec import FaissCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note, first, prefix_candidates
+from triclip.codecs.faiss_codec import FaissCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 QTYPE = faiss.ScalarQuantizer.QT_8bit
 

@@ -2,7 +2,7 @@
 
 Vectors are a run's served embeddings in importance order (column 0 the most important, L2-normalised),
 shape (N, D) float32; a code covers the leading ``m`` dimensions. One module per codec, each a class registered
-by name (:mod:`triclip.index.codecs.registry`, ``@register_codec``) that holds its label and plain-words
+by name (:mod:`triclip.codecs.registry`, ``@register_codec``) that holds its label and plain-words
 description, its candidates for a byte budget, fit, add, search, reconstruct, save and how it recognises and
 reads its own file (FAISS: https://github.com/facebookresearch/faiss):
 
@@ -13,7 +13,13 @@ reads its own file (FAISS: https://github.com/facebookresearch/faiss):
 - ``pq`` (:mod:`.pq`): product quantisation of the top m dimensions, M sub-quantisers of nbits.
 - ``opq`` (:mod:`.opq`): an OPQ rotation learnt on the top m dimensions, then PQ.
 - ``rq`` (:mod:`.rq`): residual quantisation, M codebooks of 2^nbits centroids over the whole width.
-- ``mixed`` (:mod:`.mixed`): the importance-aware mixed-precision code of :mod:`triclip.index.allocation`.
+- ``mixed`` (:mod:`.mixed`): the importance-aware mixed-precision code of :mod:`triclip.codecs.allocation`.
+- ``pqfs`` / ``rqfs`` (:mod:`.pqfs`, :mod:`.rqfs`): PQ and RQ with 4-bit codes, searched by fast scan (SIMD,
+  8-bit lookup tables: estimated scores, 10-30x faster scans).
+- ``rabitq`` / ``rabitqfs`` (:mod:`.rabitq`): RaBitQ's sign bits and estimator, and its fast scan.
+- ``ivf`` (:mod:`.ivf`): inverted lists over pq, opq, rq, pqfs, rqfs or int8 codes (a query scans ``nprobe`` of
+  ``nlist`` lists); ``binary_ivf`` (:mod:`.binary_ivf`): the same over binary codes. Offered from
+  ``IVF_MIN_N`` vectors up.
 
 A code that keeps fewer than D dimensions stores them re-normalised to unit length (as today's top-m index
 does, ``triclip.index.sources.prefix``), so scores are cosines over what is kept (on synthetic data at 8 B, float32 at
@@ -33,21 +39,26 @@ import os
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import METRIC, Codec, CodecFile, unit_prefix
-from triclip.index.codecs.registry import CODECS, describe, family, lookup, names, register_codec, title
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, Codec, CodecFile, unit_prefix
+from triclip.codecs.registry import CODECS, describe, family, lookup, names, register_codec, title
+from triclip.codecs.spec import CodecSpec
 
 # one module per codec; importing them registers them, in this order: the order candidates are tried in
-from triclip.index.codecs import float32  # noqa: E402,F401  isort: skip
-from triclip.index.codecs import int8  # noqa: E402,F401  isort: skip
-from triclip.index.codecs import binary  # noqa: E402,F401  isort: skip
-from triclip.index.codecs import pq  # noqa: E402,F401  isort: skip
-from triclip.index.codecs import opq  # noqa: E402,F401  isort: skip
-from triclip.index.codecs import rq  # noqa: E402,F401  isort: skip
-from triclip.index.codecs import mixed  # noqa: E402,F401  isort: skip
-from triclip.index.codecs.opq import OPQ_DIMS_PER_CODE, OPQ_ITERATIONS  # noqa: E402
-from triclip.index.codecs.pq import PQ_DIMS_PER_CODE  # noqa: E402
-from triclip.index.codecs.rq import RQ_MAX_CODES, RQ_MEMORY  # noqa: E402
+from triclip.codecs import float32  # noqa: E402,F401  isort: skip
+from triclip.codecs import int8  # noqa: E402,F401  isort: skip
+from triclip.codecs import binary  # noqa: E402,F401  isort: skip
+from triclip.codecs import pq  # noqa: E402,F401  isort: skip
+from triclip.codecs import opq  # noqa: E402,F401  isort: skip
+from triclip.codecs import rq  # noqa: E402,F401  isort: skip
+from triclip.codecs import mixed  # noqa: E402,F401  isort: skip
+from triclip.codecs import pqfs  # noqa: E402,F401  isort: skip
+from triclip.codecs import rqfs  # noqa: E402,F401  isort: skip
+from triclip.codecs import rabitq  # noqa: E402,F401  isort: skip
+from triclip.codecs import ivf  # noqa: E402,F401  isort: skip
+from triclip.codecs import binary_ivf  # noqa: E402,F401  isort: skip
+from triclip.codecs.opq import OPQ_DIMS_PER_CODE, OPQ_ITERATIONS  # noqa: E402
+from triclip.codecs.pq import PQ_DIMS_PER_CODE  # noqa: E402
+from triclip.codecs.rq import RQ_MAX_CODES, RQ_MEMORY  # noqa: E402
 
 __all__ = [
     "CODECS", "METRIC", "OPQ_DIMS_PER_CODE", "OPQ_ITERATIONS", "PQ_DIMS_PER_CODE", "RQ_MAX_CODES", "RQ_MEMORY",

@@ -9,7 +9,8 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.spec import CodecSpec
+from triclip.codecs.threads import in_search_thread
 
 METRIC = faiss.METRIC_INNER_PRODUCT
 
@@ -26,6 +27,10 @@ class Codec:
     title: ClassVar[str] = ""  # its words in a chart's legend (the app's recall-against-bytes chart)
     family: ClassVar[str] = ""  # the name of its row in tables of results (benchmarks/bench_bytes.py)
     symmetric: ClassVar[bool] = False  # the query is encoded as the vectors are (binary), not scored as floats
+    exact_scan: ClassVar[bool] = True  # search ranks by the exact score against reconstruct()'s vectors (False:
+    # scores are estimates: fast scan's 8-bit lookup tables, RaBitQ's estimator)
+    fit_cost: ClassVar[int] = 0  # how long its training takes, in ranks (0: seconds at most; 1: k-means of 256
+    # centroids per codebook; 2: residual quantisers' beam search): a budget fits cheaper candidates first
     spec: CodecSpec
     dim: int  # width D of the vectors it takes and reconstructs
 
@@ -49,9 +54,26 @@ class Codec:
 
     @classmethod
     def fit(cls, spec: CodecSpec, train: np.ndarray, importance: np.ndarray | None = None) -> Codec:
-        """Train a code on (N, D) float32 vectors, finite, m <= D (:func:`triclip.index.codecs.fit` checks); it
+        """Train a code on (N, D) float32 vectors, finite, m <= D (:func:`triclip.codecs.fit` checks); it
         holds no vectors. The returned codec's ``spec`` is the fitted one."""
         raise NotImplementedError
+
+    @classmethod
+    def probe(cls, spec: CodecSpec, dim: int) -> Codec | None:
+        """A twin of ``spec``'s structure that searches as fast as the fitted code, made without training
+        (random codebooks): ``triclip.index.latency`` times it to leave out, unfitted, a code too slow for a
+        latency bound. None: no twin (the code is cheap to fit, and is timed once fitted)."""
+        return None
+
+    def add_random(self, n: int, rng: np.random.Generator) -> None:
+        """Append ``n`` random unit vectors (a probe's filling: only their number matters), 65,536 at a time."""
+        for start in range(0, n, 65_536):
+            x = rng.standard_normal((min(65_536, n - start), self.dim), dtype=np.float32)
+            self.add(x / np.linalg.norm(x, axis=1, keepdims=True))
+
+    def exhaustive(self) -> dict | None:
+        """Search parameters that scan every vector (inverted lists: nprobe = nlist); None: a search always does."""
+        return None
 
     @classmethod
     def owns(cls, file: CodecFile) -> bool:
@@ -76,6 +98,7 @@ class Codec:
         ``{"nprobe": 16}``); the code itself is not changed, so threads may search with different settings at
         once. None: the code's own. A code without settings refuses any (UserError).
         """
+        in_search_thread()  # OpenMP's thread count is per thread: the serving count here (triclip.codecs.threads)
         q = self._check(q, "queries")
         return self._search(q, max(1, min(k, len(self))), self.search_parameters(params))
 
@@ -100,8 +123,13 @@ class Codec:
         """Size of the stored code array (what bytes_per_vector promises, times n)."""
         raise NotImplementedError
 
+    def ram_bytes(self) -> int:
+        """Bytes the code holds in memory for its vectors: :meth:`code_bytes` plus what the structure adds
+        (an inverted list's ids, a fast-scan block's padding)."""
+        return self.code_bytes()
+
     def save(self, path) -> None:
-        """Write the code atomically to ``path`` (:func:`triclip.index.codecs.load` reads it back)."""
+        """Write the code atomically to ``path`` (:func:`triclip.codecs.load` reads it back)."""
         raise NotImplementedError
 
     def empty_copy(self) -> Codec:
@@ -119,7 +147,7 @@ class Codec:
 
 
 class CodecFile:
-    """A file :func:`triclip.index.codecs.load` is reading: its first bytes, and the FAISS index in it read once,
+    """A file :func:`triclip.codecs.load` is reading: its first bytes, and the FAISS index in it read once,
     whichever codecs ask (several codecs share FAISS's ``IndexPreTransform`` file format)."""
 
     def __init__(self, path: str):
@@ -129,7 +157,11 @@ class CodecFile:
 
     @functools.cached_property
     def faiss_index(self) -> faiss.Index:
-        return faiss.read_index(self.path)
+        """The index; inverted lists on disk are mapped read-only from the file beside it that it names."""
+        from triclip.codecs.ondisk import quiet_stdout
+
+        with quiet_stdout():  # FAISS prints a line when it maps on-disk lists
+            return faiss.read_index(self.path, faiss.IO_FLAG_ONDISK_SAME_DIR | faiss.IO_FLAG_READ_ONLY)
 
 
 def prefix_candidates(name: str, budget: int, dim: int, bits: int, step: int = 1) -> list[CodecSpec]:

@@ -5,14 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.registry import describe, lookup
+from triclip.codecs.registry import describe, lookup
 
 
 @dataclass(frozen=True)
 class CodecSpec:
     """One code: which codec, how many leading dimensions, its exact bytes per vector (codes only, no ids)."""
 
-    codec: str  # a registered name (triclip.index.codecs.names())
+    codec: str  # a registered name (triclip.codecs.names())
     m: int
     bytes_per_vector: int
     params: dict = field(default_factory=dict)  # pq/opq/rq: {"M", "nbits"}; mixed: {"bits": [b_0..b_{m-1}]} once fitted
@@ -27,7 +27,7 @@ class CodecSpec:
         return lookup(self.codec).label(self)
 
     def describe(self) -> str:
-        """The code in plain words (:func:`triclip.index.codecs.registry.describe`)."""
+        """The code in plain words (:func:`triclip.codecs.registry.describe`)."""
         return describe(self)
 
     def to_json(self) -> dict:

@@ -1,6 +1,6 @@
 """Importance-aware bit allocation and the packed per-dimension scalar code it drives (numpy only).
 
-The mixed-precision code (``triclip.index.codecs``, codec ``"mixed"``) gives dimension ``j`` of the served
+The mixed-precision code (``triclip.codecs``, codec ``"mixed"``) gives dimension ``j`` of the served
 vector ``b_j`` bits of a uniform scalar quantiser, ``0 <= b_j <= MAX_BITS``; ``b_j = 0`` prunes it.
 Keeping all bits on the top m dimensions and none on the rest is today's top-m pruning, a special
 case of the allocation below.

@@ -1,4 +1,4 @@
-"""``mixed``: the importance-aware mixed-precision code of :mod:`triclip.index.allocation`.
+"""``mixed``: the importance-aware mixed-precision code of :mod:`triclip.codecs.allocation`.
 
 b_j bits of a uniform scalar quantiser on dimension j, allocated by minimising the modelled error of the
 query-image score (0 bits prune a dimension; top-m pruning is the special case). Written by hand because FAISS
@@ -16,17 +16,17 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
-from triclip.index import allocation
-from triclip.index.codecs.base import METRIC, Codec, bytes_note, first, unit_prefix
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs import allocation
+from triclip.codecs.base import METRIC, Codec, bytes_note, first, unit_prefix
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 FILE_HEAD = b"PK"  # numpy's .npz (a zip)
 
 
 @register_codec("mixed")
 class MixedCodec(Codec):
-    """Per-dimension bit widths (:mod:`triclip.index.allocation`), bit-packed, searched by FAISS's PQ lookup tables.
+    """Per-dimension bit widths (:mod:`triclip.codecs.allocation`), bit-packed, searched by FAISS's PQ lookup tables.
 
     A decoded coordinate is linear in its cell index (``lo + (c + 0.5) * step``), so a score ``q . x_hat`` is a
     constant per query plus a weighted sum of the stored BITS, each bit weighing ``q_j * step_j * 2^shift``.

@@ -15,9 +15,9 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
-from triclip.index.codecs.base import Codec, bytes_note, first, prefix_candidates
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import Codec, bytes_note, first, prefix_candidates
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 FILE_HEAD = b"IBxF"  # FAISS's four characters for an IndexBinaryFlat
 

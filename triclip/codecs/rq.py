@@ -8,12 +8,13 @@ M codebooks of 2^nbits centroids over the whole width, each encoding what the pr
 from __future__ import annotations
 
 import faiss
+import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import METRIC, bytes_note
-from triclip.index.codecs.faiss_codec import CodebookCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note
+from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 RQ_MEMORY = 256 << 20  # bytes of beam-search distance tables RQ encodes with at once (FAISS's default 5 GB:
 # adding 300k vectors to an RQ16x8 peaked at 6.8 GB; with this cap 1.2 GB, the same codes, 1.6x faster)
@@ -28,6 +29,7 @@ class RQCodec(CodebookCodec):
     title = "RQ"
     family = "RQ"
     spans_all = True
+    fit_cost = 2
 
     @classmethod
     def describe(cls, spec):
@@ -49,6 +51,16 @@ class RQCodec(CodebookCodec):
         inner.rq.cp.min_points_per_centroid = 1
         inner.rq.max_mem_distances = RQ_MEMORY  # training encodes too
         return spec, inner, None
+
+    @classmethod
+    def probe(cls, spec, dim):
+        """Random codebooks (its beam-search training takes 10-15 s even on 256 vectors)."""
+        spec, inner, _ = cls.faiss_parts(spec, 1 << 30)
+        rng = np.random.default_rng(0)
+        books = rng.standard_normal(spec.params["M"] * (1 << spec.params["nbits"]) * spec.m).astype(np.float32)
+        faiss.copy_array_to_vector(books, inner.rq.codebooks)
+        inner.rq.is_trained = inner.is_trained = True
+        return cls.twin(spec, dim, inner)
 
     def apply_settings(self):
         """Encode with :data:`RQ_MEMORY` of distance tables (a setting FAISS does not save in the file)."""

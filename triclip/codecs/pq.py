@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import faiss
+import numpy as np
 
-from triclip.index.codecs.base import METRIC, bytes_note, first
-from triclip.index.codecs.faiss_codec import CodebookCodec
-from triclip.index.codecs.registry import register_codec
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.registry import register_codec
+from triclip.codecs.spec import CodecSpec
 
 PQ_DIMS_PER_CODE = 4  # fewest dimensions per PQ sub-quantiser among the candidates
 
@@ -20,6 +21,7 @@ class PQCodec(CodebookCodec):
     family = "PQ"
     dims_per_code = PQ_DIMS_PER_CODE  # fewest dimensions per sub-quantiser among the candidates
     halves = True  # the candidates: on the largest multiple of M up to D, and half of it
+    fit_cost = 1
 
     @classmethod
     def describe(cls, spec):
@@ -42,6 +44,19 @@ class PQCodec(CodebookCodec):
         inner = faiss.IndexPQ(spec.m, spec.params["M"], spec.params["nbits"], METRIC)
         inner.pq.cp.min_points_per_centroid = 1  # small collections: train anyway, without a warning per k-means
         return spec, inner, None
+
+    @classmethod
+    def probe(cls, spec, dim):
+        """Random centroids (nothing trained); :mod:`.opq` adds a random rotation, as costly as its learnt one."""
+        spec, inner, _ = PQCodec.faiss_parts(spec, 1 << 30)
+        rng = np.random.default_rng(0)
+        faiss.copy_array_to_vector(rng.standard_normal(inner.pq.centroids.size()).astype(np.float32), inner.pq.centroids)
+        inner.is_trained = True
+        rotation = None
+        if cls.name == "opq":
+            rotation = faiss.RandomRotationMatrix(spec.m, spec.m)
+            rotation.init(0)
+        return cls.twin(spec, dim, inner, rotation)
 
     @classmethod
     def owns_index(cls, inner, chain):

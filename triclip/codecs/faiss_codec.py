@@ -16,8 +16,8 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
-from triclip.index.codecs.base import Codec, CodecFile, unit_prefix
-from triclip.index.codecs.spec import CodecSpec
+from triclip.codecs.base import Codec, CodecFile, unit_prefix
+from triclip.codecs.spec import CodecSpec
 
 FILE_HEAD = b"IxPT"  # FAISS's four characters for an IndexPreTransform
 
@@ -83,18 +83,44 @@ class FaissCodec(Codec):
         ids = self._ids(ids)
         return self.index.reconstruct_batch(ids) if len(ids) else np.zeros((0, self.dim), np.float32)
 
+    def add_random(self, n, rng):
+        """Random codes straight into FAISS's array where it takes them (``add_sa_codes``), else random vectors."""
+        inner = faiss.downcast_index(self.index.index)
+        if isinstance(inner, faiss.IndexFlatCodes) and not isinstance(inner, faiss.IndexFastScan):
+            inner.add_sa_codes(rng.integers(0, 256, (n, inner.sa_code_size()), dtype=np.uint8))
+            self.index.ntotal = inner.ntotal
+        else:
+            super().add_random(n, rng)
+
+    @classmethod
+    def twin(cls, spec: CodecSpec, dim: int, inner: faiss.Index, rotation=None):
+        """A codec of ``spec`` over an already trained (random) ``inner`` index: :meth:`probe`'s twins."""
+        index = faiss.IndexPreTransform(inner) if rotation is None else faiss.IndexPreTransform(rotation, inner)
+        index.prepend_transform(faiss.RemapDimensionsTransform(dim, spec.m, False))
+        return cls(spec, faiss.deserialize_index(faiss.serialize_index(index)), dim)
+
     def __len__(self):
         return int(self.index.ntotal)
 
     def code_bytes(self) -> int:
-        return faiss.vector_to_array(faiss.downcast_index(self.index.index).codes).size
+        """The codes proper: n x FAISS's code size (a fast-scan code pads its array to blocks of 32 rows)."""
+        inner = faiss.downcast_index(self.index.index)
+        return int(inner.ntotal) * int(inner.code_size)
+
+    def ram_bytes(self) -> int:
+        """What the code holds in memory for its vectors: the code array (padding included) and any ids."""
+        inner = faiss.downcast_index(self.index.index)
+        return int(inner.codes.size()) if hasattr(inner, "codes") else self.code_bytes()
 
     def save(self, path):
         with atomic_path(path) as tmp:
             faiss.write_index(self.index, os.fspath(tmp))
 
     def empty_copy(self):
-        index = faiss.clone_index(self.index)
+        try:
+            index = faiss.clone_index(self.index)
+        except RuntimeError:  # FAISS 1.15.1 clones no IndexRaBitQFastScan: a copy through its file format
+            index = faiss.deserialize_index(faiss.serialize_index(self.index))
         index.reset()
         return type(self)(self.spec, index, self.dim)
 

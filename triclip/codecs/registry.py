@@ -1,8 +1,8 @@
-"""The codec registry: ``@register_codec(name)`` on a :class:`~triclip.index.codecs.base.Codec` subclass names it;
+"""The codec registry: ``@register_codec(name)`` on a :class:`~triclip.codecs.base.Codec` subclass names it;
 :func:`lookup` finds it, :func:`names` lists every name. FAISS-free (the codecs themselves are not).
 
-The order of registration is the order :func:`triclip.index.codecs.candidates` tries the codecs in (a tie in
-measured recall goes to the earlier one): ``triclip/index/codecs/__init__.py`` imports the codec modules in
+The order of registration is the order :func:`triclip.codecs.candidates` tries the codecs in (a tie in
+measured recall goes to the earlier one): ``triclip/codecs/__init__.py`` imports the codec modules in
 that order.
 """
 

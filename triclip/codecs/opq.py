@@ -5,9 +5,9 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.index.codecs.base import bytes_note, first
-from triclip.index.codecs.pq import PQCodec
-from triclip.index.codecs.registry import register_codec
+from triclip.codecs.base import bytes_note, first
+from triclip.codecs.pq import PQCodec
+from triclip.codecs.registry import register_codec
 
 OPQ_DIMS_PER_CODE = 8  # fewest dimensions per OPQ sub-quantiser (OPQ64 on 5k x 256 vectors: 3.5 min of training at D/4)
 OPQ_ITERATIONS = 20  # OPQMatrix.niter (FAISS's default 50 trains 2.5x longer)

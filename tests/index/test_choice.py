@@ -1,0 +1,147 @@
+"""``index build --bytes B [--latency-ms L]``: the best recall within a latency, the two stages, the table.
+
+Latencies come from an injected model (``GivenLatency``): nothing is timed here; the timed model is measured
+in benchmarks (docs/benchmarks.md)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from triclip.core.errors import UserError
+from triclip.index import budgets as bud
+from triclip.index.budgets import EvalSet, Rules, choose
+from triclip.index.sources import IndexBuildConfig, build_index
+from triclip.index.store import current_version
+from tests.index.conftest import GivenLatency, unit_vectors
+
+D = 32
+
+
+@pytest.fixture(scope="module")
+def collection():
+    """1,200 clustered unit vectors; an evaluation set over all of them whose queries are noisy copies of 150 (each
+    answered by its own row): the float vectors find 99% of them, 4-byte codes alone 80% at best."""
+    rng = np.random.default_rng(0)
+    centres = unit_vectors(rng, 30, D)
+    x = centres[rng.integers(0, 30, 1200)] + 0.8 * unit_vectors(rng, 1200, D)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    q = x[:150] + 1.0 * unit_vectors(rng, 150, D)
+    q = (q / np.linalg.norm(q, axis=1, keepdims=True)).astype(np.float32)
+    evaluation = EvalSet.of(x, q, np.arange(150), [f"t{i}" for i in range(150)], "validation", "synthetic")
+    return x, evaluation
+
+
+def _kept(choice) -> dict:
+    return next(t for t in choice.tried if t.get("label") == choice.codec.spec.label()
+                and t.get("shortlist") == choice.kept.shortlist)
+
+
+def test_no_bound_keeps_the_best_recall_and_a_tight_one_a_fast_code(collection):
+    x, evaluation = collection
+    slow = {"float32": 0.5, "int8": 0.5, "mixed": 0.5, "pq": 0.5, "opq": 0.5, "rq": 0.5, "binary": 0.5,
+            "rabitq": 0.5}
+    model = GivenLatency(reference=1.0, codes={**slow, "pqfs": 0.01, "rqfs": 0.02, "rabitqfs": 0.03})
+    free = choose(8, x, evaluation, rules=Rules(n=len(x), rescore=False, model=model))
+    measured = [t for t in free.tried if t["recall"] is not None]
+    assert free.recall == max(min(t["recall"], free.full_recall) for t in measured)  # the best, none excluded
+    assert free.kept.latency.ms <= 1.0 == free.bound_ms and free.note == ""
+    tight = choose(8, x, evaluation, rules=Rules(n=len(x), latency_ms=0.015, rescore=False, model=model))
+    assert tight.codec.spec.codec == "pqfs" and tight.kept.latency.ms == 0.01 and tight.bound_ms == 0.015
+    assert tight.recall <= free.recall
+    skipped = {t["codec"]: t["skipped"] for t in tight.tried if t.get("skipped")}
+    assert {"pq", "rq", "rqfs"} <= set(skipped)  # slow to fit and slower than the bound: left out unfitted
+    assert all("over 0.015 ms" in why for why in skipped.values())
+    assert "float32" not in skipped  # quick to fit: fitted, measured, then over the bound
+    assert all(t["latency_ms"] > 0.015 for t in tight.tried if t["recall"] is not None and t["codec"] != "pqfs")
+
+
+def test_a_bound_nothing_meets_is_one_line_and_the_default_keeps_the_fastest(collection):
+    x, evaluation = collection
+    model = GivenLatency(reference=0.0001)  # every code slower than the float scan
+    with pytest.raises(UserError, match=r"no code of 8 bytes per vector answers within 0.0001 ms at N = 1,200"):
+        choose(8, x, evaluation, rules=Rules(n=len(x), latency_ms=0.0001, model=model))
+    kept = choose(8, x, evaluation, rules=Rules(n=len(x), model=model))
+    assert "the fastest kept" in kept.note
+    assert kept.kept.latency.ms == min(t["latency_ms"] for t in kept.tried if t["recall"] is not None)
+
+
+def test_two_stages_re_rank_a_tuned_shortlist_by_the_float_vectors(collection):
+    """With a free re-rank, a small fast code plus the float vectors reaches full-D recall and is kept; its
+    shortlist is the shortest that holds the target share of the exact top 10 on the sample; --no-rescore
+    keeps the codes alone."""
+    x, evaluation = collection
+    model = GivenLatency(reference=1.0, per_candidate=0.0)
+    two = choose(4, x, evaluation, rules=Rules(n=len(x), recall_target=0.9, model=model))
+    assert two.kept.shortlist is not None and two.kept.shortlist in bud.SHORTLISTS
+    assert min(two.recall, two.full_recall) == two.full_recall  # the float vectors' own recall
+    entry = _kept(two)
+    assert entry["stages"] == "codes + float re-rank" and entry["disk_bytes_per_query"] == 4 * D * two.kept.shortlist
+    tune = bud.TuneSet.of(x, evaluation)
+    copy = two.codec.empty_copy()
+    copy.add(x)
+    shortlist = copy.search(tune.queries, two.kept.shortlist)[1]
+    assert bud.overlap(shortlist, tune.truth) >= 0.9  # holds the target ...
+    shorter = max((n for n in bud.SHORTLISTS if n < two.kept.shortlist), default=None)
+    if shorter is not None:  # ... and the next shorter one does not
+        assert bud.overlap(copy.search(tune.queries, shorter)[1], tune.truth) < 0.9
+    alone = choose(4, x, evaluation, rules=Rules(n=len(x), recall_target=0.9, rescore=False, model=model))
+    assert alone.kept.shortlist is None and all(t.get("shortlist") is None for t in alone.tried)
+    costly = choose(4, x, evaluation, rules=Rules(n=len(x), recall_target=0.9,
+                                                  model=GivenLatency(reference=1.0, per_candidate=1.0)))
+    assert costly.kept.shortlist is None  # a re-rank slower than the float scan is not kept
+
+
+def test_a_larger_collection_scales_the_shortlist_and_says_so(collection):
+    x, evaluation = collection
+    model = GivenLatency(reference=1.0, per_candidate=0.0)
+    small = choose(4, x, evaluation, rules=Rules(n=len(x), recall_target=0.9, model=model))
+    large = choose(4, x, evaluation, rules=Rules(n=10 * len(x), recall_target=0.9, model=model))
+    staged = [t for t in large.tried if t.get("shortlist")]
+    assert staged and large.kept.shortlist_how == "extrapolated" and small.kept.shortlist_how == "measured"
+    same = [t for t in staged if t["label"] == small.codec.spec.label()]
+    if same and small.kept.shortlist:
+        assert same[0]["shortlist"] == 10 * small.kept.shortlist
+
+
+def test_the_build_records_the_stages_search_uses_them_and_the_table_shows_latency(run_dir, shapes_dir, tmp_path,
+                                                                                  given_latency, capsys):
+    from triclip.app.cli import main
+    from triclip.index.search import Searcher
+
+    given_latency.per_candidate = 0.0  # a free re-rank: the codes and their shortlist re-ranked find more here
+    out = tmp_path / "index"
+    assert main(["index", "build", "--run", str(run_dir), "--data", str(shapes_dir / "train.jsonl"), "--out", str(out),
+                 "--bytes", "4", "--latency-ms", "0.5", "--recall-target", "0.8", "--codec", "pqfs"]) == 0
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    header = next(line for line in lines if line.split()[:3] == ["bytes", "codes", "code"])
+    assert "latency" in header.split() and "RAM" in header.split() and "disk/query" in header.split()
+    rows = [line for line in lines if line.strip().startswith("4 ")]
+    assert len(rows) == 2 and all("ms (given)" in row for row in rows)
+    candidates = [line for line in lines if line.strip().startswith("- ")]
+    assert len(candidates) == 4 and all("ms (given)" in c or "not fitted" in c or "its scan" in c or "cannot win" in c
+                                        for c in candidates)
+    assert any("one query, one thread" in line and "extrapolated" in line for line in lines)
+    manifest = json.loads((out / current_version(out) / "manifest.json").read_text())
+    entry = manifest["budgets"]["4"]
+    assert entry["latency"]["how"] == "given" and entry["latency_bound_ms"] == 0.5
+    assert entry["rescore"] is not None and entry["rescore"]["with"] == "float"  # a free re-rank finds more
+    assert entry["recall"] > entry["code_recall"]
+    searcher = Searcher.load(out)
+    queries = np.asarray(searcher.contents.text_vectors[:20])
+    staged = searcher.search_vectors(queries, k=5, bytes=4)
+    codes = searcher.contents.codes[4]
+    shortlist = codes.search(queries, -(-entry["rescore"]["shortlist"] * 5 // 10))[1]
+    vectors = np.asarray(searcher.contents.vectors)
+    for row, hits, short in zip(queries, staged, shortlist):
+        order = short[np.argsort(-(vectors[short] @ row), kind="stable")[:5]]
+        assert [h["id"] for h in hits] == [searcher.contents.meta[i]["id"] for i in order]
+    alone = searcher.search_vectors(queries, k=5, bytes=4, rescore="none")
+    assert [[h["id"] for h in r] for r in alone] == [[searcher.contents.meta[i]["id"] for i in r]
+                                                      for r in codes.search(queries, 5)[1].tolist()]
+    assert main(["index", "build", "--run", str(run_dir), "--data", str(shapes_dir / "train.jsonl"), "--out",
+                 str(tmp_path / "x"), "--latency-ms", "1"]) == 2
+    assert "--latency-ms bounds the codes of --bytes" in capsys.readouterr().err

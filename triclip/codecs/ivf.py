@@ -1,0 +1,277 @@
+"""``ivf``: inverted lists over a code (FAISS ``IndexIVF*``): k-means cuts the collection into ``nlist`` lists,
+a query scans the codes of its ``nprobe`` nearest lists only.
+
+One parameterised codec, not one module per inner code: the inverted lists (coarse k-means, ``nlist`` from the
+collection's size, ``nprobe`` per call through ``faiss.SearchParametersIVF``, appending without retraining, lists
+on disk) are the same whatever code they hold; only FAISS's factory string differs. The inner code is named by
+``params["inner"]``, the flat codec whose candidates it mirrors:
+
+- ``pq`` ``IVF{nlist},PQ{M}x{nbits}`` (``IndexIVFPQ``); ``opq``: the same after :mod:`.opq`'s rotation;
+- ``rq`` ``IVF{nlist},RQ{M}x{nbits}`` (``IndexIVFResidualQuantizer``, lookup-table search as :mod:`.rq`);
+- ``pqfs`` ``IVF{nlist},PQ{M}x4fs`` (``IndexIVFPQFastScan``, as :mod:`.pqfs`);
+- ``int8`` ``IVF{nlist},SQ8`` (``IndexIVFScalarQuantizer``, as :mod:`.int8`).
+
+Not offered: IVF over ``rqfs``: FAISS 1.15.1's ``IndexIVFAdditiveQuantizerFastScan`` refuses per-call search
+parameters ("search params not supported for this index"), so its nprobe could only be set on the shared index,
+a race between threads searching at once. IVF over RaBitQ. FAISS 1.15.1's ``IndexIVFRaBitQ`` (and its fast scan) with the inner product
+reconstructs vectors up to 1.09 away from what it scores (unit vectors, D = 64), so it cannot be re-scored or
+checked like the others, and on 3,000 random unit vectors its top 10 at nprobe = nlist overlapped exact search
+by .12 / .13 against the flat RaBitQ's .26 / .25.
+
+Written by hand: :meth:`IVFCodec.reconstruct`. FAISS 1.15.1 crashes (segmentation fault) reconstructing, or
+``sa_decode``-ing, a fast-scan IVF index read back from a file; the codes are unpacked from the lists with
+FAISS's own ``CodePacker`` and decoded by its quantiser instead (equal to FAISS's reconstruction before a save).
+
+Lists on disk (:meth:`IVFCodec.filled_on_disk`): FAISS's ``OnDiskInvertedLists`` in a ``.ivfdata`` file beside the
+code file, memory-mapped read-only (``index build`` beyond ``--memory-budget``; not for fast-scan lists, which FAISS
+keeps in blocks that have no on-disk form).
+
+Each inverted list stores an 8-byte id per vector beside its code: a budget counts the code's bytes (as every
+codec), :meth:`IVFCodec.ram_bytes` what is held (codes, fast scan's block padding, ids).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from triclip.core.errors import UserError
+from triclip.codecs import ondisk
+from triclip.codecs.base import METRIC, unit_prefix
+from triclip.codecs.faiss_codec import FaissCodec
+from triclip.codecs.registry import lookup, register_codec
+from triclip.codecs.rq import RQ_MEMORY
+from triclip.codecs.spec import CodecSpec
+
+IVF_MIN_N = 100_000  # no inverted lists below this many vectors: a flat fast scan of them is already quick
+# (benchmarks/bench_ivf.py: PQ32x4fs, D = 256, one thread, shared 2 cores: see docs/benchmarks.md)
+TRAIN_PER_LIST = 39  # fewest training vectors per list (FAISS warns below it); fewer training vectors: fewer lists
+LISTS_PER_ROOT = 4  # nlist ~ 4 sqrt(N), a power of two
+MIN_LISTS, MAX_LISTS = 16, 65_536
+INNER = ("pq", "opq", "rq", "pqfs", "int8")  # the flat codes offered inside lists, in the order tried
+
+
+def lists_for(n: int) -> int:
+    """nlist for n vectors: the power of two nearest 4 sqrt(n), within [16, 65536]."""
+    return int(min(MAX_LISTS, max(MIN_LISTS, 2 ** round(math.log2(LISTS_PER_ROOT * math.sqrt(max(n, 1)))))))
+
+
+def factory_piece(spec: CodecSpec) -> str:
+    """The inner code's part of FAISS's factory string, e.g. ``PQ32x4fs``."""
+    inner, p = spec.params["inner"], spec.params
+    if inner in ("pq", "opq"):
+        return f"PQ{p['M']}x{p['nbits']}"
+    if inner == "rq":
+        return f"RQ{p['M']}x{p['nbits']}"
+    if inner == "pqfs":
+        return f"PQ{p['M']}x4fs"
+    if inner == "int8":
+        return "SQ8"
+    raise UserError(f"ivf: no inner code {inner!r}; choose from {', '.join(INNER)}")
+
+
+@register_codec("ivf")
+class IVFCodec(FaissCodec):
+    """Inverted lists of a flat code; a query scans ``nprobe`` of ``nlist`` lists (``params``: ``inner``, the
+    inner code's own, ``nlist``, ``nprobe``)."""
+
+    title = "inverted lists (IVF)"
+    family = "IVF"
+    fit_cost = 1
+
+    def __init__(self, spec, index, dim):
+        super().__init__(spec, index, dim)
+        self._rows = None  # (ntotal, (list, offset) per id), built on the first reconstruct after an add
+        self._rows_lock = threading.Lock()
+
+    @classmethod
+    def label(cls, spec):
+        inner = CodecSpec(spec.params["inner"], spec.m, spec.bytes_per_vector, _inner_params(spec.params)).label()
+        return f"ivf{spec.params['nlist']}/{spec.params.get('nprobe', '?')},{inner}"
+
+    @classmethod
+    def describe(cls, spec):
+        inner = CodecSpec(spec.params["inner"], spec.m, spec.bytes_per_vector, _inner_params(spec.params))
+        words = lookup(inner.codec).describe(inner).split(": ", 1)[1]
+        return (f"{spec.label()}: the collection cut into {spec.params['nlist']} lists by k-means, a query scanning"
+                f" the {spec.params.get('nprobe', '?')} lists nearest to it (plus an 8-byte id per vector); in the"
+                f" lists, {words}")
+
+    @classmethod
+    def candidates(cls, budget, dim, n=None):
+        """Each inner code's first candidate, in lists of :func:`lists_for` n; none below :data:`IVF_MIN_N`."""
+        if n is None or n < IVF_MIN_N:
+            return []
+        nlist = lists_for(n)
+        out = []
+        for name in INNER:
+            for spec in lookup(name).candidates(budget, dim, n)[:1]:
+                params = {"inner": name, **spec.params, "nlist": nlist, "nprobe": max(1, nlist // 64)}
+                out.append(CodecSpec(cls.name, spec.m, spec.bytes_per_vector, params))
+        return out
+
+    @classmethod
+    def faiss_parts(cls, spec, n):
+        params = dict(spec.params)
+        inner_spec, _, rotation = lookup(params["inner"]).faiss_parts(
+            CodecSpec(params["inner"], spec.m, spec.bytes_per_vector, _inner_params(params)), n)  # checks, nbits
+        nlist = max(1, min(int(params["nlist"]), n // TRAIN_PER_LIST))
+        params.update(inner_spec.params, nlist=nlist, nprobe=max(1, min(int(params.get("nprobe", 1)), nlist)))
+        spec = CodecSpec(cls.name, spec.m, inner_spec.bytes_per_vector, params)
+        ivf = faiss.index_factory(spec.m, f"IVF{nlist},{factory_piece(spec)}", METRIC)  # downcast by faiss: keep this object
+        ivf.cp.seed, ivf.cp.min_points_per_centroid = 0, 1
+        ivf.nprobe = params["nprobe"]
+        if params["inner"] == "rq":  # lookup tables, exact for inner products, no norm bytes (as triclip's rq)
+            ivf.rq.search_type = faiss.AdditiveQuantizer.ST_LUT_nonorm
+        if hasattr(ivf, "do_polysemous_training"):
+            ivf.do_polysemous_training = False  # Hamming filtering is unused here, and slow to train
+        return spec, ivf, rotation
+
+    def apply_settings(self):
+        ivf = faiss.downcast_index(faiss.extract_index_ivf(self.index))
+        if hasattr(ivf, "rq"):  # encode with capped distance tables (not saved in the file)
+            ivf.rq.max_mem_distances = RQ_MEMORY
+
+    @classmethod
+    def owns_index(cls, inner, chain):
+        return isinstance(inner, faiss.IndexIVF)
+
+    @classmethod
+    def spec_of(cls, inner, chain):
+        kinds = ((faiss.IndexIVFPQFastScan, "pqfs"), (faiss.IndexIVFPQ, "pq"), (faiss.IndexIVFResidualQuantizer, "rq"),
+                 (faiss.IndexIVFScalarQuantizer, "int8"))
+        name = next(k for t, k in kinds if isinstance(inner, t))
+        name = "opq" if name == "pq" and len(chain) > 1 else name
+        params = {"inner": name}
+        quantiser = getattr(inner, "pq", None) or getattr(inner, "rq", None)
+        if quantiser is not None:
+            nbits = quantiser.nbits if hasattr(inner, "pq") else faiss.vector_to_array(quantiser.nbits)[0]
+            params.update(M=int(quantiser.M), nbits=int(nbits))
+        params.update(nlist=int(inner.nlist), nprobe=int(inner.nprobe))
+        return CodecSpec(cls.name, inner.d, int(inner.code_size), params)
+
+    # ------------------------------------------------------------------ lists
+
+    @property
+    def ivf(self):
+        """The FAISS IVF index inside the pre-transform."""
+        return faiss.downcast_index(faiss.extract_index_ivf(self.index))
+
+    def search_parameters(self, params):
+        """``{"nprobe": n}``: lists scanned by this call only (``faiss.SearchParametersIVF``); None: the code's own."""
+        if not params:
+            return None
+        unknown = set(params) - {"nprobe"}
+        if unknown:
+            raise UserError(f"{self.spec.label()} takes nprobe only, got {', '.join(sorted(unknown))}")
+        nprobe = params["nprobe"]
+        if isinstance(nprobe, bool) or not isinstance(nprobe, (int, np.integer)) or nprobe < 1:
+            raise UserError(f"nprobe must be a positive integer, got {nprobe!r}")
+        return faiss.SearchParametersIVF(nprobe=int(min(nprobe, self.ivf.nlist)))
+
+    def exhaustive(self):
+        return {"nprobe": int(self.ivf.nlist)}
+
+    def set_nprobe(self, nprobe: int) -> None:
+        """Make ``nprobe`` the code's own (saved with it; the spec records it). Before serving only."""
+        self.ivf.nprobe = int(max(1, min(nprobe, self.ivf.nlist)))
+        self.spec = CodecSpec(self.spec.codec, self.spec.m, self.spec.bytes_per_vector,
+                              {**self.spec.params, "nprobe": int(self.ivf.nprobe)})
+
+    def code_bytes(self) -> int:
+        return int(self.ivf.ntotal) * int(self.ivf.code_size)
+
+    def ram_bytes(self) -> int:
+        """Codes as the lists hold them (fast scan: blocks of 32) and an 8-byte id per vector."""
+        ivf, lists = self.ivf, faiss.downcast_InvertedLists(self.ivf.invlists)
+        sizes = np.array([lists.list_size(i) for i in range(ivf.nlist)], np.int64)
+        if isinstance(lists, faiss.BlockInvertedLists):
+            codes = int((-(-sizes // lists.n_per_block)).sum()) * int(lists.block_size)
+        else:
+            codes = int(sizes.sum()) * int(ivf.code_size)
+        return codes + 8 * int(sizes.sum())
+
+    def reconstruct(self, ids=None):
+        """Decoded vectors (n, D), from the codes in the lists (written by hand: see the module docstring)."""
+        ids = self._ids(ids)
+        if not len(ids):
+            return np.zeros((0, self.dim), np.float32)
+        where = self._where()  # (ntotal, 2): list, offset
+        if ids.min() < 0 or ids.max() >= len(where):
+            raise UserError(f"reconstruct: ids must be in [0, {len(where)}), got {ids.min()}..{ids.max()}")
+        ivf = self.ivf
+        blocks = isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.BlockInvertedLists)
+        packer = ivf.get_CodePacker() if blocks else None
+        codes = np.stack([self._code(ivf, packer, int(lst), int(off)) for lst, off in where[ids]])  # (n, code_size)
+        if blocks:
+            out = np.zeros((len(ids), self.dim), np.float32)
+            out[:, : self.spec.m] = ivf.pq.decode(codes)  # fast-scan lists: not by residual, no rotation
+            return out
+        listno = where[ids, 0].astype("<i8").view(np.uint8).reshape(-1, 8)[:, : ivf.coarse_code_size()]
+        return self.index.sa_decode(np.ascontiguousarray(np.hstack([listno, codes])))  # (n, D): through the chain
+
+    def _where(self) -> np.ndarray:
+        """(list, offset) of each id 0..n-1, from the lists' ids (kept until the next add)."""
+        with self._rows_lock:
+            if self._rows is None or self._rows[0] != len(self):
+                ivf, lists = self.ivf, self.ivf.invlists
+                where = np.zeros((len(self), 2), np.int64)
+                for lst in range(ivf.nlist):
+                    size = lists.list_size(lst)
+                    if size:
+                        rows = faiss.rev_swig_ptr(lists.get_ids(lst), size).copy()
+                        where[rows, 0], where[rows, 1] = lst, np.arange(size)
+                self._rows = (len(self), where)
+            return self._rows[1]
+
+    @staticmethod
+    def _code(ivf, packer, lst: int, offset: int) -> np.ndarray:
+        """The code at ``offset`` of list ``lst``, unpacked by ``packer`` (fast-scan blocks; None: stored flat).
+        Shape: (code_size,) uint8."""
+        lists = ivf.invlists
+        if packer is not None:
+            blocks = -(-lists.list_size(lst) // packer.nvec)
+            packed = faiss.rev_swig_ptr(lists.get_codes(lst), blocks * packer.block_size)
+            return packer.unpack_1(packed.reshape(blocks, packer.block_size), offset)
+        return faiss.rev_swig_ptr(lists.get_single_code(lst, offset), ivf.code_size).copy()
+
+    def add(self, x):
+        if self.on_disk():  # FAISS would abort the process (an exception inside its threads), not raise
+            raise UserError(f"{self.spec.label()} keeps its lists on disk, read-only: rebuild to add vectors")
+        super().add(x)
+        self._rows = None
+
+    def on_disk(self) -> bool:
+        """Whether the lists are in a memory-mapped file (``faiss.OnDiskInvertedLists``)."""
+        return ondisk.is_on_disk(self.index)
+
+    def filled_on_disk(self, vectors, lists: Path) -> "IVFCodec":
+        """A copy of this trained code holding every row of ``vectors`` (``ShardVectors``), its lists merged into
+        the file ``lists`` (FAISS's on-disk lists, ``triclip.codecs.ondisk.merge_on_disk``; recorded by its bare
+        name, read beside the code file). One shard in memory at a time. Fast-scan lists (FAISS's blocked lists)
+        have no on-disk form: UserError."""
+        if isinstance(faiss.downcast_InvertedLists(self.ivf.invlists), faiss.BlockInvertedLists):
+            raise UserError(f"{self.spec.label()}: fast-scan lists cannot be kept on disk")
+        files, counts = [], []
+        for s, part in enumerate(vectors.parts):
+            if len(part):
+                x = unit_prefix(self._check(np.asarray(part, np.float32), "vectors"), self.spec.m)
+                copy = self.empty_copy()
+                copy.index.add_with_ids(x, np.arange(vectors.offsets[s], vectors.offsets[s] + len(x), dtype=np.int64))
+                files.append(lists.parent / f"{lists.stem}.part{s:05d}.faiss")
+                ondisk.save(copy.index, files[-1])
+                counts.append(len(x))
+        merged = ondisk.merge_on_disk(self.index, files, counts, lists)
+        for file in files:
+            file.unlink(missing_ok=True)
+        ondisk.relocate_lists(merged, lists.name)
+        return IVFCodec(self.spec, merged, self.dim)
+
+
+def _inner_params(params: dict) -> dict:
+    """The inner code's own parameters (M, nbits) from an IVF spec's."""
+    return {k: v for k, v in params.items() if k in ("M", "nbits")}

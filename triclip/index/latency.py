@@ -1,0 +1,113 @@
+"""How long one query takes, one thread, on a code holding the collection's N vectors: measured, or extrapolated.
+
+``index build --bytes B`` keeps the best code that answers within a latency (``--latency-ms``; by default the
+exact float32 scan of the same N vectors at full D, :meth:`LatencyModel.float_scan`). A code is timed on a copy
+holding a sample of the collection (at most ``triclip.index.budgets.FIT_ROWS`` rows), filled up with random
+entries to min(N, :data:`TIME_ROWS`) (a scan's cost depends on how many codes it reads, not on what they say):
+
+- ``measured``: N <= :data:`TIME_ROWS`; the median of single-query searches at N entries.
+- ``extrapolated``: a larger N. The time of a query at :data:`TIME_ROWS` entries is split into what comes before
+  the scan (timed on a copy holding :data:`TINY` rows: lookup tables, the coarse quantiser of inverted lists) and
+  the scan, which grows with the codes scanned: ``fixed + (timed - fixed) x N / TIME_ROWS`` (inverted lists keep
+  their nlist, so a query scans N / TIME_ROWS times more codes there too). Timing grows faster than linearly
+  where the codes stop fitting in the CPU caches (a flat float32 scan of D = 256, one thread, shared 2 cores:
+  1.8 ms at 20k, 87 ms at 100k), so :data:`TIME_ROWS` is past that point; beyond it the scan streams from memory.
+
+Before a slow-to-train code is fitted, its *probe* (:meth:`LatencyModel.probe`) times a twin with the same
+structure and random codebooks (nothing to train), filled with random codes: a code whose scan alone is slower
+than the bound is left out unfitted. Timing runs with one OpenMP thread (``triclip.codecs.threads``).
+
+Tests inject their own :class:`LatencyModel` (fixed numbers), so nothing is timed there.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from triclip.codecs.threads import search_threads, set_search_threads
+
+REPS = 25  # single queries timed per measurement (the median is kept)
+TINY = 64  # rows of the copy that times a query's fixed cost (before the scan)
+TIME_ROWS = 200_000  # entries a code (or the float reference) is timed at before its time is scaled to N
+
+
+@dataclass(frozen=True)
+class Latency:
+    """One query's time, and how it was obtained."""
+
+    ms: float  # milliseconds, one query, one thread
+    how: str  # "measured" (at the collection's size), "extrapolated" (from a sample), "given" (an injected model)
+
+    def plus(self, ms: float) -> "Latency":
+        return Latency(self.ms + ms, self.how)
+
+    def to_json(self) -> dict:
+        return {"ms": round(self.ms, 4), "how": self.how}
+
+
+class LatencyModel:
+    """Single-query latencies, one thread, timed on this machine (the median of :data:`REPS` queries)."""
+
+    def search(self, codec, queries: np.ndarray, k: int, n: int, params: dict | None = None) -> Latency:
+        """A query for the top ``k`` of ``codec`` at N = ``n`` vectors. ``codec``: a copy holding a sample of the
+        collection; it is filled up here with random entries to min(n, :data:`TIME_ROWS`)."""
+        rows = min(n, TIME_ROWS)
+        if len(codec) < rows:
+            codec.add_random(rows - len(codec), np.random.default_rng(len(codec)))
+        timed = _median_ms(lambda q: codec.search(q, k, params=params), queries)
+        if n <= len(codec):
+            return Latency(timed, "measured")
+        tiny = codec.empty_copy()
+        tiny.add_random(TINY, np.random.default_rng(1))
+        fixed = min(timed, _median_ms(lambda q: tiny.search(q, min(k, TINY), params=params), queries))
+        return Latency(fixed + (timed - fixed) * n / len(codec), "extrapolated")
+
+    def rerank(self, vectors: np.ndarray, queries: np.ndarray, count: int) -> float:
+        """Milliseconds to re-rank ``count`` candidates of one query by the float vectors (N, D) in memory."""
+        from triclip.index.search import rerank
+
+        rng = np.random.default_rng(0)
+        candidates = rng.integers(0, len(vectors), (1, count))
+        return _median_ms(lambda q: rerank(vectors, q, candidates, 10), queries)
+
+    def float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
+        """The exact float32 scan at full D (``IndexFlatIP``) of ``n`` vectors: a sample ``vectors`` (n_s, D), filled
+        up with random rows as :meth:`search` does. Timed once per sample and N (every budget shares it)."""
+        from triclip.codecs import CodecSpec, fit
+
+        key = (vectors.shape, n, float(np.asarray(vectors[0]).sum()))
+        cache = self.__dict__.setdefault("_float_scans", {})
+        if key not in cache:
+            flat = fit(CodecSpec("float32", vectors.shape[1], 4 * vectors.shape[1]), vectors[:1])
+            flat.add(vectors)
+            cache[key] = self.search(flat, queries, 10, n)
+        return cache[key]
+
+    def probe(self, spec, dim: int, n: int, queries: np.ndarray) -> Latency | None:
+        """A top-10 query on a twin of ``spec`` (:meth:`~triclip.codecs.Codec.probe`) holding N random
+        codes (at most :data:`TIME_ROWS`, then scaled); None when the codec has no twin (it is cheap to fit:
+        it is timed once fitted)."""
+        from triclip.codecs import lookup
+
+        twin = lookup(spec.codec).probe(spec, dim)
+        return None if twin is None else self.search(twin, queries, 10, n)
+
+
+def _median_ms(search, queries: np.ndarray) -> float:
+    """Median milliseconds of ``search(q)`` over single queries, :data:`REPS` of them (cycling), one thread."""
+    before = search_threads()
+    set_search_threads(1)
+    try:
+        search(queries[:1])  # warm: first-call allocations
+        times = []
+        for i in range(REPS):
+            q = queries[i % len(queries) : i % len(queries) + 1]
+            started = time.perf_counter()
+            search(q)
+            times.append(time.perf_counter() - started)
+    finally:
+        set_search_threads(before)
+    return float(np.median(times) * 1000)
