@@ -28,6 +28,7 @@ class BinaryCodec(Codec):
 
     title = "binary top-m"
     family = "binary"
+    file_head = FILE_HEAD  # how its FAISS file starts
     symmetric = True
 
     def __init__(self, spec: CodecSpec, index: faiss.IndexBinaryFlat, dim: int):
@@ -50,7 +51,7 @@ class BinaryCodec(Codec):
 
     @classmethod
     def owns(cls, file):
-        return file.head.startswith(FILE_HEAD)
+        return file.head.startswith(cls.file_head)
 
     @classmethod
     def read(cls, file, dim):

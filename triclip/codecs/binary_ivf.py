@@ -26,6 +26,7 @@ class BinaryIVFCodec(BinaryCodec):
 
     title = "binary top-m, inverted lists"
     family = "binary IVF"
+    file_head = FILE_HEAD
 
     @classmethod
     def label(cls, spec):
@@ -60,10 +61,6 @@ class BinaryIVFCodec(BinaryCodec):
         index.train(np.packbits(train[:, : spec.m] > 0, axis=1))
         spec = CodecSpec(cls.name, spec.m, spec.m // 8, {"nlist": nlist, "nprobe": int(index.nprobe)})
         return cls(spec, faiss.deserialize_index_binary(faiss.serialize_index_binary(index)), train.shape[1])
-
-    @classmethod
-    def owns(cls, file):
-        return file.head.startswith(FILE_HEAD)
 
     @classmethod
     def read(cls, file, dim):

@@ -13,8 +13,20 @@ from triclip.codecs.spec import CodecSpec
 PQ_DIMS_PER_CODE = 4  # fewest dimensions per PQ sub-quantiser among the candidates
 
 
+class PQBooks:
+    """The codebook count and width of a FAISS index holding a ``pq`` (IndexPQ, IndexPQFastScan)."""
+
+    @classmethod
+    def codebooks(cls, inner):
+        return inner.pq.M
+
+    @classmethod
+    def bits(cls, inner):
+        return inner.pq.nbits
+
+
 @register_codec("pq")
-class PQCodec(CodebookCodec):
+class PQCodec(PQBooks, CodebookCodec):
     """The leading m coordinates cut into M groups, each stored as its nearest centroid among 2^nbits."""
 
     title = "PQ"
@@ -61,11 +73,3 @@ class PQCodec(CodebookCodec):
     @classmethod
     def owns_index(cls, inner, chain):
         return isinstance(inner, faiss.IndexPQ) and len(chain) == 1  # the dimension remap only: no rotation
-
-    @classmethod
-    def codebooks(cls, inner):
-        return inner.pq.M
-
-    @classmethod
-    def bits(cls, inner):
-        return inner.pq.nbits

@@ -14,6 +14,7 @@ import faiss
 from triclip.core.errors import UserError
 from triclip.codecs.base import METRIC, bytes_note, first
 from triclip.codecs.faiss_codec import CodebookCodec
+from triclip.codecs.pq import PQBooks
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
 
@@ -21,7 +22,7 @@ FAST_BITS = 4  # fast scan's only width
 
 
 @register_codec("pqfs")
-class PQFastScanCodec(CodebookCodec):
+class PQFastScanCodec(PQBooks, CodebookCodec):
     """The leading m coordinates cut into M groups, each stored as one of 16 centroids (4 bits), scanned by SIMD."""
 
     title = "PQ 4-bit fast scan"
@@ -58,11 +59,3 @@ class PQFastScanCodec(CodebookCodec):
     @classmethod
     def owns_index(cls, inner, chain):
         return isinstance(inner, faiss.IndexPQFastScan) and len(chain) == 1
-
-    @classmethod
-    def codebooks(cls, inner):
-        return inner.pq.M
-
-    @classmethod
-    def bits(cls, inner):
-        return inner.pq.nbits

@@ -22,8 +22,24 @@ RQ_MAX_CODES = 16  # most RQ codebooks among the candidates (RQ16x8 on 5k x 256:
 # 99% of full-D recall, where mixed already keeps 99%)
 
 
+class RQBooks:
+    """The codebooks of a FAISS index holding an ``rq`` (IndexResidualQuantizer and its fast scan)."""
+
+    def apply_settings(self):
+        """Encode with :data:`RQ_MEMORY` of distance tables (a setting FAISS does not save in the file)."""
+        faiss.downcast_index(self.index.index).rq.max_mem_distances = RQ_MEMORY
+
+    @classmethod
+    def codebooks(cls, inner):
+        return inner.rq.M
+
+    @classmethod
+    def bits(cls, inner):
+        return faiss.vector_to_array(inner.rq.nbits)[0]
+
+
 @register_codec("rq")
-class RQCodec(CodebookCodec):
+class RQCodec(RQBooks, CodebookCodec):
     """M codebooks over all m dimensions, each coding the residual the ones before it left."""
 
     title = "RQ"
@@ -62,18 +78,6 @@ class RQCodec(CodebookCodec):
         inner.rq.is_trained = inner.is_trained = True
         return cls.twin(spec, dim, inner)
 
-    def apply_settings(self):
-        """Encode with :data:`RQ_MEMORY` of distance tables (a setting FAISS does not save in the file)."""
-        faiss.downcast_index(self.index.index).rq.max_mem_distances = RQ_MEMORY
-
     @classmethod
     def owns_index(cls, inner, chain):
         return isinstance(inner, faiss.IndexResidualQuantizer)
-
-    @classmethod
-    def codebooks(cls, inner):
-        return inner.rq.M
-
-    @classmethod
-    def bits(cls, inner):
-        return faiss.vector_to_array(inner.rq.nbits)[0]

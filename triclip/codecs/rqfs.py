@@ -16,7 +16,7 @@ from triclip.codecs.base import METRIC, bytes_note
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.pqfs import FAST_BITS
 from triclip.codecs.registry import register_codec
-from triclip.codecs.rq import RQ_MEMORY
+from triclip.codecs.rq import RQ_MEMORY, RQBooks
 from triclip.codecs.spec import CodecSpec
 
 RQFS_MAX_CODES = 16  # most codebooks among the candidates (RQ16x4fs on 5k x 256: ~20 s to train on a shared
@@ -24,7 +24,7 @@ RQFS_MAX_CODES = 16  # most codebooks among the candidates (RQ16x4fs on 5k x 256
 
 
 @register_codec("rqfs")
-class RQFastScanCodec(CodebookCodec):
+class RQFastScanCodec(RQBooks, CodebookCodec):
     """M codebooks of 16 centroids over all m dimensions, each coding the residual the ones before it left."""
 
     title = "RQ 4-bit fast scan"
@@ -61,18 +61,6 @@ class RQFastScanCodec(CodebookCodec):
         inner.rq.max_mem_distances = RQ_MEMORY
         return spec, inner, None
 
-    def apply_settings(self):
-        """Encode with :data:`~triclip.codecs.rq.RQ_MEMORY` of distance tables (not saved in the file)."""
-        faiss.downcast_index(self.index.index).rq.max_mem_distances = RQ_MEMORY
-
     @classmethod
     def owns_index(cls, inner, chain):
         return isinstance(inner, faiss.IndexResidualQuantizerFastScan)
-
-    @classmethod
-    def codebooks(cls, inner):
-        return inner.rq.M
-
-    @classmethod
-    def bits(cls, inner):
-        return faiss.vector_to_array(inner.rq.nbits)[0]
