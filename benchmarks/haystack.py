@@ -348,7 +348,8 @@ def summarize(records: list[dict], names: list[str]) -> list[dict]:
         runs = [r for r in records if r.get("what") == what]
         rec = {"what": f"{what} mean, sd", "seeds": len(runs)}
         for name in names:
-            for key, values in ((name, [r[name] for r in runs]), (f"{name}/float", [r[name] / r["float"] for r in runs])):
+            ratio = [] if name == "float" else [(f"{name}/float", [r[name] / r["float"] for r in runs])]
+            for key, values in [(name, [r[name] for r in runs]), *ratio]:
                 rec[key] = [round(float(np.mean(values)), 3), round(float(np.std(values, ddof=1)) if len(values) > 1 else 0.0, 3)]
         out.append(rec)
     return out
