@@ -313,8 +313,8 @@ def validate(cfg: MeasureConfig) -> list[dict]:
         targets, others = sp.image[test], sp.image[rest]
     else:
         model, (queries, targets, positives) = fit_text(sp), i2t_set(sp, test)
-        vecs, texts, _ = t2i_set(sp, rest)
-        others = vecs[[i for i, t in enumerate(texts) if t not in set(t2i_set(sp, test)[1])]]  # distinct non-test
+        (vecs, texts, _), test_texts = t2i_set(sp, rest), set(t2i_set(sp, test)[1])
+        others = vecs[[i for i, t in enumerate(texts) if t not in test_texts]]  # distinct non-test captions
     near = model.calibration["near"]
     records = [{"side": cfg.side, "what": "calibration", **model.calibration,
                 "near_rate_test_vs_rest": hd.near_rate(targets, others, near)}]
