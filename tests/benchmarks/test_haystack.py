@@ -1,0 +1,156 @@
+"""benchmarks.haystack and its density: streamed, seeded draws; shards that land where queries.jsonl says."""
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks import haystack as hs
+from benchmarks import haystack_density as hd
+from triclip.index.vectors import ShardVectors
+from triclip.model.shards import check_complete, load_shard
+
+D = 16
+
+
+def unit(x):
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def collection(n=300, seed=0) -> hs.Split:
+    """Clustered images, one caption each (its image plus noise), split 60/20/20 by row."""
+    rng = np.random.default_rng(seed)
+    centres = unit(rng.normal(size=(30, D)))
+    image = unit(centres[rng.integers(0, 30, n)] + 0.35 * rng.normal(size=(n, D))).astype(np.float32)
+    text = unit(image + 0.4 * rng.normal(size=(n, D))).astype(np.float32)
+    meta = [{"id": str(i), "image": f"/d/{i}.png", "captions": [f"caption {i}"], "label": None} for i in range(n)]
+    cut = [0, int(0.6 * n), int(0.8 * n), n]
+    rows = {s: np.arange(cut[j], cut[j + 1]) for j, s in enumerate(hs.SPLITS)}
+    manifest = {"run": "r", "fingerprint": "f", "importance": list(range(D)), "transform": {}}
+    return hs.Split(image, text, np.stack([np.arange(n), np.zeros(n, int)], 1), meta, rows, manifest)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return hd.fit(collection().image[:200])
+
+
+def test_a_row_depends_on_seed_and_number_only(model, monkeypatch):
+    monkeypatch.setattr(hd, "BLOCK", 64)  # several random blocks in 500 rows
+    small = list(hd.sample(model, 500, seed=3, chunk=37))
+    assert {len(c) for c in small[:-1]} == {37} and len(small[-1]) == 500 % 37  # chunks of the size asked
+    whole = np.concatenate(small)
+    assert np.array_equal(whole, np.concatenate(list(hd.sample(model, 500, seed=3, chunk=500))))
+    assert np.array_equal(whole[:130], np.concatenate(list(hd.sample(model, 130, seed=3, chunk=64))))  # a prefix
+    assert np.array_equal(hd.rows(model, 3, np.array([499, 7, 64])), whole[[499, 7, 64]])
+    assert not np.allclose(whole, np.concatenate(list(hd.sample(model, 500, seed=4, chunk=37))))
+    assert np.allclose(np.linalg.norm(whole, axis=1), 1, atol=1e-5)
+
+
+def test_draws_lie_between_a_vector_and_a_neighbour_nearer_its_own(model):
+    model.t_min = 0.2
+    x = hd.draws(model, 400, 0)
+    best = hd.knn(x, model.centres, 2)[0]  # (n, 2)
+    assert (best[:, 0] < 1 - 1e-4).all()  # never a copy of a fitted vector
+    assert (best[:, 0] > 0.5).all()
+
+
+def test_t_min_is_recovered_from_a_near_copy_rate(model):
+    """Held-out vectors drawn at a known t_min: the bisection finds that t_min from their near-copy rate."""
+    cfg = hd.DensityConfig(near=0.97, steps=14)
+    for t0 in (0.1, 0.3):
+        model.k, model.t_min = 16.0, t0
+        target = hd.near_rate(hd.draws(model, 4000, seed=9), model.centres, cfg.near)
+        model.t_min = 0.0
+        hd._fit_t_min(model, target, cfg)
+        assert abs(model.t_min - t0) < 0.04, (t0, model.t_min)
+
+
+def test_k_is_where_recall_crosses_the_real_one():
+    ks, recalls = [16, 32, 64, 128], [0.1, 0.2, 0.3, 0.4]
+    assert hd._crossing(ks, recalls, 0.25) == pytest.approx(np.sqrt(32 * 64))
+    assert hd._crossing(ks, recalls, 0.9) == 128  # no crossing: the nearest
+
+
+def test_calibration_matches_the_held_out_near_copy_rate_and_recall():
+    sp = collection(600)
+    m = hs.fit_image(sp)
+    cal = m.calibration
+    assert abs(cal["near_rate_draws"] - cal["near_rate_held_out"]) < 0.03
+    assert 0 < m.t_min < m.t_max and 16 <= m.k <= m.partners.shape[1]
+    rec = [r for k, _, r, _ in cal["grid"]]
+    assert min(rec) - 0.05 <= cal["recall_real"] <= max(rec) + 0.05
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    sp, out = collection(), tmp_path_factory.mktemp("h") / "out"
+    cfg = hs.BuildConfig("INDEX", "DATA", str(out), n=250, seed=1, shard_size=70, text=True)
+    return sp, cfg, hs.build(cfg, sp), out
+
+
+def test_the_test_rows_and_their_queries_land_where_queries_jsonl_says(built):
+    sp, cfg, summary, out = built
+    emb = out / "embeddings"
+    manifest = check_complete(emb)  # the project's reader: every shard whole
+    assert manifest["records"] == 250 and manifest["num_shards"] == 4 and summary["distractors"] == 250 - 60
+    assert ShardVectors.open(str(emb), manifest["num_shards"], "image").count == 250
+    queries = np.load(out / "queries.npy")
+    lines = [json.loads(line) for line in (out / "queries.jsonl").read_text().splitlines()]
+    assert len(lines) == len(queries) == 60
+    for q, line in zip(queries, lines):
+        (row,) = line["targets"]
+        shard = load_shard(emb, row // 70)
+        assert line["text"] in shard["meta"][row % 70]["captions"]
+        assert np.array_equal(shard["image"][row % 70], sp.image[sp.rows["test"][row]])
+        assert np.allclose(q, sp.text[sp.rows["test"][row]])
+
+
+def test_distractor_rows_are_the_streams_rows_with_their_captions(built, monkeypatch):
+    sp, cfg, _, out = built
+    model = hs.fit_image(sp)  # fitted the same way: deterministic
+    shard = load_shard(out / "embeddings", 1)  # rows 70..139: distractors 10..79
+    assert np.allclose(shard["image"], hd.rows(model, cfg.seed, np.arange(10, 80)), atol=1e-6)
+    assert [m["id"] for m in shard["meta"][:2]] == ["haystack-000000010", "haystack-000000011"]
+    counts = np.bincount(shard["text_rows"][:, 0], minlength=70)
+    assert list(counts) == [len(m["captions"]) for m in shard["meta"]] and counts.sum() == len(shard["text"])
+
+
+def test_build_never_draws_more_than_a_shard_at_once(monkeypatch, tmp_path):
+    sp, asked, rows = collection(), [], hd.rows
+    fitted = hs.fit_image(sp)  # the calibration draws as many rows as it fits (small); the shards are drawn apart
+    monkeypatch.setattr(hs, "fit_image", lambda _: fitted)
+    monkeypatch.setattr(hd, "rows", lambda m, s, ids, side=0: asked.append(len(ids)) or rows(m, s, ids, side))
+    hs.build(hs.BuildConfig("I", "D", str(tmp_path / "o"), n=400, shard_size=50), sp)
+    assert max(asked) <= 50 and sum(asked) == 400 - 60 and len(asked) == 8
+
+
+def test_an_existing_out_is_refused_without_overwrite(built, capsys):
+    sp, cfg, _, out = built
+    before = (out / "haystack.json").read_text()
+    with pytest.raises(hs.UserError, match="--overwrite"):
+        hs.build(cfg, sp)
+    assert (out / "haystack.json").read_text() == before
+    hs.build(hs.BuildConfig(**{**cfg.__dict__, "n": 100, "overwrite": True}), sp)
+    assert check_complete(out / "embeddings")["records"] == 100
+
+
+@pytest.mark.parametrize("argv", [
+    ["build", "I", "--data", "D", "--out", "O", "--n", "many"],
+    ["curve", "I", "--data", "D", "--codes", "PQ99"],
+    ["validate", "/nonexistent/index", "--data", "D"],
+])
+def test_a_bad_argument_is_one_line_and_exit_2(argv, capsys):
+    with pytest.raises(SystemExit) as err:
+        hs.main(argv)
+    assert err.value.code == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_a_shortlist_re_ranked_with_float_is_exact_search_within_it():
+    x = unit(np.random.default_rng(0).normal(size=(500, 64))).astype(np.float32)
+    q = x[:20] + 0.01
+    code, depth = hs.code_of("PQ32x4fs+500", 64)
+    code.fit(x)
+    code.add(x)
+    assert np.array_equal(hs.found(code, depth, q, lambda ids: x[ids], 10), hd.knn(q, x, 10)[1])
