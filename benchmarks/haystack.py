@@ -39,7 +39,7 @@ from benchmarks import haystack_density as hd
 from triclip.core.errors import UserError
 from triclip.core.io import file_sha256, swap_dir, temp_dir, write_json_atomic, write_mark
 from triclip.core.progress import progress
-from triclip.index import codecs
+from triclip import codecs
 from triclip.index.budgets import recall_at_k
 from triclip.index.store import load_contents
 from triclip.model.shards import FORMAT, IMAGE, META, SHARD_INFO, TEXT, TEXT_ROWS, shard_name
@@ -96,7 +96,7 @@ class FaissCode:
 
 
 class TriclipCode(FaissCode):
-    """A code of ``triclip.index.codecs`` (the ones ``index build --bytes`` stores)."""
+    """A code of ``triclip.codecs`` (the ones ``index build --bytes`` stores)."""
 
     def __init__(self, spec: codecs.CodecSpec):
         self.spec = spec
