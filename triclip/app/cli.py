@@ -409,7 +409,8 @@ def cmd_search(ns: argparse.Namespace) -> int:
 
 
 def _print_hits(labels: list[str], results: list[list[dict]], as_json: bool) -> None:
-    """One JSON value (a hit list, or a list of them), or a line per hit under a ``# query`` line per query."""
+    """One JSON value (a hit list, or a list of them), or a line per hit under a ``# query`` line per query; a caption
+    hit (``--target text``: each string once) says how many images carry it."""
     if as_json:
         _print_json(results[0] if len(results) == 1 else results)
         return
@@ -417,7 +418,8 @@ def _print_hits(labels: list[str], results: list[list[dict]], as_json: bool) -> 
         if len(results) > 1:
             print(f"# {label}")
         for rank, hit in enumerate(hits, 1):
-            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
+            shared = f"  ({hit['images']} images carry this caption)" if hit.get("images", 1) > 1 else ""
+            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}{shared}")
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
