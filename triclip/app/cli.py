@@ -104,7 +104,16 @@ def cmd_data_inspect(ns: argparse.Namespace) -> int:
     from triclip.data import inspect
 
     report = inspect(cfg.path, cfg.data_config)
-    return _print_result(ns, report, lambda r: f"{r['records']} usable records, skipped: {r['skipped'] or 'none'}")
+    return _print_result(ns, report, _inspect_text)
+
+
+def _inspect_text(report: dict) -> str:
+    """``data inspect``'s lines: the counts, then per skip reason the first records it skipped (and how many more)."""
+    lines = [f"{report['records']} usable records, skipped: {report['skipped'] or 'none'}"]
+    for reason, named in report.get("skipped_examples", {}).items():
+        more = report["skipped"].get(reason, 0) - len(named)
+        lines.append(f"  {reason} ({report['skipped'].get(reason, 0)}): {'; '.join(named)}{f'; and {more} more' if more > 0 else ''}")
+    return "\n".join(lines)
 
 
 def _print_result(ns: argparse.Namespace, result: dict, text: Callable[[dict], str]) -> int:
