@@ -149,6 +149,8 @@ def open_embeddings(cfg: IndexBuildConfig) -> Collection:
 def _validate(cfg: IndexBuildConfig) -> list[int] | None:
     """Checks that need no model (``triclip.index.config.check_build``), then the ``--out`` rule; returns the
     requested m's (sorted, unique) or None."""
+    if cfg.codec is not None:
+        codecs.lookup(cfg.codec)  # UserError: unknown codec ...; choose from ... (the registry's names)
     check_build(cfg)
     claim_index_dir(cfg.out, cfg.add, cfg.overwrite)
     dims = listed(cfg.dims)
