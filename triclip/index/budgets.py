@@ -188,7 +188,16 @@ def frontier(choices: list[Choice], float_curve: dict[str, float] | None, evalua
         "chosen": {str(c.budget): {**_entry(c.codec.spec), "recall": c.recall} for c in choices},
         "candidates": {str(c.budget): c.tried for c in choices},
         "float_pruning": {str(4 * int(m)): r for m, r in (float_curve or {}).items() if r is not None},
+        "full_d": exact_recall(evaluation),  # the same metric by exact float search at full D: what the codes lose
     }
+
+
+def exact_recall(evaluation: EvalSet) -> float:
+    """Recall@10 of exact inner-product search at full D on the evaluation set (the codes' reference)."""
+    scores = evaluation.queries @ evaluation.gallery.T  # (Q, n)
+    k = min(K, scores.shape[1])
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
+    return recall_at_k(top, evaluation.positives)
 
 
 def _entry(spec: codecs.CodecSpec) -> dict:
