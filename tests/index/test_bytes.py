@@ -208,6 +208,7 @@ def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_di
     assert lines[0][:4] == ["bytes", "codes", "code", "m"]
     for line, side in zip(lines[1:], ("image", "text"), strict=True):
         assert line[:3] == ["4", side, "binary"] and line[3] in ("m=16", "m=32")
+        assert line[-2:] == [str(int(line[3][2:]) // 8), "B/vector"]  # the bytes the code stores, beside its budget
     assert summary["budgets"]["4"]["code"]["codec"] == summary["budgets"]["4"]["text"]["code"]["codec"] == "binary"
     out, _ = by_bytes
     assert main(["search", "--index", str(out), "--text", "a red circle", "--bytes", "8", "--json", "-k", "3"]) == 0
@@ -219,6 +220,17 @@ def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_di
     assert main(["search", "--index", str(out), "--image", str(image), "--target", "text", "--bytes", "8", "--json",
                  "-k", "3"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 3
+    count = load_contents(out).manifest["count"]
+    rescore = ["search", "--index", str(out), "--text", "a red circle", "--bytes", "4", "--rescore", "float", "-k", "5"]
+    assert main(rescore + ["--timing"]) == 0  # 5 x 20 candidates of fewer images: the full-D answer, said
+    err = capsys.readouterr().err
+    assert f"holds all {count} image vectors" in err and "exact full-D search" in err
+    timing = json.loads(err.split("timing: ", 1)[1].splitlines()[0])
+    assert timing["shortlist"]["whole_gallery"] is True and timing["shortlist"]["candidates"] == count
+    assert main(rescore + ["--factor", "2", "--timing"]) == 0  # 10 candidates: the codes choose, nothing to say
+    err = capsys.readouterr().err
+    assert "note:" not in err and json.loads(err.split("timing: ", 1)[1].splitlines()[0])["shortlist"] == {
+        "candidates": 10, "vectors": count, "whole_gallery": False}
     assert EMBED_DIM == load_contents(out).manifest["dim"]
 
 

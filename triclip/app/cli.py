@@ -401,6 +401,9 @@ def cmd_search(ns: argparse.Namespace) -> int:
     searched = time.perf_counter()
     getattr(searcher, "close", lambda: None)()  # a Milvus client (and Milvus Lite's file) is let go
     _print_hits(texts + images, results, cfg.json)
+    shortlist = _shortlist(cfg, searcher)
+    if shortlist and shortlist["whole_gallery"]:
+        print(f"note: {shortlist['note']}", file=sys.stderr)
     if cfg.timing:
         timing = {
             "startup_s": startup,
@@ -412,9 +415,26 @@ def cmd_search(ns: argparse.Namespace) -> int:
             "search_s": searched - embedded,
             "queries": len(texts) + len(images),
             "total_s": startup + time.perf_counter() - started,
+            **({"shortlist": shortlist} if shortlist else {}),
         }
         print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
+
+
+def _shortlist(cfg, searcher) -> dict | None:
+    """With ``--rescore`` or ``--funnel``: the candidates re-ranked (k x factor), the vectors searched, and whether the
+    shortlist held all of them (then the answer is the re-ranking's alone: exact full-D search with ``--rescore
+    float`` or a funnel, the codes or the small m choosing nothing); None without a shortlist."""
+    if cfg.rescore is None and cfg.funnel is None:
+        return None
+    total = len(searcher) if cfg.target == "image" else int((getattr(searcher, "manifest", None) or {}).get("text_count") or 0)
+    wanted = cfg.k * max(1, int(searcher.shortlist_factor))
+    whole = bool(total) and wanted >= total
+    note = (f"the shortlist of k x factor = {cfg.k} x {searcher.shortlist_factor} = {wanted} candidates holds all"
+            f" {total} {cfg.target} vectors: every one is re-ranked, so the answer is the re-ranking's alone"
+            f" (with --rescore float or --funnel: exact full-D search); a smaller --factor shows the shortlist at work")
+    return {"candidates": min(wanted, total) if total else wanted, "vectors": total, "whole_gallery": whole,
+            **({"note": note} if whole else {})}
 
 
 def _print_hits(labels: list[str], results: list[list[dict]], as_json: bool) -> None:

@@ -207,7 +207,7 @@ def _entry(spec: codecs.CodecSpec) -> dict:
 def table(budgets: dict) -> str:
     """The lines ``index build`` prints: bytes / codes / code / m / recall / index size per budget and side
     (summary["budgets"]; the caption codes under ``"text"``)."""
-    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>11}"]
+    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<20} {'m':>5}  {'recall@10':>9}  {'index size':>11}  stored"]
     for b, entry in sorted(budgets.items(), key=lambda kv: int(kv[0])):
         for side, e in (("image", entry), ("text", entry.get("text"))):
             if e is None:
@@ -215,9 +215,10 @@ def table(budgets: dict) -> str:
             spec = codecs.CodecSpec.from_json(e["code"])
             recall = "-" if e.get("recall") is None else f"{e['recall']:.4f}"
             lines.append(f"{b:>6}  {side:<6} {spec.label():<20} {spec.m:>5}  {recall:>9}"
-                         f"  {human_bytes(e['index_bytes']):>11}")
+                         f"  {human_bytes(e['index_bytes']):>11}  {spec.bytes_per_vector} B/vector")
     if any(entry.get("text") for entry in budgets.values()):
         lines.append("recall@10: text->image for the image codes, image->text for the caption (text) codes")
+    lines.append("stored: the bytes each vector's code holds (a code smaller than its budget can measure best)")
     return "\n".join(lines)
 
 
