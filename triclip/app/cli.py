@@ -531,9 +531,13 @@ COMMANDS = (
             _options("triclip.index.config:RollbackConfig"), cmd_index_rollback),
     Command(("search",), "query an index by text or image (model loaded once for all queries)",
             _options("triclip.index.config:SearchConfig"), cmd_search),
-    Command(("app",), "serve a search app", _options("triclip.app.config:AppConfig", exclude=SERVE_ONLY), cmd_app),
+    Command(("app",), "serve a search app", _options("triclip.app.config:AppConfig", exclude=SERVE_ONLY), cmd_app,
+            "Serve a search app over an index until Ctrl-C or SIGTERM (`kill PID`): either stops it cleanly, exit 0."),
     Command(("demo",), "openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there -> index at"
-            " several m -> the app", _options("triclip.app.config:DemoConfig", exclude=["embed_dim"]), cmd_demo),
+            " several m -> the app", _options("triclip.app.config:DemoConfig", exclude=["embed_dim"]), cmd_demo,
+            "Build the demo (openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there ->"
+            " index at several m), then serve the app until Ctrl-C or SIGTERM (`kill PID`): either stops it cleanly,"
+            " exit 0."),
 )
 
 
