@@ -83,8 +83,9 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
         assert curves["chosen"][str(b)]["recall"] == entry["recall"]
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
     tried = [c["codec"] for c in curves["candidates"]["4"]]
-    assert tried == [s.codec for s in codecs.candidates(4, manifest["dim"])]  # every registered codec that fits, in order
-    assert set(tried) >= {"float32", "int8", "binary", "pq", "opq", "rq", "mixed"}
+    fits = [s.codec for s in codecs.candidates(4, manifest["dim"])]
+    assert tried == [c for c in fits if c != "pq"]  # every registered codec that fits, in order, but those that never win
+    assert set(tried) >= {"float32", "int8", "binary", "opq", "rq", "mixed"}  # a few hundred vectors: OPQ is tried
     assert set(curves["float_pruning"]) >= {str(4 * m) for m in (2, 4, 8)}  # float top-m at 4m bytes
 
 
@@ -301,3 +302,24 @@ def test_opq_and_rq_on_too_few_vectors_are_skipped_not_a_crash():
     assert {c["codec"] for c in opq} == {"opq", "rq"}
     assert all(c["recall"] is None and "at least 256" in c["error"] for c in opq)
     assert choice.recall == max(c["recall"] for c in choice.tried if c["recall"] is not None)
+
+
+def test_candidates_that_never_measured_best_are_not_fitted_unless_forced():
+    """docs/results_bytes.md: plain PQ never beat OPQ below 64 B; fitted on >= 5,000 vectors RQ always beat OPQ
+    at 4-16 B. Those are left out of a budget's fits; --codec still fits the codec it names."""
+    from triclip.index.budgets import RQ_OVER_OPQ_ROWS, EvalSet, choose, worth_trying
+
+    for budget in (4, 8, 16, 32):
+        specs = codecs.candidates(budget, 256)
+        big = {s.codec for s in worth_trying(specs, budget, RQ_OVER_OPQ_ROWS)}
+        small = {s.codec for s in worth_trying(specs, budget, RQ_OVER_OPQ_ROWS - 1)}
+        assert "pq" not in big | small and {"float32", "int8", "binary", "mixed"} <= big  # the cheap peers stay
+        has_rq = any(s.codec == "rq" for s in specs)
+        assert ("opq" in big) == (not has_rq) and "opq" in small  # OPQ is left out only where RQ measures instead
+    assert {s.codec for s in worth_trying(codecs.candidates(64, 256), 64, 10**6)} >= {"pq"}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    evaluation = EvalSet.of(x[:40], x[:40], np.arange(40), [f"t{i}" for i in range(40)], "indexed", "synthetic")
+    forced = choose(4, x, evaluation, force="pq")
+    assert forced.tried and {c["codec"] for c in forced.tried} == {"pq"} and forced.codec.spec.codec == "pq"

@@ -100,7 +100,8 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     ``force``: only that codec's candidates. Ties go to the fewer bytes, then to the earlier candidate.
     """
     dim = train.shape[1]
-    specs = [s for s in codecs.candidates(budget, dim) if force is None or s.codec == force]
+    specs = codecs.candidates(budget, dim)
+    specs = worth_trying(specs, budget, len(train)) if force is None else [s for s in specs if s.codec == force]
     if not specs:
         raise UserError(f"--codec {force} has no code that fits {budget} bytes per vector at D={dim}")
     sample = _sample(train, seed)
@@ -121,6 +122,26 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     if best is None:
         raise UserError(f"no code of {budget} bytes per vector could be fitted: {tried[-1]['error']}")
     return Choice(budget, best[0], best[1], tried)
+
+
+NEVER_BEST_BELOW = {  # codec -> the budget (bytes per vector) below which it never measured best: not fitted there
+    # docs/results_bytes.md, 8-32 B on openclipart, Tux Paint and fashion-mnist (3 seeds each): plain PQ below OPQ
+    # (its rotated form, also a candidate) at every budget and data set, at both of its m's
+    "pq": 64,
+}
+RQ_OVER_OPQ_ROWS = 5000  # fitted on at least this many vectors, RQ measured above OPQ at 4, 8 and 16 B (openclipart,
+# 5,443 train vectors, every seed; on Tux Paint's 627 OPQ won): where RQ is a candidate, OPQ (the slowest fit,
+# about 2x RQ's CPU time at 8 and 16 B) is not fitted
+
+
+def worth_trying(specs: list[codecs.CodecSpec], budget: int, rows: int) -> list[codecs.CodecSpec]:
+    """The candidates of ``budget`` that the evidence leaves a chance of measuring best, for a code fitted on
+    ``rows`` vectors (:data:`NEVER_BEST_BELOW`, :data:`RQ_OVER_OPQ_ROWS`); the cheap ones stay whatever they
+    measured, as the frontier's peers. ``--codec`` bypasses this."""
+    kept = [s for s in specs if budget >= NEVER_BEST_BELOW.get(s.codec, 0)]
+    if rows >= RQ_OVER_OPQ_ROWS and any(s.codec == "rq" for s in kept):
+        kept = [s for s in kept if s.codec != "opq"]
+    return kept
 
 
 def _sample(train: np.ndarray, seed: int) -> np.ndarray:
