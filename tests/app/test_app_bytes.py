@@ -133,6 +133,7 @@ def test_header_choices_and_panels_follow_an_overwrite(tmp_path):
         assert version != first.version and f"version {version}" in drawn["header"]
         assert [value for _, value in m["choices"]] == [8, 32, "8B"] and m["value"] == 32  # 4B is gone: back to D
         assert "(8 B →" in drawn["frontier"] and drawn["frontier_plot"]["visible"] is True
+        assert "| 8 B budget |" in drawn["explained"] and "| 4 B budget |" not in drawn["explained"]
         config = httpx.get(url + "config", timeout=30).json()
         shown = {c["props"].get("elem_id") for c in config["components"]}
         assert {"frontier-chart", "frontier-text", "header"} <= shown

@@ -235,7 +235,7 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
             page.wait_for_selector("#frontier-chart img", state="attached", timeout=TIMEOUT_MS)
             assert "the codes this index stores (4 B →" in page.locator("#frontier-text").inner_text()
             label = page.locator("#m").inner_text()
-            assert "B/image" in label and "8 B: " in label
+            assert "B/image stored" in label and "8 B budget: " in label
             text_search(page, "two red circles")
             page.locator('#m input[value="8B"]').click()  # the last query again, by the 8-byte codes
             status = _wait_status(page, "8 B per image")

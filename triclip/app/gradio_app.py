@@ -60,13 +60,13 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         with gr.Row(elem_id="feature-selection"):
             panel = feature_selection_panel(first)
         wire_events(app, cfg, query, results, knobs, ids, (last, captioned))
-        drawn = {"version": shown_version, "header": title, "m": knobs.m, **panel.by_name()}  # what redraw() names
+        drawn = {"version": shown_version, "header": title, "m": knobs.m, "explained": knobs.explained, **panel.by_name()}  # what redraw() names
         refresh = {"fn": lambda version, m: in_order(drawn, redraw(app, version, m)), "inputs": [shown_version, knobs.m],
                    "outputs": list(drawn.values()), "api_visibility": "private", "show_progress": "hidden"}
-        # --add / --overwrite swap the version under an open page: the timer reads only its name (a State: nothing
-        # drawn waits on it, nothing flashes); the page redraws when the name changed
+        # --add / --overwrite swap the version under an open page: the timer reads only its name into a State
+        # (nothing drawn is an output of the tick: nothing flashes); the page redraws when the name changed
         gr.Timer(REFRESH_S).tick(lambda: app.live.view().version, None, live_version, api_visibility="private",
-                                 show_progress="hidden", queue=False)
+                                 show_progress="hidden")
         live_version.change(**refresh)
         blocks.load(**refresh)
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
