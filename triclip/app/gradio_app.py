@@ -32,8 +32,8 @@ import gradio as gr
 from triclip.app.config import HOST, PORT, AppConfig, check_address
 from triclip.app.endpoints import ENDPOINTS, SearchApp
 from triclip.app.gradio_patches import guard_inputs, raw_text_search
-from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel, live_values
-from triclip.app.panels import query_panel, results_panel
+from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, choices_panel, feature_selection_panel, header, knobs_panel
+from triclip.app.panels import live_values, query_panel, results_panel
 from triclip.app.server import interrupt, launch, log_to_stderr, set_threads, wait
 
 __all__ = ["ENDPOINTS", "AppConfig", "SearchApp", "build_app", "launch", "serve"]
@@ -57,6 +57,8 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
                 results = results_panel()
             with gr.Column(scale=1, min_width=260):
                 knobs = knobs_panel(first, cfg.k)
+        with gr.Row():
+            knobs.explained = choices_panel(first)
         with gr.Row(elem_id="feature-selection"):
             panel = feature_selection_panel(first)
         wire_events(app, cfg, query, results, knobs, ids, (last, captioned))

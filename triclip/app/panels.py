@@ -114,7 +114,7 @@ class Knobs:
     m: gr.Radio
     funnel: gr.Checkbox
     k: gr.Slider
-    explained: gr.Markdown  # what each choice costs and keeps, each code in plain words (redrawn per version)
+    explained: gr.Markdown | None = None  # what each choice costs and keeps (:func:`choices_panel`, its own row)
 
 
 def header(view: IndexView) -> gr.Markdown:
@@ -179,8 +179,12 @@ def knobs_panel(view: IndexView, k: int) -> Knobs:
                        elem_id="m"))
     funnel = gr.Checkbox(False, label="funnel: shortlist at m (or by the codes), re-rank at full D", elem_id="funnel")
     k = loose(gr.Slider(1, 100, value=k, step=1, label="results k", elem_id="k"))
-    explained = gr.Markdown(choices_text(view), elem_id="choices-explained")
-    return Knobs(m, funnel, k, explained)
+    return Knobs(m, funnel, k)
+
+
+def choices_panel(view: IndexView) -> gr.Markdown:
+    """The table of what each m / budget choice costs and keeps, and each code in plain words (a row of its own)."""
+    return gr.Markdown(choices_text(view), elem_id="choices-explained")
 
 
 CHOICE_COLUMNS = {  # the table under the choices, by name: (header, the cell of one row's facts)
@@ -218,7 +222,9 @@ def choices_text(view: IndexView) -> str:
     lines += ["| " + " | ".join(cell(r) for _, cell in CHOICE_COLUMNS.values()) + " |" for r in rows]
     m_words = (f"- **m = k**: the first k of the {view.dim} dimensions in the run's importance order, as 4-byte floats"
                " (exact search).")
-    return "\n".join(lines + ["", m_words] + words + ["", noise_note(view)])
+    missing = ("– : not measured (image→text recall is measured for the byte budgets' caption codes, and at full D"
+               " by index builds that record it; latency where the build records it).")
+    return "\n".join(lines + ["", m_words] + words + ["", noise_note(view) + " " + missing])
 
 
 def noise_note(view: IndexView) -> str:
