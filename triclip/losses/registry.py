@@ -6,32 +6,20 @@ the loss for nesting, which needs the losses: kept out of this module, which eve
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
-
 from torch import nn
 
 from triclip.core.errors import UserError
+from triclip.core.registry import registrar
 
 LOSSES: dict[str, type[nn.Module]] = {}  # name -> loss class (a PairLoss subclass)
-
-L = TypeVar("L", bound=type)
 
 
 class LossConfigError(UserError, ValueError):
     """A bad loss name or option: a ``ValueError`` for library callers, a one-line ``UserError`` for the CLI."""
 
 
-def register_loss(name: str) -> Callable[[L], L]:
-    """Class decorator: make the loss available under ``name`` (:func:`triclip.losses.build.build_loss`)."""
-
-    def deco(cls: L) -> L:
-        if name in LOSSES:
-            raise ValueError(f"loss {name!r} is registered twice")
-        cls.name = name
-        LOSSES[name] = cls
-        return cls
-
-    return deco
+# @register_loss(name): make the loss class available under name (triclip.losses.build.build_loss)
+register_loss = registrar(LOSSES, "loss")
 
 
 def available_losses() -> list[str]:

@@ -8,26 +8,14 @@ that order.
 
 from __future__ import annotations
 
-from typing import Callable, TypeVar
-
 from triclip.core.errors import UserError
+from triclip.core.registry import registrar
 
 CODECS: dict[str, type] = {}  # name -> codec class (a Codec subclass), in the order registered
 
-C = TypeVar("C", bound=type)
 
-
-def register_codec(name: str) -> Callable[[C], C]:
-    """Class decorator: make the codec available under ``name`` (the ``codec`` of a :class:`CodecSpec`)."""
-
-    def deco(cls: C) -> C:
-        if name in CODECS:
-            raise ValueError(f"codec {name!r} is registered twice")
-        cls.name = name
-        CODECS[name] = cls
-        return cls
-
-    return deco
+# @register_codec(name): make the codec class available under name (the codec of a CodecSpec)
+register_codec = registrar(CODECS, "codec")
 
 
 def names() -> tuple[str, ...]:
