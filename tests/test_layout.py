@@ -88,6 +88,15 @@ def test_no_package_holds_more_than_a_quarter_of_the_code():
     assert {name: n for name, n in lines.items() if n > total / 4} == {}
 
 
+def test_no_function_outside_tests_is_over_80_lines():
+    """Functions that read in one sitting: none in triclip/, benchmarks/ or scripts/ is over 80 lines."""
+    files = [f for d in ("triclip", "benchmarks", "scripts") for f in (ROOT / d).rglob("*.py")]
+    long = [f"{f.relative_to(ROOT)}:{node.lineno} {node.name} ({node.end_lineno - node.lineno + 1} lines)"
+            for f in files for node in ast.walk(ast.parse(f.read_text(encoding="utf-8")))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.end_lineno - node.lineno >= 80]
+    assert long == []
+
+
 def test_serving_modules_never_import_training():
     for name in SERVING:
         assert "training" not in _imported_packages(ROOT / name), name

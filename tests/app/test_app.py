@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
@@ -76,9 +77,11 @@ def test_m_and_funnel_choose_the_index_searched(client):
 def test_more_like_this_ranks_the_clicked_image_first(client, app_index):
     from triclip.index.store import load_contents
 
-    some_id = load_contents(app_index).meta[3]["id"]
+    row = load_contents(app_index).meta[3]
+    some_id = row["id"]
     gallery, status = client.predict(some_id, 16, False, 4, api_name="/more_like_this")
-    assert len(gallery) == 4 and f"image {some_id}" in status
+    name = f"images like “{row['captions'][0]}” ({Path(some_id).name})"  # by its caption and file name, not its path
+    assert len(gallery) == 4 and name in status
     assert _path(gallery[0]["image"]["url"]).endswith("/triclip/image/3")  # row 3 itself first
     _, unknown = client.predict("no/such/image.png", 16, False, 4, api_name="/more_like_this")
     assert "⚠️" in unknown and "unknown id" in unknown
@@ -92,7 +95,7 @@ def test_image_search_and_image_to_text(client, app_index):
     assert len(gallery) == 3 and "the uploaded image" in status
     assert _path(gallery[0]["image"]["url"]).endswith("/triclip/image/5")  # itself (row 5), at the top
     rows, status = client.predict(handle_file(row["image"]), 32, False, 5, api_name="/image_to_text")
-    assert len(rows["data"]) == 5 and rows["headers"] == ["score", "caption", "image id"]
+    assert len(rows["data"]) == 5 and rows["headers"] == ["score", "caption", "images with it", "image id"]
     assert "5 captions" in status
 
 

@@ -37,7 +37,8 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     for budget in (4, 8):
         entry = searcher.manifest["budgets"][str(budget)]
         label = choices[f"{budget}B"]
-        assert label.startswith(f"{budget} B: {_label(entry)}") and f"R@10 {entry['recall']:.3f}" in label
+        assert label.startswith(f"{budget} B budget: {_label(entry)}") and f"R@10 {entry['recall']:.3f}" in label
+        assert f", {entry['bytes_per_vector']} B/image stored" in label  # the bytes the code stores, not the budget
         assert label.endswith(f" · {entry['latency']['ms']:.3g} ms")  # the latency the build measured at this size
         row = next(line for line in frontier_text(view).splitlines() if line.startswith(f"| {budget} B |"))
         assert f"| {entry['latency']['ms']:.3g} ms ({entry['latency']['how']}) |" in row  # the bytes panel's column
@@ -51,11 +52,16 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     _, status, _ = app.search_text(QUERY, "5B", False, 5)
     assert "bytes must be one of [4, 8]" in status
     assert "the codes this index stores (4 B →" in frontier_text(view) and frontier_figure(view) is not None
-    assert "Image→text searches the caption codes of the same budgets, by i2t recall@10: 4 B →" in frontier_text(view)
-    lines = {line.get_label(): line for line in frontier_figure(view).axes[0].get_lines()}
-    for label, side in (("this index's image codes", searcher.manifest["budgets"]),
-                        ("its caption codes (image→text recall@10)", {b: e["text"] for b, e in searcher.manifest["budgets"].items()})):
-        drawn = sorted(zip(*lines[label].get_data()))
+    assert "Right: image→text recall@10 of the caption codes the same budgets store (4 B →" in frontier_text(view)
+    assert "dashed grey: float pruning, the first m dimensions kept" in frontier_text(view)  # every line explained
+    figure = frontier_figure(view)
+    t2i, i2t = figure.axes  # two charts: text->image and image->text apart
+    assert "text→image" in t2i.get_title() and "image→text" in i2t.get_title()
+    assert t2i.get_xlabel() == i2t.get_xlabel() == "B/image (bytes stored per image)"  # the page's unit words
+    assert t2i.get_legend() is None and len(figure.legends) == 1  # one legend, outside both charts
+    for ax, side in ((t2i, searcher.manifest["budgets"]), (i2t, {b: e["text"] for b, e in searcher.manifest["budgets"].items()})):
+        lines = {line.get_label(): line for line in ax.get_lines()}
+        drawn = sorted(zip(*lines["stored in this index"].get_data()))
         assert drawn == sorted((side[b]["bytes_per_vector"], side[b]["recall"]) for b in ("4", "8"))  # codes' own bytes
 
 
@@ -78,13 +84,40 @@ def test_image_to_text_by_a_budget_searches_its_caption_codes(bytes_index):
     assert list(rows["caption"]) == [h["caption"] for h in
                                      searcher.search_image([image], k=5, target="text", bytes=8, rescore="float")[0]]
     assert "re-scored at D = 32" in status
+    _, status = app.image_to_text(image, 32, False, 5)  # full D: the image->text figure, never text->image's
+    i2t = app.live.view().curves["text_bytes"]["full_d"]
+    assert f"m = 32 = D (i2t recall@10 {i2t:.3f})" in status and i2t != searcher.manifest["recall"]["32"]
+    _, status = app.image_to_text(image, 16, False, 5)  # not measured at m < D: said, not borrowed
+    assert "i2t recall@10 not measured here" in status
+
+
+def test_the_choices_table_says_what_each_choice_costs_and_keeps(bytes_index):
+    from triclip.app.endpoints import AppConfig, SearchApp
+    from triclip.app.panels import choices_text
+    from triclip.codecs import CodecSpec, describe
+    from triclip.index.search import Searcher
+
+    searcher = Searcher.load(bytes_index)
+    view = SearchApp(searcher, AppConfig(index=str(bytes_index), follow=0)).live.view()
+    text = choices_text(view)
+    header = text.splitlines()[0]
+    assert all(word in header for word in ("stored per image", "index size", "text→image R@10", "image→text R@10",
+                                           "ms / query"))
+    for budget, entry in searcher.manifest["budgets"].items():
+        assert describe(CodecSpec.from_json(entry["spec"])) in text  # each code in plain words
+        row = next(line for line in text.splitlines() if line.startswith(f"| {budget} B budget |"))
+        assert f"| {entry['bytes_per_vector']} B |" in row and f"{entry['text']['recall']:.3f}" in row
+        assert f"| {entry['latency']['ms']:.2f} |" in row  # the latency the build recorded, in its own column
+    assert "± about 0." in text and "by chance" in text  # the noise of a measured recall, said
 
 
 def test_the_json_route_takes_bytes(bytes_index):
     with serving(bytes_index) as (url, _):
         route = url + "triclip/api/search_text"
         answer = httpx.get(route, params={"q": QUERY, "bytes": 4, "k": 3}, timeout=60).json()
-        assert answer["bytes"] == 4 and len(answer["hits"]) == 3 and answer["m"] >= 1
+        spec = answer["code"]
+        assert answer["bytes"] == 4 and len(answer["hits"]) == 3 and answer["m"] == spec["m"]  # the code's own m
+        assert answer["stored_bytes"] == spec["bytes_per_vector"] <= 4 and spec["label"].startswith(spec["codec"])
         from triclip.index.store import read_manifest
 
         assert answer["latency_ms"] == read_manifest(bytes_index)["budgets"]["4"]["latency"]["ms"] > 0
@@ -115,6 +148,7 @@ def test_header_choices_and_panels_follow_an_overwrite(tmp_path):
         assert version != first.version and f"version {version}" in drawn["header"]
         assert [value for _, value in m["choices"]] == [8, 32, "8B"] and m["value"] == 32  # 4B is gone: back to D
         assert "(8 B →" in drawn["frontier"] and drawn["frontier_plot"]["visible"] is True
+        assert "| 8 B budget |" in drawn["explained"] and "| 4 B budget |" not in drawn["explained"]
         config = httpx.get(url + "config", timeout=30).json()
         shown = {c["props"].get("elem_id") for c in config["components"]}
         assert {"frontier-chart", "frontier-text", "header"} <= shown

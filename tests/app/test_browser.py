@@ -45,6 +45,28 @@ def _wait_status(page, needle: str) -> str:
     return _status(page)
 
 
+def _assert_idle_page_does_not_flash(page) -> None:
+    """Over more than one refresh interval of an idle page, nothing drawn is marked pending (Gradio's fade and
+    progress timer): the timer's version check touches no component."""
+    from triclip.app.gradio_app import REFRESH_S
+
+    page.evaluate("""() => { window.__flashes = 0;
+        new MutationObserver(ms => { for (const m of ms) if (m.target.classList?.contains('pending')
+            || m.target.querySelector?.('.pending, .progress-text, .eta-bar')) window.__flashes++; })
+          .observe(document.body, {subtree: true, childList: true, attributes: true, attributeFilter: ['class']}); }""")
+    page.wait_for_timeout(int((REFRESH_S + 3) * 1000))
+    assert page.evaluate("window.__flashes") == 0
+
+
+def _wait_caption_status(page, needle: str) -> str:
+    """Wait until the caption table's status line contains ``needle``; returns it."""
+    page.wait_for_function(
+        "needle => (document.querySelector('#caption-status')?.innerText || '').includes(needle)", arg=needle,
+        timeout=TIMEOUT_MS,
+    )
+    return page.locator("#caption-status").inner_text()
+
+
 def _wait_images_loaded(page) -> list[int]:
     """Wait until every gallery image has decoded; returns their natural widths."""
     page.wait_for_function(
@@ -86,7 +108,7 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
 
     meta = load_contents(app_index).meta
     upload = meta[7]["image"]
-    row_of = {row["id"]: i for i, row in enumerate(meta)}
+    row_of = {row["id"].rsplit("/", 1)[-1]: i for i, row in enumerate(meta)}  # by file name, as the status names it
     with sync_playwright() as p:
         browser, page = open_page(p, app_url, browser_requests)
         try:
@@ -96,6 +118,7 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
             assert "recall@10 against m" in page.locator("#recall-text").inner_text()
             page.wait_for_selector("#recall-chart img", state="attached", timeout=TIMEOUT_MS)
             assert page.locator("#clicked-id").count() == 0  # no id box: a result is clicked
+            _assert_idle_page_does_not_flash(page)
 
             widths = text_search(page, "two red circles in the center")
             assert len(widths) == 12 and min(widths) > 0  # k = 12 by default; every image decoded
@@ -110,16 +133,20 @@ def test_search_upload_click_and_switch_m_in_a_browser(app_url, app_index, brows
             assert urlparse(first).path.endswith("/triclip/image/7")  # the uploaded image (row 7) finds itself first
 
             page.locator("#results button.thumbnail-item").nth(2).click()  # more like this
-            status = _wait_status(page, "for image ")
-            clicked = status.split("for image ", 1)[1].split(" · ")[0]
-            assert clicked in row_of
+            status = _wait_status(page, "for images like ")
+            clicked = status.split("for images like ", 1)[1].split(" · ")[0].rsplit("(", 1)[1].rstrip(")")
+            assert clicked in row_of  # the image by its caption and file name, never its stored path
+            box = page.locator("#query textarea, #query input").first
+            page.wait_for_function("() => (document.querySelector('#query textarea, #query input')?.placeholder || '')"
+                                   ".startsWith('showing images like')", timeout=TIMEOUT_MS)
+            assert box.input_value() == "" and f"({clicked})" in box.get_attribute("placeholder")
             _wait_images_loaded(page)
             first = page.locator("#results img").first.get_attribute("src")
             assert urlparse(first).path.endswith(f"/triclip/image/{row_of[clicked]}")
 
             page.locator('#m input[value="8"]').click()  # the last query runs again at m = 8, full D beside it
             status = _wait_status(page, "m = 8")
-            assert f"for image {clicked}" in status
+            assert f"({clicked})" in status
             page.wait_for_function(
                 "() => (document.querySelector('#overlap')?.innerText || '').includes('shared')", timeout=TIMEOUT_MS
             )
@@ -208,7 +235,7 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
             page.wait_for_selector("#frontier-chart img", state="attached", timeout=TIMEOUT_MS)
             assert "the codes this index stores (4 B →" in page.locator("#frontier-text").inner_text()
             label = page.locator("#m").inner_text()
-            assert "B/image" in label and "8 B: " in label
+            assert "B/image stored" in label and "8 B budget: " in label
             text_search(page, "two red circles")
             page.locator('#m input[value="8B"]').click()  # the last query again, by the 8-byte codes
             status = _wait_status(page, "8 B per image")
@@ -219,8 +246,17 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
             page.locator("#query-image input[type=file]").set_input_files(str(upload))
             _wait_status(page, "for the uploaded image")
             page.locator("#image-to-text").click()
-            status = _wait_status(page, "8 B per caption")
+            status = _wait_caption_status(page, "8 B per caption")
             assert status.startswith("12 captions") and "i2t recall@10" in status
+            page.locator('#m input[value="4B"]').click()  # the caption table follows the choice, as the gallery does
+            assert _wait_caption_status(page, "4 B per caption").startswith("12 captions")
+            _wait_status(page, "4 B per image")
+            page.locator('#m input[value="32"]').click()  # full D: the image->text figure, not text->image's
+            status = _wait_caption_status(page, "m = 32 = D")
+            assert "i2t recall@10" in status
+            explained = page.locator("#choices-explained").inner_text()  # what each choice costs and keeps
+            assert "stored per image" in explained and "± about" in explained  # the recall's noise, said
+            assert explained.count("bytes per vector") >= 2  # each budget's code in plain words (codecs.describe)
             build_index(IndexBuildConfig(run=str(tmp_path / "run"), data=str(tmp_path / "data" / "train.jsonl"),
                                          out=str(index), dims=[8, 16], bytes=[16], overwrite=True))
             page.wait_for_selector('#m input[value="16B"]', state="attached", timeout=TIMEOUT_MS)  # the timer redraws

@@ -51,8 +51,34 @@ def test_inspect_two_good_and_three_bad(tmp_path: Path, capsys):
     report = json.loads(capsys.readouterr().out)
     assert report["records"] == 2
     assert report["skipped"] == {"corrupt_image": 1, "empty_caption": 1, "missing_file": 1}
+    examples = report["skipped_examples"]  # the bad records named, not only counted
+    assert examples["missing_file"] == [f"{tmp_path / 'missing.png'}: No such file or directory"]
+    assert len(examples["corrupt_image"]) == 1 and examples["corrupt_image"][0].startswith(str(tmp_path / "corrupt.png"))
     assert main(["data", "inspect", str(manifest)]) == 0
-    assert capsys.readouterr().out.startswith("2 usable records")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("2 usable records")
+    assert f"  missing_file (1): {tmp_path / 'missing.png'}: No such file or directory" in out
+
+
+def test_many_missing_files_name_the_first_few_and_count_the_rest(tmp_path: Path, capsys):
+    from triclip.data.reasons import EXAMPLES
+
+    write_image(tmp_path / "a.png")
+    rows = [{"image": "a.png", "captions": ["one"]}] + [{"image": f"gone{i}.png", "captions": ["x"]} for i in range(8)]
+    manifest = write_manifest(tmp_path / "m.jsonl", rows)
+    assert main(["data", "inspect", str(manifest), "--json"]) == 0
+    named = json.loads(capsys.readouterr().out)["skipped_examples"]["missing_file"]
+    assert named == [f"{tmp_path / f'gone{i}.png'}: No such file or directory" for i in range(EXAMPLES)]
+    assert main(["data", "inspect", str(manifest)]) == 0
+    assert f"; and {8 - EXAMPLES} more" in capsys.readouterr().out
+    good = [{"image": write_image(tmp_path / f"{i}.png", colour=(20 * i, 30, 30)).name, "captions": [f"p{i}"]}
+            for i in range(10)]
+    source = write_manifest(tmp_path / "s.jsonl", good + rows[1:3])
+    assert main(["data", "split", str(source), "--out", str(tmp_path / "d")]) == 0
+    summary = json.loads(capsys.readouterr().out)  # data split names them too
+    assert summary["skipped"] == {"missing_file": 2}
+    assert summary["skipped_examples"] == {"missing_file": [f"{tmp_path / f'gone{i}.png'}: No such file or directory"
+                                                            for i in range(2)]}
 
 
 def test_inspect_passes_source_options(tmp_path: Path, capsys):

@@ -91,17 +91,27 @@ def _ctrl_c_as_at_a_terminal() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, own_cache):
-    """``triclip demo`` a second time: reuses everything, serves within 60 s on --port, Ctrl-C exits 0."""
+@pytest.fixture(scope="module")
+def built_demo(tmp_path_factory):
+    """A small demo built once (``--no-serve``, its own cache): the arguments and environment that serve it again."""
     if not os.path.isdir("/usr/share/openclipart/png"):
         pytest.skip("Debian openclipart-png is not installed (scripts/setup.sh installs it)")
+    work = tmp_path_factory.mktemp("served")
+    args = ["--workdir", str(work / "demo"), "--num", "240", "--epochs", "2", "--dims", "16,64,256"]
+    env = {**os.environ, "TRICLIP_CACHE": str(work / "cache")}
+    subprocess.run([sys.executable, "-m", "triclip", "demo", *args, "--no-serve"], check=True, capture_output=True, env=env)
+    return args, env
+
+
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(built_demo, stop):
+    """``triclip demo`` a second time: reuses everything, serves within 60 s on --port; Ctrl-C (SIGINT) or SIGTERM
+    (``kill``) exits 0, as its --help says."""
     from gradio_client import Client
 
     from tests.app.conftest import free_port
 
-    work = tmp_path / "demo"
-    args = ["--workdir", str(work), "--num", "240", "--epochs", "2", "--dims", "16,64,256"]
-    subprocess.run([sys.executable, "-m", "triclip", "demo", *args, "--no-serve"], check=True, capture_output=True)
+    args, env = built_demo
     port = free_port()
     started = time.perf_counter()
     proc = subprocess.Popen(
@@ -109,6 +119,7 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, o
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
         preexec_fn=_ctrl_c_as_at_a_terminal,
     )
     try:
@@ -132,7 +143,7 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, o
         assert "**Importance S** of 256 dimensions" in words and "Suggested m = " in words  # the spectrum S
         assert "recall-chart" in shown and "spectrum-plot" in shown
     finally:
-        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        proc.send_signal(stop)  # Ctrl-C, or kill
         try:
             out, err = proc.communicate(timeout=30)
         finally:
@@ -142,3 +153,13 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(tmp_path, o
     assert proc.returncode == 0, err
     assert "Traceback" not in err and f"http://127.0.0.1:{port}/" in out
     assert "leaked" not in err  # no teardown noise from extension modules (nanobind)
+
+
+def test_app_and_demo_help_say_how_they_stop(capsys):
+    from triclip.app.cli import main
+
+    for command in ("app", "demo"):
+        with pytest.raises(SystemExit) as done:
+            main([command, "--help"])
+        assert done.value.code == 0
+        assert "until Ctrl-C or SIGTERM" in " ".join(capsys.readouterr().out.split())

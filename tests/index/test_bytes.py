@@ -98,8 +98,9 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
                                     "how": "given"} and entry["latency_bound_ms"] == 1.0
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
     tried = [c["codec"] for c in curves["candidates"]["4"]]
-    assert tried == [s.codec for s in codecs.candidates(4, manifest["dim"])]  # every registered codec that fits, in order
-    assert set(tried) >= {"float32", "int8", "binary", "pq", "opq", "rq", "mixed"}
+    fits = [s.codec for s in codecs.candidates(4, manifest["dim"])]
+    assert tried == [c for c in fits if c != "pq"]  # every registered codec that fits, in order, but those that never win
+    assert set(tried) >= {"float32", "int8", "binary", "opq", "rq", "mixed"}  # a few hundred vectors: OPQ is tried
     assert set(curves["float_pruning"]) >= {str(4 * m) for m in (2, 4, 8)}  # float top-m at 4m bytes
 
 
@@ -220,9 +221,10 @@ def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_di
     captured = capsys.readouterr()
     summary = json.loads(captured.out)
     lines = [line.split() for line in captured.err.splitlines() if line.strip().startswith(("bytes", "4 "))]
-    assert lines[0][:4] == ["bytes", "codes", "code", "m"]
+    assert lines[0][:6] == ["bytes", "codes", "code", "m", "stored", "stages"]
     for line, side in zip(lines[1:], ("image", "text"), strict=True):
         assert line[:3] == ["4", side, "binary"] and line[3] in ("m=16", "m=32")
+        assert line[4:7] == [line[3][2:], str(int(line[3][2:]) // 8), "B"]  # m, then the bytes the code stores
     assert summary["budgets"]["4"]["code"]["codec"] == summary["budgets"]["4"]["text"]["code"]["codec"] == "binary"
     out, _ = by_bytes
     assert main(["search", "--index", str(out), "--text", "a red circle", "--bytes", "8", "--json", "-k", "3"]) == 0
@@ -234,6 +236,17 @@ def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_di
     assert main(["search", "--index", str(out), "--image", str(image), "--target", "text", "--bytes", "8", "--json",
                  "-k", "3"]) == 0
     assert len(json.loads(capsys.readouterr().out)) == 3
+    count = load_contents(out).manifest["count"]
+    rescore = ["search", "--index", str(out), "--text", "a red circle", "--bytes", "4", "--rescore", "float", "-k", "5"]
+    assert main(rescore + ["--timing"]) == 0  # 5 x 20 candidates of fewer images: the full-D answer, said
+    err = capsys.readouterr().err
+    assert f"holds all {count} image vectors" in err and "exact full-D search" in err
+    timing = json.loads(err.split("timing: ", 1)[1].splitlines()[0])
+    assert timing["shortlist"]["whole_gallery"] is True and timing["shortlist"]["candidates"] == count
+    assert main(rescore + ["--factor", "2", "--timing"]) == 0  # 10 candidates: the codes choose, nothing to say
+    err = capsys.readouterr().err
+    assert "note:" not in err and json.loads(err.split("timing: ", 1)[1].splitlines()[0])["shortlist"] == {
+        "candidates": 10, "vectors": count, "whole_gallery": False}
     assert EMBED_DIM == load_contents(out).manifest["dim"]
 
 
@@ -309,3 +322,24 @@ def test_opq_and_rq_on_too_few_vectors_are_skipped_not_a_crash():
     for codec in ("opq", "rq"):  # alone, each is fitted and refused in one line
         with pytest.raises(UserError, match="could be fitted: .*at least 256"):
             choose(16, x, evaluation, force=codec, rules=rules)
+
+
+def test_candidates_that_never_measured_best_are_not_fitted_unless_forced():
+    """docs/results_bytes.md: plain PQ never beat OPQ below 64 B; fitted on >= 5,000 vectors RQ always beat OPQ
+    at 4-16 B. Those are left out of a budget's fits; --codec still fits the codec it names."""
+    from triclip.index.budgets import RQ_OVER_OPQ_ROWS, EvalSet, choose, worth_trying
+
+    for budget in (4, 8, 16, 32):
+        specs = codecs.candidates(budget, 256)
+        big = {s.codec for s in worth_trying(specs, budget, RQ_OVER_OPQ_ROWS)}
+        small = {s.codec for s in worth_trying(specs, budget, RQ_OVER_OPQ_ROWS - 1)}
+        assert "pq" not in big | small and {"float32", "int8", "binary", "mixed"} <= big  # the cheap peers stay
+        has_rq = any(s.codec == "rq" for s in specs)
+        assert ("opq" in big) == (not has_rq) and "opq" in small  # OPQ is left out only where RQ measures instead
+    assert {s.codec for s in worth_trying(codecs.candidates(64, 256), 64, 10**6)} >= {"pq"}
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    evaluation = EvalSet.of(x[:40], x[:40], np.arange(40), [f"t{i}" for i in range(40)], "indexed", "synthetic")
+    forced = choose(4, x, evaluation, force="pq")
+    assert forced.tried and {c["codec"] for c in forced.tried} == {"pq"} and forced.codec.spec.codec == "pq"

@@ -104,7 +104,16 @@ def cmd_data_inspect(ns: argparse.Namespace) -> int:
     from triclip.data import inspect
 
     report = inspect(cfg.path, cfg.data_config)
-    return _print_result(ns, report, lambda r: f"{r['records']} usable records, skipped: {r['skipped'] or 'none'}")
+    return _print_result(ns, report, _inspect_text)
+
+
+def _inspect_text(report: dict) -> str:
+    """``data inspect``'s lines: the counts, then per skip reason the first records it skipped (and how many more)."""
+    lines = [f"{report['records']} usable records, skipped: {report['skipped'] or 'none'}"]
+    for reason, named in report.get("skipped_examples", {}).items():
+        more = report["skipped"].get(reason, 0) - len(named)
+        lines.append(f"  {reason} ({report['skipped'].get(reason, 0)}): {'; '.join(named)}{f'; and {more} more' if more > 0 else ''}")
+    return "\n".join(lines)
 
 
 def _print_result(ns: argparse.Namespace, result: dict, text: Callable[[dict], str]) -> int:
@@ -392,6 +401,9 @@ def cmd_search(ns: argparse.Namespace) -> int:
     searched = time.perf_counter()
     getattr(searcher, "close", lambda: None)()  # a Milvus client (and Milvus Lite's file) is let go
     _print_hits(texts + images, results, cfg.json)
+    shortlist = _shortlist(cfg, searcher)
+    if shortlist and shortlist["whole_gallery"]:
+        print(f"note: {shortlist['note']}", file=sys.stderr)
     if cfg.timing:
         timing = {
             "startup_s": startup,
@@ -403,13 +415,31 @@ def cmd_search(ns: argparse.Namespace) -> int:
             "search_s": searched - embedded,
             "queries": len(texts) + len(images),
             "total_s": startup + time.perf_counter() - started,
+            **({"shortlist": shortlist} if shortlist else {}),
         }
         print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
 
 
+def _shortlist(cfg, searcher) -> dict | None:
+    """With ``--rescore`` or ``--funnel``: the candidates re-ranked (k x factor), the vectors searched, and whether the
+    shortlist held all of them (then the answer is the re-ranking's alone: exact full-D search with ``--rescore
+    float`` or a funnel, the codes or the small m choosing nothing); None without a shortlist."""
+    if cfg.rescore is None and cfg.funnel is None:
+        return None
+    total = len(searcher) if cfg.target == "image" else int((getattr(searcher, "manifest", None) or {}).get("text_count") or 0)
+    wanted = cfg.k * max(1, int(searcher.shortlist_factor))
+    whole = bool(total) and wanted >= total
+    note = (f"the shortlist of k x factor = {cfg.k} x {searcher.shortlist_factor} = {wanted} candidates holds all"
+            f" {total} {cfg.target} vectors: every one is re-ranked, so the answer is the re-ranking's alone"
+            f" (with --rescore float or --funnel: exact full-D search); a smaller --factor shows the shortlist at work")
+    return {"candidates": min(wanted, total) if total else wanted, "vectors": total, "whole_gallery": whole,
+            **({"note": note} if whole else {})}
+
+
 def _print_hits(labels: list[str], results: list[list[dict]], as_json: bool) -> None:
-    """One JSON value (a hit list, or a list of them), or a line per hit under a ``# query`` line per query."""
+    """One JSON value (a hit list, or a list of them), or a line per hit under a ``# query`` line per query; a caption
+    hit (``--target text``: each string once) says how many images carry it."""
     if as_json:
         _print_json(results[0] if len(results) == 1 else results)
         return
@@ -417,7 +447,8 @@ def _print_hits(labels: list[str], results: list[list[dict]], as_json: bool) -> 
         if len(results) > 1:
             print(f"# {label}")
         for rank, hit in enumerate(hits, 1):
-            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
+            shared = f"  ({hit['images']} images carry this caption)" if hit.get("images", 1) > 1 else ""
+            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}{shared}")
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
@@ -500,9 +531,13 @@ COMMANDS = (
             _options("triclip.index.config:RollbackConfig"), cmd_index_rollback),
     Command(("search",), "query an index by text or image (model loaded once for all queries)",
             _options("triclip.index.config:SearchConfig"), cmd_search),
-    Command(("app",), "serve a search app", _options("triclip.app.config:AppConfig", exclude=SERVE_ONLY), cmd_app),
+    Command(("app",), "serve a search app", _options("triclip.app.config:AppConfig", exclude=SERVE_ONLY), cmd_app,
+            "Serve a search app over an index until Ctrl-C or SIGTERM (`kill PID`): either stops it cleanly, exit 0."),
     Command(("demo",), "openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there -> index at"
-            " several m -> the app", _options("triclip.app.config:DemoConfig", exclude=["embed_dim"]), cmd_demo),
+            " several m -> the app", _options("triclip.app.config:DemoConfig", exclude=["embed_dim"]), cmd_demo,
+            "Build the demo (openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there ->"
+            " index at several m), then serve the app until Ctrl-C or SIGTERM (`kill PID`): either stops it cleanly,"
+            " exit 0."),
 )
 
 

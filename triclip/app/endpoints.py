@@ -127,7 +127,7 @@ class SearchApp:
         if not image_id:
             return self._fail("Click a result first (or give an image id).")
         search = lambda **kw: view.searcher.search_ids([image_id], **kw)  # noqa: E731
-        return self._gallery(view, search, m, funnel, k, request, f"image {image_id}")
+        return self._gallery(view, search, m, funnel, k, request, f"images like {image_name(view, image_id)}")
 
     def image_to_text(self, image: str | None, m: int, funnel: bool, k: int, request: gr.Request | None = None):
         """Image -> text: the indexed captions nearest to an uploaded image."""
@@ -141,9 +141,8 @@ class SearchApp:
             hits, ms, where = self._run(view, search, m, funnel, k, target="text")
         except UserError as err:
             return empty_rows(), self._message(str(err))
-        rows = pd.DataFrame(
-            [[round(h["score"], 4), h["caption"], h["id"]] for h in hits], columns=["score", "caption", "image id"]
-        )
+        rows = pd.DataFrame([[round(h["score"], 4), h["caption"], h.get("images", 1), h["id"]] for h in hits],
+                            columns=CAPTION_COLUMNS)
         return rows, f"**{len(hits)} captions** for the uploaded image · {where} · {ms:.1f} ms"
 
     def compare(self, previous, ids_at_m: list, m, funnel, k, request: gr.Request | None = None):
@@ -266,8 +265,11 @@ class SearchApp:
                 return f"{what}, re-scored at D = {view.dim}"
             stage = entry.get("rescore")
             return f"{what}, its top {stage['shortlist']} re-ranked at D = {view.dim}" if stage else what
-        recall = view.recall.get(m)
-        measured = f" (recall@10 {recall:.3f})" if recall is not None else ""
+        recall = view.recall.get(m) if target == "image" else text_recall(view, m)
+        metric = "recall@10" if target == "image" else "i2t recall@10"
+        measured = f" ({metric} {recall:.3f})" if recall is not None else ""
+        if target == "text" and recall is None:
+            measured = " (i2t recall@10 not measured here)"
         if funnel:
             return f"funnel: shortlist at m = {m}{measured}, re-rank at D = {view.dim}"
         return f"m = {m}{' = D' if m == view.dim else ''}{measured}"
@@ -362,6 +364,25 @@ def code_label(entry: dict) -> str:
     return CodecSpec.from_json(entry["spec"]).label()
 
 
+def text_recall(view, m: int) -> float | None:
+    """The image -> text recall@10 measured at m: at full D from the caption codes' frontier (``index build
+    --bytes``: its exact-search reference), None where it was not measured (the text indexes' m < D)."""
+    front = (view.curves or {}).get("text_bytes") or {}
+    return front.get("full_d") if m == view.dim else None
+
+
+def image_name(view, image_id: str) -> str:
+    """An indexed image for people: its first caption in quotes and its file name, e.g. ``“2 dead frogs”
+    (frogs_01.png)``; the file name alone without a caption (never the id's whole path)."""
+    name = Path(str(image_id)).name
+    try:
+        meta = view.searcher.contents.meta[view.rows[image_id]]
+        caption = " ".join((meta.get("captions") or [""])[0].split())
+    except (AttributeError, KeyError, IndexError, TypeError):  # a Milvus collection, an unknown id
+        return name
+    return f"“{caption if len(caption) <= 60 else caption[:57] + '...'}” ({name})" if caption else name
+
+
 def _left_out(n: int) -> str:
     """The status's note on results dropped because their file changed since indexing."""
     if not n:
@@ -400,5 +421,8 @@ def _short(caption: str) -> str:
     return caption if len(caption) <= CAPTION_CHARS else caption[: CAPTION_CHARS - 1] + "…"
 
 
+CAPTION_COLUMNS = ["score", "caption", "images with it", "image id"]  # image -> text: one row per distinct caption
+
+
 def empty_rows() -> pd.DataFrame:
-    return pd.DataFrame([], columns=["score", "caption", "image id"])
+    return pd.DataFrame([], columns=CAPTION_COLUMNS)

@@ -32,12 +32,12 @@ import gradio as gr
 from triclip.app.config import HOST, PORT, AppConfig, check_address
 from triclip.app.endpoints import ENDPOINTS, SearchApp
 from triclip.app.gradio_patches import guard_inputs, raw_text_search
-from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel, live_values
-from triclip.app.panels import query_panel, results_panel
+from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, choices_panel, feature_selection_panel, header, knobs_panel
+from triclip.app.panels import live_values, query_panel, results_panel
 from triclip.app.server import interrupt, launch, log_to_stderr, set_threads, wait
 
 __all__ = ["ENDPOINTS", "AppConfig", "SearchApp", "build_app", "launch", "serve"]
-REFRESH_S = 2.0  # an open page checks this often whether the live version changed (and redraws what depends on it)
+REFRESH_S = 10.0  # an open page asks this often for the live version's name (and redraws only when it changed)
 
 
 def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
@@ -49,28 +49,38 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         shown_version = gr.State(first.version)  # the version this page's header, choices and panel show
         ids = gr.State([])  # ids of the gallery's results, in order (for clicks)
         last = gr.State(None)  # the last query: ("text", str) | ("image", path) | ("id", str), re-run when m changes
+        captioned = gr.State(None)  # the image whose captions the table shows (path), re-run when m changes
+        live_version = gr.State(first.version)  # the live version's name, as the timer last read it
         with gr.Row():
             with gr.Column(scale=3):
                 query = query_panel(first)
                 results = results_panel()
             with gr.Column(scale=1, min_width=260):
                 knobs = knobs_panel(first, cfg.k)
+        with gr.Row():
+            knobs.explained = choices_panel(first)
         with gr.Row(elem_id="feature-selection"):
             panel = feature_selection_panel(first)
-        wire_events(app, cfg, query, results, knobs, ids, last)
-        drawn = {"version": shown_version, "header": title, "m": knobs.m, **panel.by_name()}  # what redraw() names
+        wire_events(app, cfg, query, results, knobs, ids, (last, captioned))
+        drawn = {"version": shown_version, "header": title, "m": knobs.m, "explained": knobs.explained, **panel.by_name()}  # what redraw() names
         refresh = {"fn": lambda version, m: in_order(drawn, redraw(app, version, m)), "inputs": [shown_version, knobs.m],
                    "outputs": list(drawn.values()), "api_visibility": "private", "show_progress": "hidden"}
-        gr.Timer(REFRESH_S).tick(**refresh)  # --add / --overwrite swap the version under an open page
+        # --add / --overwrite swap the version under an open page: the timer reads only its name into a State
+        # (nothing drawn is an output of the tick: nothing flashes); the page redraws when the name changed
+        gr.Timer(REFRESH_S).tick(lambda: app.live.view().version, None, live_version, api_visibility="private",
+                                 show_progress="hidden")
+        live_version.change(**refresh)
         blocks.load(**refresh)
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
     return guard_inputs(blocks), app
 
 
 def wire_events(
-    app: SearchApp, cfg: AppConfig, q: QueryPanel, r: ResultsPanel, kn: Knobs, ids: gr.State, last: gr.State
+    app: SearchApp, cfg: AppConfig, q: QueryPanel, r: ResultsPanel, kn: Knobs, ids: gr.State, states: tuple
 ) -> None:
-    """The named API endpoints and the page's events (inside the Blocks): each search, then the full-D comparison."""
+    """The named API endpoints and the page's events (inside the Blocks): each search, then the full-D comparison;
+    ``states``: the last gallery query and the image whose captions are shown, both re-run when a knob changes."""
+    last, captioned = states
     knobs = [kn.m, kn.funnel, kn.k]
     shown = [r.gallery, r.status, ids]
     compared = ([last, ids] + knobs, [r.full, r.overlap])
@@ -91,11 +101,24 @@ def wire_events(
     q.image.upload(app.search_image, [q.image] + knobs, shown, **private).then(
         lambda p: ("image", p), q.image, last, **private
     ).then(app.compare, *compared, **private)
-    q.image_to_text.click(app.image_to_text, [q.image] + knobs, [q.captions, r.status], api_name="image_to_text")
+    captions = [q.captions, q.caption_status]
+    q.image_to_text.click(app.image_to_text, [q.image] + knobs, captions, api_name="image_to_text").then(
+        lambda p: p, q.image, captioned, **private
+    )
     r.clicked.submit(app.more_like_this, [r.clicked] + knobs, shown, api_name="more_like_this")
     r.gallery.select(_clicked_id, ids, r.clicked, **private).then(
         app.more_like_this, [r.clicked] + knobs, shown, **private
     ).then(lambda i: ("id", i), r.clicked, last, **private).then(app.compare, *compared, **private)
+    r.gallery.select(lambda i: clicked_query(app, i), r.clicked, q.query, **private)  # the box says what is shown
+    # the text box shows the text query the results answer: emptied when another kind of query runs
+    for kind in (q.image_search.click, q.image.upload):
+        kind(lambda: gr.update(value="", placeholder=QUERY_PLACEHOLDER), None, q.query, **private)
+
+    def recaption(image, m_value, funnel_value, k_value, request: gr.Request):
+        """Re-run the caption table (image -> text) when m, the funnel or k change, if it shows any."""
+        if not image:
+            return gr.skip(), gr.skip()
+        return app.image_to_text(image, m_value, funnel_value, k_value, request)
 
     def rerun(previous, m_value, funnel_value, k_value, request: gr.Request):
         """Re-run the last query when m, the funnel or k change."""
@@ -105,9 +128,21 @@ def wire_events(
         fn = {"text": app.search_text, "image": app.search_image, "id": app.more_like_this}[kind]
         return fn(value, m_value, funnel_value, k_value, request)
 
-    for knob in (kn.m, kn.funnel):
-        knob.change(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
-    kn.k.release(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
+    for knob in (kn.m.change, kn.funnel.change, kn.k.release):
+        knob(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
+        knob(recaption, [captioned] + knobs, captions, **private)
+
+
+QUERY_PLACEHOLDER = "e.g. a red apple"
+
+
+def clicked_query(app: SearchApp, image_id: str):
+    """The text box after a click on a result: empty, saying whose neighbours the gallery shows."""
+    from triclip.app.endpoints import image_name
+
+    if not image_id:
+        return gr.skip()
+    return gr.update(value="", placeholder=f"showing images like {image_name(app.live.view(), image_id)}")
 
 
 def redraw(app: SearchApp, shown: str | None, m_value) -> dict:

@@ -38,7 +38,8 @@ class JsonSearch:
     drain task at a time takes the waiting queries of one index version (up to
     ``AppConfig.batch``), embeds them in a worker thread and answers each. Answer:
     ``{"query", "m", "bytes", "latency_ms", "funnel", "ms", "hits": [{"id", "image" (URL of the image route),
-    "caption", "score"}]}``; bad input is a 400 with ``{"error": message}``.
+    "caption", "score"}]}`` (with ``bytes``: also ``code`` and ``stored_bytes``); bad input is a 400 with
+    ``{"error": message}``.
     """
 
     def __init__(self, app: SearchApp):
@@ -74,10 +75,8 @@ class JsonSearch:
         for hit in hits:
             hit["image"] = self.app.image_url(base, view, hit["id"])
         ms = round((time.perf_counter() - started) * 1000, 2)
-        budget = int(m[:-1]) if isinstance(m, str) else None
-        latency = (view.budgets[budget].get("latency") or {}).get("ms") if budget else None
-        answer = {"query": text, "m": view.budgets[budget]["spec"]["m"] if budget else m, "bytes": budget,
-                  "latency_ms": latency, "funnel": funnel, "ms": ms, "version": view.version, "hits": hits}
+        answer = {"query": text, **_searched(view, m), "funnel": funnel, "ms": ms, "version": view.version,
+                  "hits": hits}
         return JSONResponse({**answer, "left_out": left_out} if left_out else answer)
 
     async def _embed(self, view: IndexView, text: str):
@@ -108,3 +107,17 @@ class JsonSearch:
                     future.set_result(vectors[i : i + 1])
         finally:
             self.draining = False
+
+
+def _searched(view: IndexView, m) -> dict:
+    """What the answer searched: ``m`` (the code's own m for a budget), ``bytes`` (the budget, or None) and, for
+    a budget, ``code`` (its label, codec, m and bytes stored) and ``stored_bytes`` (what each image's code holds)."""
+    if not isinstance(m, str):
+        return {"m": m, "bytes": None, "latency_ms": None}
+    from triclip.codecs import CodecSpec
+
+    entry = view.budgets[int(m[:-1])]
+    spec = CodecSpec.from_json(entry["spec"])
+    code = {"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes_per_vector": spec.bytes_per_vector}
+    latency = (entry.get("latency") or {}).get("ms")
+    return {"m": spec.m, "bytes": int(m[:-1]), "latency_ms": latency, "code": code, "stored_bytes": spec.bytes_per_vector}

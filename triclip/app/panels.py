@@ -60,6 +60,7 @@ class QueryPanel:
     image_search: gr.Button
     image_to_text: gr.Button
     captions: gr.Dataframe
+    caption_status: gr.Markdown  # what the caption table answers: the image, the codes or m, the time
 
 
 @dataclass
@@ -113,6 +114,7 @@ class Knobs:
     m: gr.Radio
     funnel: gr.Checkbox
     k: gr.Slider
+    explained: gr.Markdown | None = None  # what each choice costs and keeps (:func:`choices_panel`, its own row)
 
 
 def header(view: IndexView) -> gr.Markdown:
@@ -122,11 +124,12 @@ def header(view: IndexView) -> gr.Markdown:
 
 def header_text(view: IndexView) -> str:
     searcher = view.searcher
-    run_name = Path(searcher.manifest.get("run", "")).name or "?"
+    run = Path(searcher.manifest.get("run", "") or "?")
+    run_name = f"{run.parent.name}/{run.name}" if run.parent.name else run.name  # "demo/run", not "run run"
     where = getattr(searcher, "served_from", None)  # a Milvus collection (triclip.index.milvus_search)
     served = f" · served from {where}" if where else ""
     return (
-        f"## triclip search · {len(searcher):,} images · D = {searcher.dim} · run `{run_name}` · version {view.version}"
+        f"## triclip search · {len(searcher):,} images · D = {searcher.dim} · model from `{run_name}` · version {view.version}"
         f"{served}\n"
         "Search by text or by image; click a result for more like it. Pick m (a pruned index) or a byte budget"
         " (compact codes): each choice shows its bytes per image, the index size and its measured text→image recall@10."
@@ -146,17 +149,19 @@ def query_panel(view: IndexView) -> QueryPanel:
             with gr.Column():
                 image_search = gr.Button("Similar images", variant="primary", elem_id="image-search")
                 image_to_text = gr.Button("Captions (image → text)", visible=has_text, elem_id="image-to-text")
+        caption_status = gr.Markdown("", elem_id="caption-status", visible=has_text)
         captions = gr.Dataframe(
-            value=empty_rows(), label="nearest captions", visible=has_text, interactive=False, elem_id="captions",
+            value=empty_rows(), label="nearest captions (each distinct caption once, with how many images carry it)",
+            visible=has_text, interactive=False, elem_id="captions",
         )
-    return QueryPanel(query, search, image, image_search, image_to_text, captions)
+    return QueryPanel(query, search, image, image_search, image_to_text, captions, caption_status)
 
 
 def results_panel() -> ResultsPanel:
     """The status line, the results at m, the overlap note, the results at full D."""
     status = gr.Markdown("Results appear below.", elem_id="status")
     gallery = result_gallery(
-        label="results at m (click one: more like this)", columns=6, height="auto", allow_preview=False,
+        label="results (click one: more like this; the status line names the m or codes)", columns=6, height="auto", allow_preview=False,
         object_fit="contain", elem_id="results",
     )
     overlap = gr.Markdown("", elem_id="overlap")
@@ -175,6 +180,68 @@ def knobs_panel(view: IndexView, k: int) -> Knobs:
     funnel = gr.Checkbox(False, label="funnel: shortlist at m (or by the codes), re-rank at full D", elem_id="funnel")
     k = loose(gr.Slider(1, 100, value=k, step=1, label="results k", elem_id="k"))
     return Knobs(m, funnel, k)
+
+
+def choices_panel(view: IndexView) -> gr.Markdown:
+    """The table of what each m / budget choice costs and keeps, and each code in plain words (a row of its own)."""
+    return gr.Markdown(choices_text(view), elem_id="choices-explained")
+
+
+CHOICE_COLUMNS = {  # the table under the choices, by name: (header, the cell of one row's facts)
+    "choice": ("choice", lambda r: r["choice"]),
+    "stored": ("stored per image", lambda r: f"{r['bytes']} B"),
+    "size": ("index size", lambda r: r["size"]),
+    "t2i": ("text→image R@10", lambda r: _figure(r.get("t2i"))),
+    "i2t": ("image→text R@10", lambda r: _figure(r.get("i2t"))),
+    "latency": ("ms / query", lambda r: _figure(r.get("latency_ms"), ".2f")),  # recorded by the build where measured
+}
+
+
+def choices_text(view: IndexView) -> str:
+    """What each choice costs (bytes stored, index size, latency where recorded) and keeps (recall@10), and each
+    code in plain words (``triclip.codecs.describe``), with the noise of the measured recall."""
+    from triclip.app.endpoints import text_recall
+    from triclip.index.budgets import human_bytes
+    from triclip.codecs import CodecSpec, describe
+
+    if getattr(view.searcher, "served_from", None):
+        return ""
+    n = len(view.searcher)
+    rows = [{"choice": f"m = {m}" + (" (full D)" if m == view.dim else ""), "bytes": 4 * m,
+             "size": human_bytes(4 * m * n), "t2i": view.recall.get(m), "i2t": text_recall(view, m)}
+            for m in view.dims]
+    words = []
+    for budget, entry in sorted(view.budgets.items()):
+        spec = CodecSpec.from_json(entry["spec"])
+        rows.append({**entry, "choice": f"{budget} B budget", "bytes": entry.get("bytes_per_vector", budget),
+                     "latency_ms": (entry.get("latency") or {}).get("ms"),
+                     "size": human_bytes(entry["index_bytes"]), "t2i": entry.get("recall"),
+                     "i2t": (entry.get("text") or {}).get("recall")})
+        words.append(f"- **{budget} B budget**: {describe(spec)}.")
+    head = [header for header, _ in CHOICE_COLUMNS.values()]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(cell(r) for _, cell in CHOICE_COLUMNS.values()) + " |" for r in rows]
+    m_words = (f"- **m = k**: the first k of the {view.dim} dimensions in the run's importance order, as 4-byte floats"
+               " (exact search).")
+    missing = ("– : not measured (image→text recall is measured for the byte budgets' caption codes, and at full D"
+               " by index builds that record it; latency where the build records it).")
+    return "\n".join(lines + ["", m_words] + words + ["", noise_note(view) + " " + missing])
+
+
+def noise_note(view: IndexView) -> str:
+    """How far the measured recall figures are to be trusted: their standard error on the queries measured."""
+    front = (view.curves or {}).get("bytes") or (view.curves or {})
+    queries, recall = front.get("queries"), view.recall.get(view.dim)
+    if not isinstance(queries, int) or not queries or recall is None:
+        return "Recall figures are measured on a sample of queries: small differences between them are noise."
+    se = (recall * (1 - recall) / queries) ** 0.5
+    where = "validation" if front.get("split") == "validation" else "indexed"
+    return (f"Recall figures are measured on {queries} {where} queries, ± about {se:.2f} each (one standard error):"
+            " a code can measure above full D by chance.")
+
+
+def _figure(value, fmt: str = ".3f") -> str:
+    return "–" if value is None else format(value, fmt)
 
 
 def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
@@ -200,7 +267,7 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
         out.append((label, m))
     for budget, entry in sorted(view.budgets.items()):
         used = entry.get("bytes_per_vector", budget)  # a smaller code may measure best within the budget
-        label = f"{budget} B: {code_label(entry)}{f' ({used} B/image)' if used != budget else ''}"
+        label = f"{budget} B budget: {code_label(entry)}, {used} B/image stored"
         label += f" · {human_bytes(entry['index_bytes'])}"
         if entry.get("recall") is not None:
             label += f" · R@10 {entry['recall']:.3f}"
@@ -217,7 +284,7 @@ def feature_selection_panel(view: IndexView) -> FeaturePanel:
     for name, text_id, plot_id in (("spectrum", "spectrum", "spectrum-plot"), ("recall", "recall-text", "recall-chart"),
                                    ("frontier", "frontier-text", "frontier-chart")):
         plot = getattr(values, f"{name}_plot")
-        with gr.Column():
+        with gr.Column(scale=2 if name == "frontier" else 1):  # two charts side by side
             drawn[name] = gr.Markdown(getattr(values, name), elem_id=text_id)
             drawn[f"{name}_plot"] = gr.Plot(plot, show_label=False, elem_id=plot_id, visible=plot is not None)
     return FeaturePanel(**drawn)
@@ -239,7 +306,8 @@ def live_values(view: IndexView, m_value) -> dict:
     :func:`triclip.app.gradio_app.redraw`."""
     choices = m_choices(view)
     keep = m_value if m_value in [value for _, value in choices] else view.dim  # a choice gone: back to D
-    return {"header": header_text(view), "m": gr.update(choices=choices, value=keep), **panel_values(view).updates()}
+    return {"header": header_text(view), "m": gr.update(choices=choices, value=keep), "explained": choices_text(view),
+            **panel_values(view).updates()}
 
 
 # ---------------------------------------------------------------------------- the feature-selection panel's content
@@ -268,10 +336,11 @@ def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[
     suggested, power, why = _suggest(w)
     if suggested is None:
         return words + f" No suggested m: {why}.", None, power
-    held = "S" if power == 1 else f"S^{power:g}"
+    held = "importance" if power == 1 else f"importance raised to the power {power:g}"
     words += (
-        f" **Suggested m = {suggested}**: predicted to keep {SUGGEST_SHARE:.0%} of full-D recall (the top"
-        f" {suggested} dimensions hold {SUGGEST_SHARE:.0%} of the total {held}; `triclip.compact.features.suggest_m`)."
+        f" **Suggested m = {suggested}** (advice: the m choices are the m's this index holds; pick the nearest):"
+        f" predicted to keep {SUGGEST_SHARE:.0%} of full-D recall, since the top {suggested} dimensions hold"
+        f" {SUGGEST_SHARE:.0%} of the total {held}."
     )
     own = (curves or {}).get("curves", {}).get((curves or {}).get("ordering"), {})
     full = own.get(str(len(w)))
@@ -371,20 +440,25 @@ def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int, ylabel: str
 
 
 def frontier_text(view: IndexView) -> str:
-    """The words above the frontier chart."""
+    """The words above the frontier chart: what each line is, in the page's units."""
     front = (view.curves or {}).get("bytes")
     if not front:
         return ("No byte budgets in this index: `triclip index build ... --bytes 8,16,32 --val-data VAL` stores"
                 " compact codes chosen by measured recall, and this panel plots recall against bytes per image.")
-    where = "the validation data" if front.get("split") == "validation" else "the indexed data"
+    where = "validation" if front.get("split") == "validation" else "indexed"
     chosen = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})" for b, c in sorted(front["chosen"].items(), key=lambda kv: int(kv[0])))
-    words = (f"Text→image recall@10 against bytes per image on {where} ({front.get('queries', '?')} distinct captions):"
-             f" the codes this index stores ({chosen}), every code measured beside them, and float pruning (4m bytes).")
+    words = (f"**Recall against bytes per image (B/image)**, measured on {front.get('queries', '?')} {where} captions."
+             f" Left: text→image recall@10 of the image codes; black: the codes this index stores ({chosen});"
+             " coloured: the best of every other kind of code tried at each budget (int8: one byte per dimension;"
+             " binary: one bit; PQ / OPQ / RQ: each byte names one of 256 learned pieces of the vector; mixed:"
+             " 1 to 6 bits per dimension); dashed grey: float pruning, the first m dimensions kept as 4-byte floats"
+             " (4m B/image), what the m choices store.")
     text = (view.curves or {}).get("text_bytes")
     if text:
         captions = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})"
                              for b, c in sorted(text["chosen"].items(), key=lambda kv: int(kv[0])))
-        words += f" Image→text searches the caption codes of the same budgets, by i2t recall@10: {captions}."
+        words += (f" Right: image→text recall@10 of the caption codes the same budgets store ({captions}), the"
+                  " search behind the Captions button.")
     return words + budgets_table(view)
 
 
@@ -409,17 +483,35 @@ def budgets_table(view: IndexView) -> str:
 
 
 def frontier_figure(view: IndexView):
-    """Recall against bytes per vector (log 2): the stored image codes, the best of each codec per budget, float
-    pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
+    """Recall@10 against bytes per image (log 2): text->image on the left (the stored image codes, the best of
+    each codec per budget, float pruning), image->text on the right (the stored caption codes and theirs), one
+    legend below both; None without a frontier in the curves."""
     from matplotlib.figure import Figure
-
-    from triclip.codecs import title
 
     front = (view.curves or {}).get("bytes")
     if not front:
         return None
-    fig = Figure(figsize=(4.6, 2.8), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
+    text = (view.curves or {}).get("text_bytes")
+    fig = Figure(figsize=(9.2, 3.6) if text else (4.6, 3.6), dpi=100, layout="constrained")
+    axes = fig.subplots(1, 2 if text else 1, sharex=True, squeeze=False)[0]
+    sides = [(axes[0], front, "text→image: the image codes")]
+    if text:
+        sides.append((axes[1], text, "image→text: the caption codes"))
+    for ax, side, title in sides:
+        _frontier_lines(ax, side)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("B/image (bytes stored per image)")
+        ax.set_ylabel("recall@10")
+        ax.set_title(title, fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="outside lower center", ncol=4, fontsize=9, frameon=False)
+    return fig
+
+
+def _frontier_lines(ax, front: dict) -> None:
+    """One side's lines: the best of each codec per budget, float pruning, and the stored codes."""
+    from triclip.codecs import title
+
     best: dict[str, dict[int, float]] = {}
     for tried in front["candidates"].values():
         for c in tried:
@@ -427,18 +519,11 @@ def frontier_figure(view: IndexView):
                 by = best.setdefault(c["codec"], {})
                 by[c["bytes"]] = max(by.get(c["bytes"], 0.0), c["recall"])
     for codec, points in sorted(best.items()):
-        ax.plot(*zip(*sorted(points.items())), marker=".", markersize=4, linewidth=0.8, alpha=0.7,
-                label=title(codec))
+        ax.plot(*zip(*sorted(points.items())), marker=".", markersize=5, linewidth=1, alpha=0.7, label=title(codec))
     pruning = sorted((int(b), r) for b, r in front.get("float_pruning", {}).items())
     if pruning:
-        ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")
-    ax.plot(*zip(*_chosen_points(front)), color="black", marker="o", linewidth=2, label="this index's image codes")
-    captions = _chosen_points((view.curves or {}).get("text_bytes"))
-    if captions:
-        ax.plot(*zip(*captions), color="black", marker="s", linestyle=":", linewidth=1.5,
-                label="its caption codes (image→text recall@10)")
-    ylabel = "recall@10 (t2i; captions i2t)" if captions else "t2i recall@10"
-    return _recall_axes(fig, ax, "bytes per vector", "recall against bytes", 6, ylabel)
+        ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (first m, 4m B)")
+    ax.plot(*zip(*_chosen_points(front)), color="black", marker="o", linewidth=2, label="stored in this index")
 
 
 def _chosen_points(front: dict | None) -> list[tuple[int, float]]:

@@ -17,6 +17,7 @@ BAD_ROW = "bad_row"  # wrong columns, bad JSON, wrong types, malformed CSV quoti
 NOT_A_FILE = "not_a_file"  # the image path is a directory, FIFO, device or socket: never opened
 BAD_ENCODING = "bad_encoding"  # a manifest/CSV/caption line that is not valid UTF-8
 REASONS = (MISSING_FILE, CORRUPT_IMAGE, EMPTY_CAPTION, DECOMPRESSION_BOMB, BAD_ROW, NOT_A_FILE, BAD_ENCODING)
+EXAMPLES = 5  # skipped records named per reason in reports (the first ones met), beside the counts
 
 
 class BadRecord(Exception):
@@ -41,3 +42,20 @@ def count_by_reason(*parts: Mapping[str, int]) -> dict[str, int]:
     for part in parts:
         total.update({reason: int(n) for reason, n in part.items()})
     return {reason: n for reason, n in sorted(total.items()) if n > 0}
+
+
+def note_example(examples: dict[str, list[str]], bad: "BadRecord") -> None:
+    """Keep ``bad``'s detail (e.g. the missing file's path, as tried) among the first :data:`EXAMPLES` of its reason."""
+    named = examples.setdefault(bad.reason, [])
+    if len(named) < EXAMPLES and bad.detail:
+        named.append(bad.detail)
+
+
+def merge_examples(*parts: Mapping[str, list[str]]) -> dict[str, list[str]]:
+    """The first :data:`EXAMPLES` details per reason across ``parts`` (in order), empty reasons dropped, sorted by reason."""
+    merged: dict[str, list[str]] = {}
+    for part in parts:
+        for reason, details in part.items():
+            merged.setdefault(reason, [])
+            merged[reason] += details[: EXAMPLES - len(merged[reason])]
+    return {reason: merged[reason] for reason in sorted(merged) if merged[reason]}

@@ -85,6 +85,7 @@ class PairSet:
     skipped: Counter = field(default_factory=Counter)  # reason -> number of skipped records
     source: str = ""  # format name and path, e.g. "jsonl:/data/train.jsonl"
     max_pixels: int = DEFAULT_MAX_PIXELS  # the limit the records were checked against
+    examples: dict = field(default_factory=dict)  # reason -> the first skipped records' details (reasons.EXAMPLES)
 
     def __len__(self) -> int:
         return len(self.records)

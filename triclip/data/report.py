@@ -7,7 +7,7 @@ from collections import Counter
 
 from triclip.core.progress import progress
 
-from triclip.data.reasons import BadRecord, count_by_reason
+from triclip.data.reasons import BadRecord, count_by_reason, merge_examples, note_example
 from triclip.data.records import DataConfig
 from triclip.data.sources import load_pairs
 from triclip.core.errors import UserError
@@ -20,8 +20,9 @@ def inspect(path: str | os.PathLike, config: DataConfig | None = None) -> dict:
     damaged image bodies too.
 
     Returns:
-        ``{"records", "skipped": {reason: n}, "source", "captions", "labels",
-        "fingerprint"}``: ``captions`` counts the usable records' captions,
+        ``{"records", "skipped": {reason: n}, "skipped_examples": {reason: [detail, ...]}, "source", "captions",
+        "labels", "fingerprint"}``: ``skipped_examples`` names the first few skipped records of each reason (a
+        missing image: its path as tried), ``captions`` counts the usable records' captions,
         ``labels`` the distinct labels (0 when there are none), ``fingerprint``
         that of the usable records.
 
@@ -29,13 +30,14 @@ def inspect(path: str | os.PathLike, config: DataConfig | None = None) -> dict:
         UserError: as :func:`load_pairs`, or when no image decodes.
     """
     pairs = load_pairs(path, config)
-    decoded, usable = Counter(), []
+    decoded, usable, examples = Counter(), [], {}
     for record in progress(pairs.records, desc="decoding images", unit=" img", leave=False, disable=None):
         try:
             record.open_image(pairs.max_pixels).close()
             usable.append(record)
         except BadRecord as bad:
             decoded[bad.reason] += 1
+            note_example(examples, bad)
     skipped = count_by_reason(pairs.skipped, decoded)
     if not usable:
         raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
@@ -43,6 +45,7 @@ def inspect(path: str | os.PathLike, config: DataConfig | None = None) -> dict:
     return {
         "records": len(usable),
         "skipped": skipped,
+        "skipped_examples": merge_examples(pairs.examples, examples),
         "source": pairs.source,
         "captions": sum(len(r.captions) for r in usable),
         "labels": len({r.label for r in usable if r.label is not None}),

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 from triclip.core.progress import progress
 
 from triclip.data.images import probe_image
-from triclip.data.reasons import MISSING_FILE, BadRecord
+from triclip.data.reasons import MISSING_FILE, BadRecord, note_example
 from triclip.data.records import DataConfig, PairSet, Record
 from triclip.core.errors import UserError
 
@@ -103,7 +103,7 @@ def load_pairs(path: str | os.PathLike, config: DataConfig | None = None) -> Pai
     source = detect_source(path)
     records: list[Record] = []
     skipped: Counter = Counter()
-    example: dict[str, str] = {}  # reason -> the first skipped record's detail (e.g. the resolved path tried)
+    examples: dict[str, list[str]] = {}  # reason -> the first skipped records' details (e.g. the resolved path tried)
     seen: Counter = Counter()
     bar = dict(desc=f"reading {os.path.basename(path)}", unit=" rec", leave=False, disable=None)
     for item in progress(source.read(path, config), **bar):
@@ -115,12 +115,13 @@ def load_pairs(path: str | os.PathLike, config: DataConfig | None = None) -> Pai
                 bad = err
         if bad is not None:
             skipped[bad.reason] += 1
-            example.setdefault(bad.reason, bad.detail)
+            note_example(examples, bad)
             continue
         records.append(with_unique_key(item, seen))
     if not records:
-        raise UserError(f"no usable records in {path} ({source.name}); skipped: {_format_counts(skipped)}{_example(skipped, example)}")
-    return PairSet(records=records, skipped=skipped, source=f"{source.name}:{path}", max_pixels=config.max_pixels)
+        raise UserError(f"no usable records in {path} ({source.name}); skipped: {_format_counts(skipped)}{_example(skipped, examples)}")
+    return PairSet(records=records, skipped=skipped, source=f"{source.name}:{path}", max_pixels=config.max_pixels,
+                   examples=examples)
 
 
 def with_unique_key(record: Record, seen: Counter) -> Record:
@@ -132,12 +133,12 @@ def with_unique_key(record: Record, seen: Counter) -> Record:
     return Record(key=key, captions=record.captions, label=record.label, image=record.image)
 
 
-def _example(skipped: Counter, example: dict[str, str]) -> str:
+def _example(skipped: Counter, examples: dict[str, list[str]]) -> str:
     """One record of the commonest reason, as tried (a missing image: its path, resolved)."""
     if not skipped:
         return ""
     reason = skipped.most_common(1)[0][0]
-    detail = example.get(reason)
+    detail = (examples.get(reason) or [None])[0]
     if not detail:
         return ""
     where = " (image paths are read relative to the source file's folder)" if reason == MISSING_FILE else ""

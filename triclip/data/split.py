@@ -31,7 +31,7 @@ from PIL import Image
 
 from triclip.data.images import BytesImage, FileImage, ImageRef, decode_image
 from triclip.data.manifest import manifest_row, write_manifest
-from triclip.data.reasons import MISSING_FILE, NOT_A_FILE, BadRecord, count_by_reason
+from triclip.data.reasons import MISSING_FILE, NOT_A_FILE, BadRecord, count_by_reason, merge_examples, note_example
 from triclip.data.records import DataConfig, PairSet
 from triclip.data.sources import load_pairs, with_unique_key
 from triclip.core.errors import UserError
@@ -68,7 +68,8 @@ def load_collection(path: str | os.PathLike, config: DataConfig | None = None) -
     records = [with_unique_key(r, seen) for part in parts for r in part.records]
     names = "+".join(os.path.basename(m) for m in manifests)
     skipped = sum((part.skipped for part in parts), Counter())
-    return PairSet(records=records, skipped=skipped, source=f"splits:{os.fspath(path)} ({names})", max_pixels=config.max_pixels)
+    return PairSet(records=records, skipped=skipped, source=f"splits:{os.fspath(path)} ({names})", max_pixels=config.max_pixels,
+                   examples=merge_examples(*(part.examples for part in parts)))
 
 
 @dataclass(frozen=True)
@@ -191,7 +192,7 @@ def split_source(
     pairs = load_pairs(path, data)
     try:
         with writing(out, "data", overwrite=overwrite) as folder:  # a replacement is built beside, then swapped in
-            images, unreadable, written, skipped, counts = _write_split(pairs, path, config, str(folder))
+            images, unreadable, written, skipped, counts, examples = _write_split(pairs, path, config, str(folder))
     except OSError as err:  # unwritable, full, or not a folder on the way
         raise UserError(f"cannot write the split in {out}: {err.filename or out}: {err.strerror or err}") from None
     manifests = {split: os.path.join(out, f"{split}.jsonl") for split in SPLITS}
@@ -207,14 +208,18 @@ def split_source(
         "images_written": written,
         **counts,
         "skipped": skipped,
+        "skipped_examples": examples,
         **{f"{split}_manifest": manifests[split] for split in SPLITS},
     }
 
 
 def _write_split(pairs: PairSet, path, config: SplitConfig, out: str):
-    """The images and manifests of the split in ``out``; ``(images, unreadable, written, skipped, counts)``."""
-    images, unreadable, written = collect_images(pairs, out)
+    """The images and manifests of the split in ``out``; ``(images, unreadable, written, skipped, counts, examples)``:
+    ``examples`` names the first skipped records of each reason (:func:`triclip.data.reasons.merge_examples`)."""
+    unread: dict[str, list[str]] = {}
+    images, unreadable, written = collect_images(pairs, out, unread)
     skipped = count_by_reason(pairs.skipped, unreadable)
+    examples = merge_examples(pairs.examples, unread)
     if not images:
         raise UserError(f"no usable records in {os.fspath(path)}; skipped: {skipped}")
     splits = assign_splits([image.digest for image in images], config)
@@ -228,7 +233,7 @@ def _write_split(pairs: PairSet, path, config: SplitConfig, out: str):
         split: write_manifest(manifests[split], [im.row() for im, s in zip(images, splits) if s == split])
         for split in SPLITS
     }
-    return images, unreadable, written, skipped, counts
+    return images, unreadable, written, skipped, counts, examples
 
 
 @dataclass
@@ -252,8 +257,9 @@ class DistinctImage:
         return manifest_row(self.image, self.captions, self.label)
 
 
-def collect_images(pairs: PairSet, out: str) -> tuple[list[DistinctImage], Counter, int]:
-    """Read, hash and check every record's image; merge byte-identical ones.
+def collect_images(pairs: PairSet, out: str, examples: dict | None = None) -> tuple[list[DistinctImage], Counter, int]:
+    """Read, hash and check every record's image; merge byte-identical ones (``examples``, when given, collects
+    the first skipped records' details by reason: :func:`triclip.data.reasons.note_example`).
 
     Returns:
         The distinct images in order of first appearance, the records skipped by
@@ -271,6 +277,8 @@ def collect_images(pairs: PairSet, out: str) -> tuple[list[DistinctImage], Count
                 extension = check_image(data, record.image.location, pairs.max_pixels)
         except BadRecord as bad:
             skipped[bad.reason] += 1
+            if examples is not None:
+                note_example(examples, bad)
             continue
         if digest in found:
             found[digest].add(record.captions, record.label)

@@ -162,7 +162,8 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     """
     dim = train.shape[1]
     rules = rules or Rules(n=len(train))
-    specs = [s for s in codecs.candidates(budget, dim, rules.n) if force is None or s.codec == force]
+    specs = codecs.candidates(budget, dim, rules.n)
+    specs = worth_trying(specs, budget, len(train)) if force is None else [s for s in specs if s.codec == force]
     if not specs:
         raise UserError(f"--codec {force} has no code that fits {budget} bytes per vector at D={dim}")
     tune = TuneSet.of(_sample(train, seed), evaluation)
@@ -340,6 +341,26 @@ def overlap(found: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth)]))
 
 
+NEVER_BEST_BELOW = {  # codec -> the budget (bytes per vector) below which it never measured best: not fitted there
+    # docs/results_bytes.md, 8-32 B on openclipart, Tux Paint and fashion-mnist (3 seeds each): plain PQ below OPQ
+    # (its rotated form, also a candidate) at every budget and data set, at both of its m's
+    "pq": 64,
+}
+RQ_OVER_OPQ_ROWS = 5000  # fitted on at least this many vectors, RQ measured above OPQ at 4, 8 and 16 B (openclipart,
+# 5,443 train vectors, every seed; on Tux Paint's 627 OPQ won): where RQ is a candidate, OPQ (the slowest fit,
+# about 2x RQ's CPU time at 8 and 16 B) is not fitted
+
+
+def worth_trying(specs: list[codecs.CodecSpec], budget: int, rows: int) -> list[codecs.CodecSpec]:
+    """The candidates of ``budget`` that the evidence leaves a chance of measuring best, for a code fitted on
+    ``rows`` vectors (:data:`NEVER_BEST_BELOW`, :data:`RQ_OVER_OPQ_ROWS`); the cheap ones stay whatever they
+    measured, as the frontier's peers. ``--codec`` bypasses this."""
+    kept = [s for s in specs if budget >= NEVER_BEST_BELOW.get(s.codec, 0)]
+    if rows >= RQ_OVER_OPQ_ROWS and any(s.codec == "rq" for s in kept):
+        kept = [s for s in kept if s.codec != "opq"]
+    return kept
+
+
 def _sample(train: np.ndarray, seed: int) -> np.ndarray:
     """At most ``FIT_ROWS`` rows of ``train`` (N, D), drawn by ``seed``, float32."""
     if len(train) <= FIT_ROWS:
@@ -427,7 +448,16 @@ def frontier(choices: list[Choice], float_curve: dict[str, float] | None, evalua
                    for c in choices},
         "candidates": {str(c.budget): c.tried for c in choices},
         "float_pruning": {str(4 * int(m)): r for m, r in (float_curve or {}).items() if r is not None},
+        "full_d": exact_recall(evaluation),  # the same metric by exact float search at full D: what the codes lose
     }
+
+
+def exact_recall(evaluation: EvalSet) -> float:
+    """Recall@10 of exact inner-product search at full D on the evaluation set (the codes' reference)."""
+    scores = evaluation.queries @ evaluation.gallery.T  # (Q, n)
+    k = min(K, scores.shape[1])
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :k]  # (Q, k)
+    return recall_at_k(top, evaluation.positives)
 
 
 def _entry(spec: codecs.CodecSpec) -> dict:
@@ -436,11 +466,11 @@ def _entry(spec: codecs.CodecSpec) -> dict:
 
 def table(budgets: dict) -> str:
     """The lines ``index build`` prints (summary["budgets"]; the caption codes under ``"text"``): per budget and
-    side the kept code, its stages, recall, single-query latency at N (measured, or extrapolated from a sample),
-    what it holds in memory and reads from disk per query, and its index size; under it every candidate tried
-    (``candidates``), with its latency or why it was left out."""
-    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<26} {'m':>5}  {'stages':<24} {'recall@10':>9}  {'latency':>20}"
-             f"  {'RAM':>9}  {'disk/query':>10}  {'index size':>11}"]
+    side the kept code, the bytes it stores, its stages, recall, single-query latency at N (measured, or
+    extrapolated from a sample), what it holds in memory and reads from disk per query, and its index size; under
+    it every candidate tried (``candidates``), with its latency or why it was left out."""
+    lines = [f"{'bytes':>6}  {'codes':<6} {'code':<26} {'m':>5} {'stored':>7}  {'stages':<24} {'recall@10':>9}"
+             f"  {'latency':>20}  {'RAM':>9}  {'disk/query':>10}  {'index size':>11}"]
     for b, entry in sorted(budgets.items(), key=lambda kv: int(kv[0])):
         for side, e in (("image", entry), ("text", entry.get("text"))):
             if e is None:
@@ -449,13 +479,15 @@ def table(budgets: dict) -> str:
             rescore = e.get("rescore")
             stages = "codes" if not rescore else f"codes + float top {rescore['shortlist']}"
             disk = human_bytes(rescore["disk_bytes_per_query"]) if rescore else "0 B"
-            lines.append(f"{b:>6}  {side:<6} {spec.label():<26} {spec.m:>5}  {stages:<24} {_recall(e.get('recall')):>9}"
+            lines.append(f"{b:>6}  {side:<6} {spec.label():<26} {spec.m:>5} {str(spec.bytes_per_vector) + ' B':>7}"
+                         f"  {stages:<24} {_recall(e.get('recall')):>9}"
                          f"  {_latency(e.get('latency')):>20}  {human_bytes(e.get('ram_bytes', e['index_bytes'])):>9}"
                          f"  {disk:>10}  {human_bytes(e['index_bytes']):>11}")
             for c in e.get("candidates") or []:
                 lines.append("        - " + _candidate(c))
     if any(entry.get("text") for entry in budgets.values()):
         lines.append("recall@10: text->image for the image codes, image->text for the caption (text) codes")
+    lines.append("stored: the bytes each vector's code holds (a code smaller than its budget can measure best)")
     lines.append("latency: one query, one thread, at the collection's size: measured there, or extrapolated from a"
                  " timed sample (time per code scanned x codes scanned)")
     return "\n".join(lines)

@@ -19,7 +19,8 @@ Queries are embedded once at D with the transform stored in the manifest (same
 ordering, weights and signs as the index); the query at m is the re-normalised
 prefix. ``target="image"`` (default) searches the image vectors (text->image,
 image->image); ``target="text"`` the caption vectors (image->text, text->text) when
-the index has them.
+the index has them, and lists distinct caption strings: each once, at its best-scoring
+image, with ``"images"``, how many indexed images carry it.
 
 Re-scoring generalises the funnel: a shortlist from a small code held in memory (``bytes``), re-ranked with
 a larger code or with the float vectors, which an index with codes keeps memory-mapped from disk
@@ -67,6 +68,7 @@ MAX_QUERY_CHARS = 10_000  # longer text queries are refused (the text tower trun
 MATMUL_SHORTLIST_MAX = 50_000  # funnel: Flat indexes up to this size are shortlisted by matmul, larger by FAISS
 SHORTLIST_CHUNK = 64  # queries scored at once by a Flat shortlist: (q, N) scores in the CPU cache at N ~ 10k
 RERANK_CHUNK = 16  # queries re-ranked at once: their (q, C, D) gather stays in the CPU cache
+DISTINCT_DEPTH = 4  # image -> text: caption rows searched per distinct caption wanted (deeper where too few)
 
 
 @dataclass
@@ -87,6 +89,7 @@ class Searcher:
     _rows: dict = field(default_factory=dict, repr=False)  # id -> image row
     _source: tuple = field(default=(), repr=False)  # (run, weights, device, index_dir): to load the model later
     _text_transform: Any = field(default=None, repr=False)  # numpy compact transform for text_encoder's output
+    _captions: tuple = field(default=(None, {}), repr=False)  # (id of the contents, caption string -> images carrying it)
 
     @classmethod
     def load(
@@ -164,7 +167,8 @@ class Searcher:
         transform = _transform(contents.manifest, index_dir, self.dim)
         text_transform = None if self.text_encoder is None else _numpy_transform(contents.manifest, index_dir, self.text_encoder.dim)
         other = replace(
-            self, contents=contents, transform=transform, timings={}, _faiss_lock=None, _text_transform=text_transform
+            self, contents=contents, transform=transform, timings={}, _faiss_lock=None, _text_transform=text_transform,
+            _captions=(None, {}),
         )
         other._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
         other._to_device(self._faiss_lock is not None)
@@ -283,7 +287,8 @@ class Searcher:
                 a shortlist of ``k * shortlist_factor`` from the codes with them.
 
         Returns:
-            One list of hits per query, best first.
+            One list of hits per query, best first. With ``target="text"`` the hits are k distinct caption
+            strings (:meth:`_distinct_captions`), each with ``images``: how many indexed images carry it.
         """
         k = _check_k(k)
         in_search_thread()  # this thread's OpenMP count is the serving count, whichever thread calls
@@ -291,7 +296,6 @@ class Searcher:
             raise UserError(f"unknown search target {target!r}; choose from {list(TARGETS)}")
         if target == "text" and not self.has_text:
             raise UserError("this index has no caption vectors (built without the text index)")
-        indexes = self.contents.image_indexes if target == "image" else self.contents.text_indexes
         vectors = self.contents.vectors if target == "image" else self.contents.text_vectors
         queries = np.asarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:
@@ -300,26 +304,77 @@ class Searcher:
             return [[] for _ in queries]
         if rescore is not None and bytes is None:
             raise UserError("rescore re-ranks the shortlist of a budget's codes: give bytes too")
+        if bytes is not None and funnel is not None:
+            raise UserError("bytes searches a budget's codes: not with funnel (rescore re-ranks their shortlist)")
+        rank = lambda q, count: self._ranked(q, count, m, target, funnel, bytes, rescore)  # noqa: E731
+        if target == "text":
+            return self._distinct_captions(queries, k, rank, len(vectors))
+        scores, ids = rank(queries, k)
+        return [self._hits(s, i, target) for s, i in zip(scores, ids)]
+
+    def _ranked(self, queries: np.ndarray, k: int, m, target: str, funnel, bytes, rescore) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and row ids of the top k of ``target`` for checked queries, by the search asked for (see
+        :meth:`search_vectors`). Shapes: (Q, D) -> (Q, k'), (Q, k'), -1 for none."""
+        indexes = self.contents.image_indexes if target == "image" else self.contents.text_indexes
+        vectors = self.contents.vectors if target == "image" else self.contents.text_vectors
         if bytes is not None:
-            if funnel is not None:
-                raise UserError("bytes searches a budget's codes: not with funnel (rescore re-ranks their shortlist)")
             codes = self._check_bytes(bytes, "bytes", target)
             wanted = self._shortlist_length(bytes, target, rescore, k, len(vectors))
             if wanted is None:
-                scores, ids = self._search_codes(codes, queries, k)
-            else:
-                candidates = self._search_codes(codes, queries, wanted)[1]  # (Q, C)
-                fine = vectors if rescore in (None, "float") else self._check_bytes(rescore, "rescore", target)
-                scores, ids = rerank_from(fine, queries, candidates, k)
-        elif funnel is not None:
+                return self._search_codes(codes, queries, k)
+            candidates = self._search_codes(codes, queries, wanted)[1]  # (Q, C)
+            fine = vectors if rescore in (None, "float") else self._check_bytes(rescore, "rescore", target)
+            return rerank_from(fine, queries, candidates, k)
+        if funnel is not None:
             small = self._check_m(funnel, "funnel")
             wanted = min(len(vectors), k * max(1, int(self.shortlist_factor)))
             candidates = self._shortlist(indexes[small], prefix(queries, small), wanted, target, small)  # (Q, C)
-            scores, ids = rerank(vectors, queries, candidates, k)  # (Q, k), exact at D
-        else:
-            m = self.dim if m is None else self._check_m(m, "m")
-            scores, ids = self._search(indexes[m], prefix(queries, m), k, target, m)
-        return [self._hits(s, i, target) for s, i in zip(scores, ids)]
+            return rerank(vectors, queries, candidates, k)  # (Q, k), exact at D
+        m = self.dim if m is None else self._check_m(m, "m")
+        return self._search(indexes[m], prefix(queries, m), k, target, m)
+
+    def _distinct_captions(self, queries: np.ndarray, k: int, rank, total: int) -> list[list[dict]]:
+        """The top k distinct caption strings per query: each string once, at its best-scoring caption row (the
+        image shown is that row's), with ``images``, the number of indexed images carrying that string.
+
+        Identical captions of different images (a clip-art set's "Dino" on ten pictures) would otherwise fill
+        a top k with one string. ``rank(queries, count)`` is searched ``DISTINCT_DEPTH`` times deeper than k,
+        and deeper again (x4, up to every row) for the queries that still have fewer than k strings.
+        """
+        out: list[list[dict] | None] = [None] * len(queries)
+        todo = np.arange(len(queries))
+        depth = min(total, k * DISTINCT_DEPTH)
+        while len(todo):
+            scores, ids = rank(queries[todo], depth)
+            short = []
+            for q, s, i in zip(todo.tolist(), scores, ids):
+                out[q] = self._caption_hits(s, i, k)
+                if len(out[q]) < k and depth < total:
+                    short.append(q)
+            todo, depth = np.asarray(short, np.int64), min(total, depth * 4)
+        return out
+
+    def _caption_hits(self, scores: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
+        """:meth:`_hits` of caption rows (best first), the first of each caption string kept, up to k."""
+        counts = self._caption_counts()
+        hits, seen = [], set()
+        for hit in self._hits(scores, ids, "text"):
+            if hit["caption"] not in seen:
+                seen.add(hit["caption"])
+                hits.append({**hit, "images": counts[hit["caption"]]})
+                if len(hits) == k:
+                    break
+        return hits
+
+    def _caption_counts(self) -> dict[str, int]:
+        """Caption string -> the number of indexed images carrying it (computed once per version)."""
+        key = id(self.contents)
+        if self._captions[0] != key:
+            owners: dict[str, set[int]] = {}
+            for row, caption in self.contents.text_rows.tolist():
+                owners.setdefault(self.contents.meta[row]["captions"][caption], set()).add(row)
+            self._captions = (key, {text: len(rows) for text, rows in owners.items()})
+        return self._captions[1]
 
     @property
     def budgets(self) -> list[int]:
