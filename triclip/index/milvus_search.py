@@ -30,7 +30,7 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.index import milvus as mv
-from triclip.index.search import TARGETS, Searcher, _check_k
+from triclip.index.search import TARGETS, Searcher, _check_k, distinct_captions
 from triclip.index.store import IndexContents
 from triclip.index.vectors import prefix
 
@@ -45,6 +45,9 @@ def open_searcher(index: str, run=None, device: str | None = None, text_only: bo
     if collection is not None:
         raise UserError("--collection goes with a Milvus --index (PATH.db or http://HOST:19530), not an index folder")
     return Searcher.load(index, run=run, device=device, text_only=text_only)
+
+
+MILVUS_TOPK = 16_384  # the most hits one Milvus search returns (its topk limit)
 
 
 @dataclass
@@ -143,7 +146,7 @@ class MilvusSearcher(Searcher):
         if len(queries) == 0:
             return []
         plan = self.plans[0] if target == "image" else self.plans[-1]  # captions may keep another m (their budget's)
-        return self._search(prefix(queries, int(plan["m"])), k, target)
+        return self._ranked(prefix(queries, int(plan["m"])), k, target)
 
     def search_ids(self, ids, k: int = 10, m: int | None = None, target: str = "image", funnel: int | None = None,
                    *, bytes: int | None = None, rescore=None):
@@ -159,7 +162,7 @@ class MilvusSearcher(Searcher):
         for rid in ids:
             if rid not in found:
                 raise UserError(f"unknown id {rid!r}: no indexed image has it")
-        return self._search(np.asarray([found[rid] for rid in ids], np.float32), k, target)
+        return self._ranked(np.asarray([found[rid] for rid in ids], np.float32), k, target)
 
     def vectors_of(self, ids, target: str = "image") -> np.ndarray:
         raise UserError("a Milvus collection keeps the vectors at m only: search by id with search_ids")
@@ -176,6 +179,14 @@ class MilvusSearcher(Searcher):
         if m is not None and m not in (self.m, self.dim):
             raise UserError(f"m={m!r} is not in this collection; it holds m = {self.m}")
         return k
+
+    def _ranked(self, queries: np.ndarray, k: int, target: str) -> list[list[dict]]:
+        """Top-k hits; captions as distinct strings (``triclip.index.search.distinct_captions``; no image count:
+        a collection does not hold one)."""
+        if target == "image":
+            return self._search(queries, k, target)
+        total = int(self.manifest.get("text_count") or 0)  # caption rows exported
+        return distinct_captions(queries, k, total, lambda q, depth: self._search(q, min(depth, MILVUS_TOPK), target))
 
     def _search(self, queries: np.ndarray, k: int, target: str) -> list[list[dict]]:
         image = target == "image"

@@ -334,37 +334,10 @@ class Searcher:
         return self._search(indexes[m], prefix(queries, m), k, target, m)
 
     def _distinct_captions(self, queries: np.ndarray, k: int, rank, total: int) -> list[list[dict]]:
-        """The top k distinct caption strings per query: each string once, at its best-scoring caption row (the
-        image shown is that row's), with ``images``, the number of indexed images carrying that string.
-
-        Identical captions of different images (a clip-art set's "Dino" on ten pictures) would otherwise fill
-        a top k with one string. ``rank(queries, count)`` is searched ``DISTINCT_DEPTH`` times deeper than k,
-        and deeper again (x4, up to every row) for the queries that still have fewer than k strings.
-        """
-        out: list[list[dict] | None] = [None] * len(queries)
-        todo = np.arange(len(queries))
-        depth = min(total, k * DISTINCT_DEPTH)
-        while len(todo):
-            scores, ids = rank(queries[todo], depth)
-            short = []
-            for q, s, i in zip(todo.tolist(), scores, ids):
-                out[q] = self._caption_hits(s, i, k)
-                if len(out[q]) < k and depth < total:
-                    short.append(q)
-            todo, depth = np.asarray(short, np.int64), min(total, depth * 4)
-        return out
-
-    def _caption_hits(self, scores: np.ndarray, ids: np.ndarray, k: int) -> list[dict]:
-        """:meth:`_hits` of caption rows (best first), the first of each caption string kept, up to k."""
+        """:func:`distinct_captions` over ``rank`` (scores and caption rows), with each string's image count."""
         counts = self._caption_counts()
-        hits, seen = [], set()
-        for hit in self._hits(scores, ids, "text"):
-            if hit["caption"] not in seen:
-                seen.add(hit["caption"])
-                hits.append({**hit, "images": counts[hit["caption"]]})
-                if len(hits) == k:
-                    break
-        return hits
+        hits_of = lambda q, depth: [self._hits(s, i, "text") for s, i in zip(*rank(q, depth))]  # noqa: E731
+        return distinct_captions(queries, k, total, hits_of, counts.get)
 
     def _caption_counts(self) -> dict[str, int]:
         """Caption string -> the number of indexed images carrying it (computed once per version)."""
@@ -452,6 +425,39 @@ class Searcher:
             meta = self.contents.meta[row]
             hits.append({"id": meta["id"], "image": meta["image"], "caption": meta["captions"][caption], "score": score})
         return hits
+
+
+def distinct_captions(queries: np.ndarray, k: int, total: int, hits_of, count=None) -> list[list[dict]]:
+    """The top k distinct caption strings per query: each string once, at its best-scoring caption row (the image
+    shown is that row's; equal scores: the smaller id), with ``images`` = ``count(caption)`` where ``count`` is given.
+
+    Identical captions of different images (a clip-art set's "Dino" on ten pictures) would otherwise fill a top k
+    with one string. ``hits_of(queries, depth)`` (a hit list per query, best first, of ``total`` caption rows) is
+    searched ``DISTINCT_DEPTH`` times deeper than k, and deeper again (x4, up to every row) for the queries that
+    still have fewer than k strings. Shared by the local index and a Milvus collection.
+    """
+    out: list[list[dict] | None] = [None] * len(queries)
+    todo = np.arange(len(queries))
+    depth = min(total, k * DISTINCT_DEPTH)
+    while len(todo):
+        short = []
+        for q, hits in zip(todo.tolist(), hits_of(queries[todo], depth)):
+            out[q] = _best_per_caption(hits, k, count)
+            if len(out[q]) < k and depth < total:
+                short.append(q)
+        todo, depth = np.asarray(short, np.int64), min(total, depth * 4)
+    return out
+
+
+def _best_per_caption(hits: list[dict], k: int, count) -> list[dict]:
+    """The best hit of each caption string (equal scores: the smaller id), the k best of those, best first."""
+    best: dict[str, dict] = {}
+    for hit in hits:
+        kept = best.get(hit["caption"])
+        if kept is None or (hit["score"], kept["id"]) > (kept["score"], hit["id"]):
+            best[hit["caption"]] = hit
+    ordered = sorted(best.values(), key=lambda h: (-h["score"], h["id"]))[:k]
+    return [{**h, "images": count(h["caption"])} for h in ordered] if count else ordered
 
 
 def rerank(vectors: np.ndarray, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
