@@ -430,10 +430,11 @@ def ints(text: str) -> list[int]:
 
 
 def parse(argv: list[str] | None) -> tuple[str, BuildConfig | MeasureConfig]:
-    p = Parser(prog="python -m benchmarks.haystack", description=__doc__.split("\n")[0])
+    p = Parser(prog="python -m benchmarks.haystack", description=__doc__.split("\n")[0], allow_abbrev=False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
-    b = sub.add_parser("build", help="write a haystack as embedding shards")
-    for name, s in (("build", b), ("validate", sub.add_parser("validate")), ("curve", sub.add_parser("curve"))):
+    b = sub.add_parser("build", help="write a haystack as embedding shards", allow_abbrev=False)
+    steps = [("build", b)] + [(n, sub.add_parser(n, allow_abbrev=False)) for n in ("validate", "curve")]
+    for name, s in steps:
         s.add_argument("index")
         s.add_argument("--data", required=True)
         if name != "build":
