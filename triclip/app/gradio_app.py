@@ -29,8 +29,9 @@ import signal
 import gradio as gr
 
 from triclip.app.endpoints import ENDPOINTS, AppConfig, SearchApp
-from triclip.app.gradio_patches import guard_inputs, raw_text_search
+from triclip.app.gradio_patches import guard_inputs, raw_text_search, set_choices
 from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel, live_values
+from triclip.app.panels import m_choices
 from triclip.app.panels import query_panel, results_panel
 from triclip.app.server import check_address, interrupt, launch, log_to_stderr, set_threads, wait
 
@@ -62,6 +63,7 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         gr.Timer(REFRESH_S).tick(**refresh)  # --add / --overwrite swap the version under an open page
         blocks.load(**refresh)
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
+    app.live.listeners.append(lambda view: set_choices(blocks, knobs.m, m_choices(view), view.dim))  # the API's too
     return guard_inputs(blocks), app
 
 

@@ -12,7 +12,9 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     budgets ({str(B): {"spec" (triclip.index.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
     stored codes), "split", "index_bytes", "bytes_per_vector", "text" (the caption codes, the same
     keys, recall = i2t; absent without captions)}}: ``--bytes``, ``triclip.index.budgets``),
-    created, updated (and on_disk, written by ``triclip.index.store``)
+    created, updated (and on_disk and files, written by ``triclip.index.store``: files maps each file of the
+    version to its size and sampled sha256, and the codes to their codec, count and width;
+    ``triclip.index.filecheck``)
 
 Each image row of ``meta.jsonl`` records its file's identity (``"file"``: device, inode,
 size, mtime_ns; :func:`file_identity`), so the app serves only the files that were indexed.
