@@ -157,3 +157,18 @@ def test_a_version_written_by_a_build_records_every_file(coded):
         assert filecheck.record(version / name)["sampled_sha256"] == want["sampled_sha256"]
         assert want["size"] == os.path.getsize(version / name)
     assert records["image.b8.codec"]["codec"]["codec"] == "int8" and records["image.b8.codec"]["count"] == 40
+
+
+def test_curves_that_are_not_the_recorded_file_are_not_drawn(tmp_path, coded):
+    from triclip.index.manifest import CURVES, read_curves
+    from triclip.index.store import MANIFEST, current_version
+
+    index = _copy(coded, tmp_path)
+    version = current_version(index)
+    records = json.loads((index / version / MANIFEST).read_text())["files"]
+    assert read_curves(index, version, records) is not None
+    curves = json.loads((index / version / CURVES).read_text())
+    curves["ordering"] = "random"  # another file: the panel would draw another ordering's curve as this index's
+    (index / version / CURVES).write_text(json.dumps(curves))
+    assert read_curves(index, version, records) is None
+    assert read_curves(index, version) is not None  # without records (a version written before them): read

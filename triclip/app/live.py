@@ -138,7 +138,7 @@ class IndexView:
             )
         recall = {int(m): v for m, v in (manifest.get("recall") or {}).items()}
         return cls(searcher, version, files, {row["id"]: i for i, row in enumerate(meta)}, recall,
-                   read_curves(index_dir, searcher.contents.version))
+                   read_curves(index_dir, searcher.contents.version, manifest.get("files")))
 
     @property
     def dims(self) -> list[int]:
