@@ -146,6 +146,42 @@ def test_unreadable_codes_say_permission_and_the_float_search_serves(tmp_path, p
     assert served.returncode == 0 and len(json.loads(served.stdout)) == 5, served.stderr
 
 
+FIXED = """
+import os, sys
+from triclip.core.errors import UserError
+from triclip.index.search import Searcher
+
+index, codes = sys.argv[1], sys.argv[2]
+searcher = Searcher.load(index)
+query = searcher.vectors_of([searcher.contents.meta[0]["id"]])
+try:
+    searcher.search_vectors(query, k=3, bytes=8)
+except UserError as err:
+    print("refused:", err)
+os.chmod(codes, 0o644)  # its owner may, without capabilities
+print("answered:", len(searcher.search_vectors(query, k=3, bytes=8)[0]))
+"""
+
+
+@pytest.mark.slow
+def test_a_budget_refused_for_permissions_answers_once_they_are_fixed(tmp_path, pair):
+    """A permission error is not kept as the budget's verdict (the index is not damaged): the next search reads."""
+    import subprocess
+    import sys
+
+    from tests.hostile.conftest import unprivileged_prefix
+
+    index = copy_tree(pair[0], tmp_path / "index")
+    codes = live(index) / "image.b8.codec"
+    os.chmod(codes, 0)
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+               TRICLIP_CACHE=str(tmp_path / "cache"))
+    proc = subprocess.run([*unprivileged_prefix(), sys.executable, "-c", FIXED, str(index), str(codes)], env=env,
+                          text=True, capture_output=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "refused:" in proc.stdout and "permission denied" in proc.stdout and "answered: 3" in proc.stdout, proc.stdout
+
+
 def test_an_index_written_before_the_records_still_loads_and_searches_its_codes(cli, tmp_path, pair):
     index = copy_tree(pair[0], tmp_path / "index")
     strip_records(live(index))

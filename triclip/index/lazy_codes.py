@@ -41,10 +41,13 @@ class CodeFile:
     error: BaseException | None = None  # why it could not be opened (raised on first use)
 
     def open(self) -> None:
-        """Take a descriptor now; a missing, unreadable or non-regular file is kept as the error of first use."""
+        """Take a descriptor now; a missing, unreadable or non-regular file is kept as the error of first use
+        (FileNotFoundError when the whole version folder is gone)."""
         try:
             self.fd = filecheck.open_checked(self.path, self.folder)
         except FileNotFoundError:
+            if not self.folder.is_dir():
+                raise  # a writer removed the version meanwhile: the reader reads the new one
             self.error = UserError(f"index {self.folder}: {self.path.name} is missing:"
                                    " rebuild the index with triclip index build")
         except UserError as err:
@@ -54,8 +57,11 @@ class CodeFile:
         """The codec, checked against the manifest; UserError (one line) otherwise."""
         from triclip.index import codecs
 
+        if isinstance(self.error, filecheck.Unreadable):  # its permissions may have been fixed since
+            self.error = None
+            self.open()
         if self.error is not None:
-            raise self.error
+            raise type(self.error)(str(self.error))
         try:
             why = filecheck.verdict(self.fd, self.path.name, self.records)
             codec = codecs.load(f"/proc/self/fd/{self.fd}" if os.path.exists("/proc/self/fd") else self.path, self.dim)
