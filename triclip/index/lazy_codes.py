@@ -169,10 +169,10 @@ def _describe(spec, count, dim, other=None) -> str:
 
     try:
         parsed = CodecSpec.from_json(spec)
-    except (UserError, AttributeError):
+        label = parsed.label() + ("" if parsed.codec == "mixed" else f" ({parsed.bytes_per_vector} B)")
+    except (UserError, AttributeError, KeyError, TypeError):  # a garbled spec in the manifest
         return f"an unknown code {json.dumps(spec, sort_keys=True, default=str)[:80]}"
-    label = parsed.label() + ("" if parsed.codec == "mixed" else f" ({parsed.bytes_per_vector} B)")
-    theirs = (other or ({},))[0] if isinstance((other or ({},))[0], dict) else {}
+    theirs = other[0] if other is not None and isinstance(other[0], dict) else {}
     if parsed.codec == "mixed" and other is not None and theirs.get("params") != spec.get("params"):
         label += " (its own bit widths)"
     if other is None or (count, dim) != tuple(other[1:]):
