@@ -1,7 +1,7 @@
-"""Ablation: what makes the tri-factor importance order the dimensions (issue: compact retrieval).
+"""Ablation: what makes the tri-factor importance order the dimensions (for compact retrieval).
 
-Trains one model per variant on the same data (default: the calibration of the
-issue: ``lite`` with both towers locked and cached, linear heads to D = 256,
+Trains one model per variant on the same data (default: the calibrated set-up:
+``lite`` with both towers locked and cached, linear heads to D = 256,
 1,500 steps of 256) and prints the compact curve (t2i recall@10 against m) for
 the importance order and the baselines, plus how unequal the learned ``w`` is.
 
@@ -13,12 +13,11 @@ Runs that already exist in ``--out`` are evaluated again, not retrained.
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.results import measured_run
 from triclip.training.evaluate import evaluate_run
 from triclip.training.train import TrainConfig, train
 
@@ -108,40 +107,22 @@ VARIANTS.update(
 class AblationConfig:
     data: str  # folder with train.jsonl and val.jsonl
     out: str  # one run folder per variant under it
-    variants: list[str] = field(default_factory=lambda: list(VARIANTS))
-    model: str = "lite"
-    embed_dim: int = 256
-    steps: int = 1500
-    batch_size: int = 256
-    lr: float = 1e-3
-    lock: bool = True  # both towers locked (heads, logit scale and importance train)
-    dims: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])
-    seed: int = 0
+    variants: list[str] = field(default_factory=lambda: list(VARIANTS))  # the variants to train, space-separated
+    model: str = "lite"  # preset
+    embed_dim: int = 256  # D
+    steps: int = 1500  # optimizer steps per variant
+    batch_size: int = 256  # pairs per step
+    lr: float = 1e-3  # peak learning rate
+    lock: bool = True  # both towers locked (heads, logit scale and importance train; --no-lock: the towers train too)
+    dims: list[int] = field(default_factory=lambda: [8, 16, 32, 64, 128])  # m's of the compact curve
+    seed: int = 0  # seed of every run
 
 
 def run_variant(cfg: AblationConfig, name: str) -> dict:
     run = Path(cfg.out) / name
     data = Path(cfg.data)
     if not (run / "model.safetensors").exists():
-        n_train = sum(1 for _ in open(data / "train.jsonl"))
-        epochs = math.ceil(cfg.steps / (n_train // cfg.batch_size))
-        train(
-            TrainConfig(
-                train_data=str(data / "train.jsonl"),
-                val_data=None,
-                out=str(run),
-                model=cfg.model,
-                embed_dim=cfg.embed_dim,
-                epochs=epochs,
-                max_steps=cfg.steps,
-                batch_size=cfg.batch_size,
-                lr=cfg.lr,
-                lock_image=cfg.lock,
-                lock_text=cfg.lock,
-                seed=cfg.seed,
-                **_overrides(name),
-            )
-        )
+        train(TrainConfig(**{**measured_run(cfg, run, cfg.seed), **_overrides(name)}))  # a variant wins
     return evaluate_run(str(run), str(data / "val.jsonl"), dims=cfg.dims)
 
 
@@ -166,23 +147,10 @@ def table(results: dict[str, dict], dims: list[int]) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument("--model", default="lite")
-    p.add_argument("--embed-dim", type=int, default=256)
-    p.add_argument("--steps", type=int, default=1500)
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--no-lock", action="store_true")
-    p.add_argument("--dims", default="8,16,32,64,128")
-    p.add_argument("--seed", type=int, default=0)
-    ns = p.parse_args(argv)
-    cfg = AblationConfig(
-        data=ns.data, out=ns.out, variants=ns.variants, model=ns.model, embed_dim=ns.embed_dim, steps=ns.steps,
-        batch_size=ns.batch_size, lr=ns.lr, lock=not ns.no_lock, dims=[int(x) for x in ns.dims.split(",")], seed=ns.seed,
-    )  # fmt: skip
+    from triclip.app.options import parse_config
+
+    variants = {"nargs": "+", "type": str, "choices": list(VARIANTS), "metavar": "VARIANT"}
+    cfg = parse_config(AblationConfig, argv, __doc__.splitlines()[0], overrides={"variants": variants})
     results = {}
     for name in cfg.variants:
         results[name] = run_variant(cfg, name)

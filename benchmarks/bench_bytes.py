@@ -18,8 +18,9 @@ images; i2t R@1 / R@10.
 Rows (bytes = what a vector costs in memory):
 
 - ``float32 top-m (today)``: the first m coordinates re-normalised, exact (today's pruned index);
-- ``int8`` / ``binary`` / ``PQ`` / ``OPQ+PQ`` / ``mixed``: ``triclip.index.codecs`` (MRL-style prefixes for the first
-  two: for an MRL run, MRL's prefix as int8 / binary); each family's m picked on the val split;
+- ``int8`` / ``binary`` / ``PQ`` / ``OPQ+PQ`` / ``RQ`` / ``mixed`` / ``float32 (codec)``: every codec of
+  ``triclip.index.codecs``, its row named by the registry (``codecs.family``; MRL-style prefixes for int8 / binary:
+  for an MRL run, MRL's prefix as int8 / binary); each family's m picked on the val split;
 - ``triclip (chosen on val)``: of every ``codecs.candidates(B, D)``, the one best on val (what
   ``index build --bytes`` keeps), scored on test;
 - ``PCA+PQ``: the vectors rotated onto their principal axes (numpy ``eigh``; FAISS's ``PCA{D},PQ{B}`` took
@@ -227,8 +228,6 @@ def _hit_ids(hits: list[list[dict]], k: int) -> np.ndarray:
 
 PEERS = {"float32 top-m (today)": today, "PCA+PQ": pca_pq, "ST binary+rescore": st_binary,
          "ST int8+rescore": st_int8, "ST binary->int8 (rescore)": st_binary_int8}  # fmt: skip
-FAMILY = {"float32": "float32 (codec)", "int8": "int8", "binary": "binary", "pq": "PQ", "opq": "OPQ+PQ", "rq": "RQ",
-          "mixed": "mixed"}
 
 
 def measure_run(splits: dict, budgets: list[int], log=print, direction: str = "t2i") -> dict:
@@ -249,7 +248,7 @@ def measure_run(splits: dict, budgets: list[int], log=print, direction: str = "t
             codec = codecs.fit(spec, train_img, weights if spec.codec == "mixed" else None)
             val = recall(codec_ids(codec, val_g, val_q), val_rel)["r10"]
             test = {**recall(codec_ids(codec, test_g, test_q), test_rel), "label": codec.spec.label(), "val_r10": val}
-            tried.append((val, test, FAMILY[spec.codec], codec))
+            tried.append((val, test, codecs.family(spec.codec), codec))
             log(f"  {budget:>4} B  {codec.spec.label():<22} val {val:.3f}  test {test['r10']:.3f}")
         for family in dict.fromkeys(t[2] for t in tried):
             best = max((t for t in tried if t[2] == family), key=lambda t: t[0])
@@ -355,9 +354,9 @@ def plot(files: list[str], png: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("measure")
+    p = sub.add_parser("measure", allow_abbrev=False)
     p.add_argument("--data", required=True, help="folder with train / val / test .jsonl")
     p.add_argument("--runs", required=True, help="runs go to RUNS/VARIANT/seedN (reused when there)")
     p.add_argument("--name", default=None, help="data set name in the output (default: the folder's name)")
@@ -369,9 +368,9 @@ def main(argv=None) -> int:
     p.add_argument("--direction", choices=["t2i", "i2t"], default="t2i",
                    help="t2i: the image codes, text queries; i2t: the caption codes, image queries")
     p.add_argument("--json", required=True, help="write every number here")
-    p = sub.add_parser("report", help="the tables of saved measurements")
+    p = sub.add_parser("report", allow_abbrev=False, help="the tables of saved measurements")
     p.add_argument("files", nargs="+")
-    p = sub.add_parser("plot")
+    p = sub.add_parser("plot", allow_abbrev=False)
     p.add_argument("files", nargs="+")
     p.add_argument("--png", required=True)
     ns = parser.parse_args(argv)

@@ -105,7 +105,7 @@ def _children_cpu() -> float:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--index", required=True, help="an index folder built from a lite run")
     parser.add_argument("--text", default="a red circle", help="the query")
     parser.add_argument("--rounds", type=int, default=5, help="measured rounds (each: torch, onnx, cli)")

@@ -106,11 +106,11 @@ def specs_for(budget: int, dim: int, names: list[str]) -> list[codecs.CodecSpec]
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
     p.add_argument("--n", type=int, default=1_000_000)
     p.add_argument("--dim", type=int, default=256)
     p.add_argument("--budget", type=int, default=16)
-    p.add_argument("--codecs", default="float32,int8,binary,pq,opq,rq,mixed")
+    p.add_argument("--codecs", default=",".join(codecs.names()), help="codec names (default: every registered codec)")
     p.add_argument("--no-float", action="store_true", help="leave out the float32 Flat reference")
     p.add_argument("--queries", type=int, default=200)
     p.add_argument("--single", type=int, default=20)

@@ -264,7 +264,7 @@ def table(results: list[Result], header: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1_000_000, help="synthetic base vectors")
     p.add_argument("--dim", type=int, default=256, help="synthetic D")
     p.add_argument("--m", type=int, default=None, help="shortlist m (default: D/8; with --index: every m of the folder)")

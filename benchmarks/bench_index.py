@@ -191,7 +191,7 @@ def print_row(row: Row) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=1_000_000, help="vectors in the index")
     p.add_argument("--dim", type=int, default=512, help="D of the stand-in")
     p.add_argument("--dims", default=None, help="m values (default: D, D/2, D/4, D/8)")

@@ -37,7 +37,7 @@ def summarize(seconds: dict[str, list[float]], items: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--data", default=DEFAULT_DATA, help="a prepared data set (jsonl)")
     parser.add_argument("--images", type=int, default=128, help="records embedded per round")
     parser.add_argument("--batch", type=int, default=64, help="images per forward")

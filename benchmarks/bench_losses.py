@@ -119,7 +119,7 @@ def table(results: dict[int, dict[str, list[float]]], labels: Sequence[str]) -> 
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--batch", type=int, nargs="+", default=[256, 1024], help="batch sizes")
     p.add_argument("--dim", type=int, default=512, help="embedding width")
     p.add_argument("--repeats", type=int, default=30, help="timed steps per objective")

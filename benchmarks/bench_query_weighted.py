@@ -18,9 +18,9 @@ distinct texts). Runs and their ``served.npz`` come from ``bench_bytes measure``
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -30,7 +30,7 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks.bench_bytes import K, mean_sd, recall, served, sides  # noqa: E402
-from triclip.index.codecs import CodecSpec, _faiss_parts  # noqa: E402
+from triclip.index.codecs import CodecSpec, lookup  # noqa: E402
 
 WEIGHTINGS = (("none", 0.0), ("diag", 0.0), ("diag", 0.1), ("full", 0.01), ("full", 0.1))
 
@@ -56,7 +56,7 @@ def weighting(queries: np.ndarray, how: str, eps: float) -> np.ndarray:
 def quantiser(codec: str, budget: int, d: int, n: int) -> faiss.Index:
     """The index's own RQ (LUT search, no norms) or OPQ+PQ at ``budget`` bytes on all d dimensions, as
     ``triclip.index.codecs`` builds it for n training vectors (without its top-m re-normalisation: A x is not unit)."""
-    _, inner, rotation = _faiss_parts(CodecSpec(codec, d, budget, {"M": budget, "nbits": 8}), n)
+    _, inner, rotation = lookup(codec).faiss_parts(CodecSpec(codec, d, budget, {"M": budget, "nbits": 8}), n)
     return inner if rotation is None else faiss.IndexPreTransform(rotation, inner)
 
 
@@ -68,13 +68,18 @@ def weighted_ids(codec: str, budget: int, a: np.ndarray, train, gallery, q) -> n
     return index.search(np.ascontiguousarray(q @ np.linalg.inv(a)), K)[1]
 
 
+@dataclass
+class WeightedConfig:
+    runs: str  # RUNS/VARIANT with seedN/ runs (bench_bytes measure's)
+    data: str  # the folder with train / val / test .jsonl the runs used
+    budgets: list[int] = field(default_factory=lambda: [8, 16])  # bytes per vector
+    codecs: list[str] = field(default_factory=lambda: ["rq", "opq"])  # codes trained on the weighted vectors
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", required=True, help="RUNS/VARIANT with seedN/ runs (bench_bytes measure's)")
-    parser.add_argument("--data", required=True, help="the folder with train / val / test .jsonl the runs used")
-    parser.add_argument("--budgets", default="8,16")
-    parser.add_argument("--codecs", default="rq,opq")
-    ns = parser.parse_args(argv)
+    from triclip.app.options import parse_config
+
+    ns = parse_config(WeightedConfig, argv, __doc__.split("\n")[0])
     rows: dict[tuple, list[tuple[float, float]]] = {}
     for run in sorted(Path(ns.runs).glob("seed*")):
         split = served(run, Path(ns.data))
@@ -83,8 +88,8 @@ def main(argv=None) -> int:
         full = recall(np.argsort(-(q @ gallery.T), axis=1)[:, :K], relevant)["r10"]
         print(f"{run}: full D {full:.3f}", flush=True)
         maps = {(how, eps): weighting(text, how, eps) for how, eps in WEIGHTINGS}  # one A per weighting and run
-        for budget in (int(b) for b in ns.budgets.split(",")):
-            for codec in ns.codecs.split(","):
+        for budget in ns.budgets:
+            for codec in ns.codecs:
                 for (how, eps), a in maps.items():
                     if codec == "opq" and how == "full":
                         continue  # OPQ learns its own rotation; only the diagonal scaling is new to it

@@ -3,7 +3,7 @@
 Usage::
 
     .venv/bin/python benchmarks/bench_shards.py                       # 1M vectors, 5 shards: shards, ondisk, single
-    .venv/bin/python benchmarks/bench_shards.py --n 10000000 --no-single   # the 10M (disk: 2 bytes x D x N)
+    .venv/bin/python benchmarks/bench_shards.py --n 10000000 --no-single   # 10M vectors (disk: 2 bytes x D x N)
     .venv/bin/python benchmarks/bench_shards.py --n 10000000 --dim 256 --pipelines shards,ondisk
     .venv/bin/python benchmarks/bench_shards.py --n 200000 --factory auto --memory-budget 64M --json out.json
 
@@ -270,8 +270,8 @@ def exact_truth(files: list[Path], queries: np.ndarray, m: int) -> np.ndarray:
 
 
 def main(argv=None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--n", type=int, default=1_000_000, help="vectors (default 1M; the issue's 10M: 10000000)")
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n")[0])
+    p.add_argument("--n", type=int, default=1_000_000, help="vectors (default 1M; 10M: 10000000)")
     p.add_argument("--dim", type=int, default=512, help="D; the index is built at m = D/8")
     p.add_argument("--shard-size", type=int, default=200_000)
     p.add_argument("--factory", default="ivf-flat", help="ivf-flat (IVF{nlist},Flat), ivf-pq, auto, or a FAISS string")

@@ -28,12 +28,12 @@ is reported to beat MRL at equal active dimensions. Here, on each run's served v
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -200,26 +200,30 @@ def report(per_seed: list[dict], bytes_runs: list[dict] | None) -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class SparseConfig:
+    runs: str  # RUNS/VARIANT: seedN/served.npz under it (bench_bytes')
+    json: str  # write every number here
+    data: str | None = None  # the data folder, only if served.npz must be embedded
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # the runs' seeds
+    ks: list[int] = field(default_factory=lambda: [2, 4, 8, 16, 32])  # active atoms per vector
+    hidden: int = 0  # atoms H (0: 4D)
+    steps: int = 2000  # training steps of the sparse code
+    contrastive: float = 0.0  # weight of the InfoNCE term on the codes
+    tied: bool = False  # decoder = encoder transposed
+    bytes_json: str | None = None  # bench_bytes measure JSON of the same runs and seeds
+
+
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--runs", required=True, help="RUNS/VARIANT: seedN/served.npz under it (bench_bytes')")
-    parser.add_argument("--data", default=None, help="the data folder, only if served.npz must be embedded")
-    parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--ks", default="2,4,8,16,32")
-    parser.add_argument("--hidden", type=int, default=0, help="atoms H (default 4D)")
-    parser.add_argument("--steps", type=int, default=2000)
-    parser.add_argument("--contrastive", type=float, default=0.0, help="weight of the InfoNCE term on the codes")
-    parser.add_argument("--tied", action="store_true", help="decoder = encoder transposed")
-    parser.add_argument("--bytes-json", default=None, help="bench_bytes measure JSON of the same runs and seeds")
-    parser.add_argument("--json", required=True)
-    ns = parser.parse_args(argv)
+    from triclip.app.options import parse_config
+
+    ns = parse_config(SparseConfig, argv, __doc__.split("\n")[0])
     import torch
 
     from triclip.core.io import write_json_atomic
 
     torch.set_num_threads(1)
-    seeds = [int(s) for s in ns.seeds.split(",")]
-    ks = [int(k) for k in ns.ks.split(",")]
+    seeds, ks = ns.seeds, ns.ks
     bytes_runs = None
     if ns.bytes_json:
         saved = json.loads(Path(ns.bytes_json).read_text())

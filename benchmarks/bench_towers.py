@@ -45,7 +45,7 @@ DEFAULT_DATA = "data/openclipart/train.jsonl"  # prepared by `triclip data prepa
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64, help="images per forward")
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds per method (best counts)")
     parser.add_argument("--texts", type=int, default=512, help="captions for the text tower")

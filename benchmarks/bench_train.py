@@ -1,6 +1,6 @@
 """Training samples/s of triclip's step against open_clip_train's, and the locked-tower cache speed-up.
 
-    .venv/bin/python -m benchmarks.bench_train [--presets tiny lite] [--batch 64] [--steps N] [--warmup N]
+    .venv/bin/python -m benchmarks.bench_train [--presets tiny,lite] [--batch 64] [--steps N] [--warmup N]
         [--round-steps N] [--data DIR] [--workers N] [--threads N] [--cache-preset lite|none]
 
 Defaults (a few minutes on 2 idle cores): tiny 30 timed steps per trainer in rounds of 3
@@ -36,7 +36,6 @@ reading it back on a later run).
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
 import math
@@ -92,11 +91,13 @@ class BenchConfig:
     num: int = 400  # shapes images to prepare when --data is not given (90% train)
     workers: int = 0  # DataLoader worker processes (both trainers)
     threads: int | None = None  # torch CPU threads (None: torch's default)
-    cache_preset: str | None = "lite"  # preset of the locked-tower cache rows (None: leave them out)
+    cache_preset: str | None = "lite"  # preset of the locked-tower cache rows ("none": leave them out)
     cache_steps: int | None = None  # timed steps per cache trainer (None: CACHE_PLAN)
     seed: int = 0  # model init, batch order and caption choice
 
     def __post_init__(self) -> None:
+        if self.cache_preset in ("none", ""):
+            self.cache_preset = None
         if not self.presets and not self.cache_preset:
             raise ValueError("nothing to measure: give --presets or --cache-preset")
         if self.batch < 2:
@@ -493,37 +494,10 @@ def load_training_pairs(cfg: BenchConfig, scratch: str) -> PairSet:
 
 
 def parse_args(argv: Sequence[str] | None) -> BenchConfig:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--presets", nargs="*", default=["tiny", "lite"], help="model presets for the triclip/open_clip rows")
-    p.add_argument("--batch", type=int, default=64, help="batch size")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per trainer (default per preset: tiny 30, lite 6)")
-    p.add_argument("--round-steps", type=int, default=None, help="steps per interleaved round (default: tiny 3, lite 1)")
-    p.add_argument("--warmup", type=int, default=None, help="untimed steps per trainer first (default: tiny 5, lite 1)")
-    p.add_argument("--data", default=None, help="training manifest or folder with train.jsonl (default: a temporary shapes set)")
-    p.add_argument("--num", type=int, default=400, help="shapes images to prepare when --data is not given")
-    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes, both trainers")
-    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
-    p.add_argument("--cache-preset", default="lite", help="preset of the locked-tower cache rows ('none' to skip)")
-    p.add_argument("--cache-steps", type=int, default=None, help=f"timed steps per cache trainer (default {CACHE_PLAN.steps})")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    try:
-        return BenchConfig(
-            presets=a.presets,
-            batch=a.batch,
-            steps=a.steps,
-            round_steps=a.round_steps,
-            warmup=a.warmup,
-            data=a.data,
-            num=a.num,
-            workers=a.workers,
-            threads=a.threads,
-            cache_preset=None if a.cache_preset in ("none", "") else a.cache_preset,
-            cache_steps=a.cache_steps,
-            seed=a.seed,
-        )
-    except ValueError as err:
-        p.error(str(err))
+    """BenchConfig from the command line: one option per field (``triclip.app.options``), e.g. --presets tiny,lite."""
+    from triclip.app.options import parse_config
+
+    return parse_config(BenchConfig, argv, __doc__.splitlines()[0])
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,7 @@
 """Compact curve of a ``tricl`` run against an ``infonce`` run: table, goal checks and a PNG.
 
 Evaluates both runs on the same validation data (t2i recall@10 for every ordering and m),
-prints a Markdown table, checks the goals of the compact-retrieval issue and draws one
+prints a Markdown table, checks the compact-retrieval goals (docs/CONTRACT.md) and draws one
 plot (recall@10 against m, log-scaled m, one line per run and ordering):
 
     .venv/bin/python -m benchmarks.compact_curve --tricl runs/tiny-tricl --infonce runs/tiny-infonce \\
@@ -51,7 +51,7 @@ def curves(result: dict, dims: list[int]) -> dict[str, list[float]]:
 
 
 def goal_checks(tricl: dict, infonce: dict, dim: int) -> list[tuple[str, bool, str]]:
-    """The issue's goals as (statement, met, measured values)."""
+    """The compact-retrieval goals as (statement, met, measured values)."""
     imp = {int(m): v for m, v in tricl["compact"]["importance"].items()}
     base = {o: {int(m): v for m, v in infonce["compact"][o].items()} for o in ("first", "random", "pca")}
     d8, d16 = dim // 8, dim // 16
@@ -122,7 +122,7 @@ def run(cfg: CurveConfig) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--tricl", required=True)
     p.add_argument("--infonce", required=True)
     p.add_argument("--data", required=True)

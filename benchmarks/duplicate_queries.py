@@ -34,7 +34,7 @@ def group_sizes(captions: Sequence[str]) -> torch.Tensor:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True)
     p.add_argument("--run", default=None)
     p.add_argument("-k", type=int, default=10)

@@ -63,7 +63,7 @@ def run_stats(run: str, data: str) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="pairs to measure on (e.g. DIR/train.jsonl)")
     p.add_argument("--runs", nargs="+", required=True)
     ns = p.parse_args(argv)

@@ -51,7 +51,7 @@ WEIGHTINGS = (0.0, 0.5, 1.0, 2.0)
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("--data", required=True, help="folder with train.jsonl, val.jsonl, test.jsonl")
     p.add_argument("--model", default="lite")
     p.add_argument("--embed-dim", type=int, default=None)

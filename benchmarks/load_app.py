@@ -54,6 +54,7 @@ import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
+from typing import Iterable
 from urllib.parse import urlencode, urlparse
 
 import httpx
@@ -215,18 +216,9 @@ def one_query(client: httpx.Client, url: str, text: str, cfg: LoadConfig, m: int
     start = client.post(url + "gradio_api/call/search_text", json=call_body(text, m, cfg, session))
     start.raise_for_status()
     event_id = start.json()["event_id"]
-    event = None
     with client.stream("GET", url + f"gradio_api/call/search_text/{event_id}") as stream:
         stream.raise_for_status()
-        for line in stream.iter_lines():
-            if line.startswith("event:"):
-                event = line.split(":", 1)[1].strip()
-            elif line.startswith("data:") and event in ("complete", "error"):
-                data = line.split(":", 1)[1].strip()
-                if event == "error":
-                    raise RuntimeError(f"app error: {data[:80]}")
-                return _read_answer(json.loads(data))
-    raise RuntimeError("stream ended without an answer")
+        return _read_events(stream.iter_lines())  # stops reading at the answer
 
 
 def json_params(text: str, m: int, cfg: LoadConfig) -> dict:
@@ -344,13 +336,13 @@ async def async_query(conn: RawHTTP, text: str, cfg: LoadConfig, m: int, session
     status, body = await conn.request("GET", f"/gradio_api/call/search_text/{event_id}")
     if status != 200:
         raise RuntimeError(f"HTTP {status} on the event stream")
-    return _read_events(body.decode())
+    return _read_events(body.decode().splitlines())
 
 
-def _read_events(stream: str) -> float | None:
-    """The answer in an event stream's text (``event: complete`` / ``error`` + ``data:`` lines)."""
+def _read_events(lines: Iterable[str]) -> float | None:
+    """The answer in an event stream's lines (``event: complete`` / ``error`` + ``data:`` lines), read up to it."""
     event = None
-    for line in stream.splitlines():
+    for line in lines:
         if line.startswith("event:"):
             event = line.split(":", 1)[1].strip()
         elif line.startswith("data:") and event in ("complete", "error"):
@@ -476,7 +468,8 @@ def process_cpu(pid: int | None) -> float:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", required=True, help="the running app, e.g. http://127.0.0.1:7860/")
     p.add_argument("--clients", type=int, default=20)
     p.add_argument("--seconds", type=float, default=30.0)

@@ -1,4 +1,4 @@
-"""Probes of the `lite` model's inputs for the quality issue (#13), not kept in the library.
+"""Probes of the `lite` model's inputs (what limits its quality), not kept in the library.
 
 Each probe changes one input of a locked `lite` run and trains it with the normal
 ``triclip train`` command line, so its numbers compare with the locked row of docs/results_archive.md §9:

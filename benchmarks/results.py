@@ -207,16 +207,25 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
     run = run or run_dir(cfg, variant, seed)
     if (run / "model.safetensors").exists() or (run / "result.json").exists():  # weights of some deleted (disk)
         return run
+    start = time.perf_counter()
+    common = measured_run(cfg, run, seed)
+    config = TrainConfig(**{**common, **spec, **overrides})  # a variant's epochs / lr / max_steps win over --steps
+    train(config, given={*common, *spec, *overrides})  # what a variant sets wins over per-objective defaults
+    (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
+    return run
+
+
+def measured_run(cfg, run: Path, seed: int) -> dict:
+    """The TrainConfig fields of a measured run of ``cfg`` (a ResultsConfig, or benchmarks.ablate_importance's):
+    DIR/train.jsonl, the preset, D, batch, lr and locks, and ``cfg.steps`` steps (as many epochs as they take)."""
     data = Path(cfg.data)
     n_train = sum(1 for line in open(data / "train.jsonl") if line.strip())
-    epochs = math.ceil(cfg.steps / max(1, n_train // cfg.batch_size))
-    start = time.perf_counter()
-    common = dict(
+    return dict(
         train_data=str(data / "train.jsonl"),
         out=str(run),
         model=cfg.model,
         embed_dim=cfg.embed_dim,
-        epochs=epochs,
+        epochs=math.ceil(cfg.steps / max(1, n_train // cfg.batch_size)),
         max_steps=cfg.steps,
         batch_size=cfg.batch_size,
         lr=cfg.lr,
@@ -225,10 +234,6 @@ def train_run(cfg: ResultsConfig, variant: str, seed: int, run: Path | None = No
         seed=seed,
         patience=0,  # the measured runs train their given steps (docs/results.md predates early stopping)
     )
-    config = TrainConfig(**{**common, **spec, **overrides})  # a variant's epochs / lr / max_steps win over --steps
-    train(config, given={*common, *spec, *overrides})  # what a variant sets wins over per-objective defaults
-    (run / "train_seconds.txt").write_text(f"{time.perf_counter() - start:.1f}\n")
-    return run
 
 
 def solve_run(cfg: ResultsConfig, on: Path | None = None, out: Path | None = None) -> Path:
@@ -785,7 +790,7 @@ def prepare_tuxpaint(out: str, root: str = "/usr/share/tuxpaint/stamps", val_sha
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     p.add_argument("experiment", choices=["compact", "falseneg", "identifiability", "align_uniform", "scales", "epochs",
                                           "prepare-tuxpaint"])  # fmt: skip
     p.add_argument("--data", required=True)

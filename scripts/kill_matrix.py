@@ -1,4 +1,4 @@
-"""The kill matrix of issue 28: every command that writes, SIGKILLed at each step it takes, then run again.
+"""The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
     python scripts/kill_matrix.py [--only train,solve] [--work DIR] [--no-disk] [--demo] [--list]
 
@@ -379,7 +379,7 @@ def disk_case(name: str, spec: dict, work: Path) -> tuple[str, str | None, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated command names (default: all)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one, removed)")
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")

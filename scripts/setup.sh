@@ -34,5 +34,11 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # --no-cache-dir: no second copy of every wheel in ~/.cache/pip
   .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt pip
   .venv/bin/python -m pip install -q --no-cache-dir -c constraints.txt -e ".[test,fast]"
+  # Milvus Lite (triclip index export to a local .db) declares faiss-cpu, whose files would overwrite
+  # faiss-gpu's `faiss` module: here faiss-gpu provides faiss, so it goes in without its declared dependencies
+  # (its others, grpcio, numpy and pyarrow, are installed above; pyproject.toml lists it for other platforms)
+  if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+    .venv/bin/python -m pip install -q --no-cache-dir --no-deps -c constraints.txt milvus-lite
+  fi
   echo "$want" > "$stamp"
 fi

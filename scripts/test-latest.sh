@@ -16,6 +16,9 @@ echo "test-latest: installing the newest allowed versions into .venv-latest"
 quiet() { grep -v "is ignored: it is neither a file nor a directory" || true; }  # this machine's pip.conf noise
 .venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade pip 2>&1 | quiet
 .venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade --upgrade-strategy eager -e ".[test,fast]" 2>&1 | quiet
+if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then  # as scripts/setup.sh: faiss-gpu provides faiss
+  .venv-latest/bin/python -m pip install -q --no-cache-dir --upgrade --no-deps milvus-lite 2>&1 | quiet
+fi
 
 .venv-latest/bin/python - <<'PY'
 """Print each package whose installed version differs from constraints.txt, and the bounds that hold one back."""

@@ -155,7 +155,7 @@ def test_json_route_answers_as_the_searcher_does(app_url, app_index):
     "params, needle",
     [({"q": "  "}, "empty query"), ({"q": "x", "m": 7}, "m must be one of"), ({"q": "x", "k": 0}, "k must be between"),
      ({"q": "x", "funnel": "abc"}, "funnel must be 0 or 1"), ({"q": "x", "funnel": 2}, "funnel must be 0 or 1"),
-     ({"q": "x", "funnel": -1}, "funnel must be 0 or 1")],  # issue 26 item 5: these were read as false
+     ({"q": "x", "funnel": -1}, "funnel must be 0 or 1")],  # these were read as false
 )
 def test_json_route_refuses_bad_input_with_a_400(app_url, params, needle):
     answer = httpx.get(app_url + "triclip/api/search_text", params=params)

@@ -1,4 +1,4 @@
-"""The app and byte budgets (issue 25 item 6): bytes per image and index size beside every choice, the codes of
+"""The app and byte budgets: bytes per image and index size beside every choice, the codes of
 a budget searched from the page and the JSON route, the frontier chart, and the panels following the version."""
 
 from __future__ import annotations
@@ -90,16 +90,17 @@ def test_header_choices_and_panels_follow_an_overwrite(tmp_path):
     index = small_index(tmp_path, num=40, bytes=[4])
     with serving(index, follow=0.1) as (url, app):
         first = app.live.view()
-        assert redraw(app, first.version, "4B") == [{"__type__": "update"}] * 9  # the version shown: nothing redrawn
+        assert redraw(app, first.version, "4B") == {}  # the version shown: nothing redrawn
         build_index(IndexBuildConfig(run=str(tmp_path / "run"), data=str(tmp_path / "data" / "train.jsonl"),
                                      out=str(index), dims=[8], bytes=[8], overwrite=True))
         deadline = time.monotonic() + 60
         while app.live.view().version == first.version and time.monotonic() < deadline:
             time.sleep(0.1)
-        version, title, m, *panel = redraw(app, first.version, "4B")
-        assert version != first.version and f"version {version}" in title
+        drawn = redraw(app, first.version, "4B")
+        version, m = drawn["version"], drawn["m"]
+        assert version != first.version and f"version {version}" in drawn["header"]
         assert [value for _, value in m["choices"]] == [8, 32, "8B"] and m["value"] == 32  # 4B is gone: back to D
-        assert "(8 B →" in panel[4] and panel[5]["visible"] is True
+        assert "(8 B →" in drawn["frontier"] and drawn["frontier_plot"]["visible"] is True
         config = httpx.get(url + "config", timeout=30).json()
         shown = {c["props"].get("elem_id") for c in config["components"]}
         assert {"frontier-chart", "frontier-text", "header"} <= shown

@@ -1,4 +1,4 @@
-"""The image route serves only what was indexed (issue 19 item 2), on a real server on 127.0.0.1.
+"""The image route serves only what was indexed, on a real server on 127.0.0.1.
 
 An indexed image replaced by a link (to /etc/passwd), by other bytes, by a FIFO, or
 reached through a folder swapped for a link, is a 404 and one log line, on the app's
@@ -51,7 +51,7 @@ def test_a_replaced_image_is_not_served(index, caplog):
         assert _get(f"{url}triclip/image/1").content[:8] == PNG  # served while untouched
         link, rewritten, fifo = meta[1]["image"], meta[2]["image"], meta[3]["image"]
         os.unlink(link)
-        os.symlink("/etc/passwd", link)  # the attack of the issue
+        os.symlink("/etc/passwd", link)  # the attack: a link out of the indexed folder
         with open(rewritten, "ab") as fh:  # other bytes under the indexed name
             fh.write(b"more")
         os.unlink(fifo)
@@ -102,7 +102,7 @@ def test_an_index_without_identities_uses_the_ones_found_at_load(index, caplog):
 
 
 def test_a_client_gets_the_other_results_when_one_image_changed(index, caplog, tmp_path):
-    """Issue 26 item 6: a default gradio_client (it fetches every result) raised 404 on the row whose file
+    """A default gradio_client (it fetches every result) raised 404 on the row whose file
     was replaced, and got no results at all; now that row is left out of the answer, and logged."""
     from gradio_client import Client
 

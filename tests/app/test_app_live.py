@@ -1,4 +1,4 @@
-"""The app follows its index (issue 19 item 6): an ``index build --add`` while 20 clients search.
+"""The app follows its index: an ``index build --add`` while 20 clients search.
 
 A real server on 127.0.0.1 over a 40-record index, checking ``CURRENT`` every 0.2 s;
 15 clients on the JSON route and 5 on Gradio's call route (``more_like_this`` of an

@@ -1,4 +1,4 @@
-"""The feature-selection panel and the m-versus-full-D comparison (issue 18 item 5, issue 20 item 6)."""
+"""The feature-selection panel and the m-versus-full-D comparison."""
 
 from __future__ import annotations
 

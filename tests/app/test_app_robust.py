@@ -1,4 +1,4 @@
-"""App API robustness (issue 19 item 5), against a real server and the real ``triclip app`` command.
+"""App API robustness, against a real server and the real ``triclip app`` command.
 
 ``m`` and ``k`` as numbers or numeric strings on every endpoint; malformed payloads get
 a message (not ``{"error": null}``) and no server traceback; a bad or busy port is one

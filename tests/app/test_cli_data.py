@@ -68,7 +68,7 @@ def test_user_errors_exit_2_with_one_line(tmp_path: Path, capsys):
     line = _one_line_error(capsys, main(["data", "inspect", str(tmp_path / "missing.jsonl"), "--json"]))
     assert "data source not found" in line
     assert "invalid choice" in _one_line_error(capsys, main(["data", "prepare", "mnist", "--out", str(tmp_path)]))
-    assert "--num must be positive" in _one_line_error(
+    assert "--num must be >= 1" in _one_line_error(
         capsys, main(["data", "prepare", "shapes", "--out", str(tmp_path), "--num", "-3"])
     )
     (tmp_path / "x.txt").write_text("?")
@@ -134,9 +134,9 @@ def test_split_bad_shares_exit_2_before_any_work(tmp_path: Path, capsys):
         (["--val", "-0.1"], "--val must be >= 0"),
         (["--test", "-1"], "--test must be >= 0"),
         (["--val", "0.6", "--test", "0.4"], "below 1"),
-        (["--val", "abc"], "invalid float value: 'abc'"),
-        (["--test", "nan"], "--test must be a finite number"),
-        (["--val", "inf"], "--val must be a finite number"),
+        (["--val", "abc"], "expected a number, got 'abc'"),
+        (["--test", "nan"], "argument --test: expected a finite number"),  # every float option's parse
+        (["--val", "inf"], "argument --val: expected a finite number"),
     ):
         line = _one_line_error(capsys, main(["data", "split", str(source), "--out", str(out), *shares]))
         assert message in line, line

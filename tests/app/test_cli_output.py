@@ -39,7 +39,7 @@ def _help(capsys, *argv) -> str:
 
 
 def test_help_states_the_real_defaults(capsys):
-    assert f"funnel candidates per hit (default: {SHORTLIST_FACTOR})" in _help(capsys, "search")
+    assert f"funnel / rescore candidates per hit, with --funnel or --rescore (default: {SHORTLIST_FACTOR})" in _help(capsys, "search")
     text = _help(capsys, "index", "build")
     assert "--no-text-index index the images only: no caption vectors" in text
 

@@ -139,7 +139,7 @@ def test_resume_takes_the_runs_settings_and_may_grow_it(trained, tmp_path, capsy
 
 
 def test_resume_without_train_data_takes_the_runs_own(trained, tmp_path, capsys):
-    """Issue 26 item 3: ``train --resume --out RUN`` alone; without --resume, --train-data is still needed."""
+    """``train --resume --out RUN`` alone; without --resume, --train-data is still needed."""
     run = _copy_run(trained, tmp_path)
     assert main(["train", "--out", str(run), "--resume", "--epochs", "3", "--max-steps", "25"]) == 0
     after = json.loads((run / "config.json").read_text())
@@ -328,7 +328,7 @@ ERRORS = {
     "loss-unknown": (_new("--loss", "nope"), "invalid choice"),
     "loss-opt-without-value": (_new("--loss-opt", "tau"), "K=V"),
     "eval-dims-larger-than-D": (_eval(None, "--dims", "4,4096"), "larger than the run's embedding dimension"),
-    "eval-dims-zero": (_eval(None, "--dims", "0,4"), "--dims must be positive"),
+    "eval-dims-zero": (_eval(None, "--dims", "0,4"), "--dims must be >= 1"),
     "eval-weights-unknown": (_eval(None, "--weights", "first"), "invalid choice"),
     "eval-truncated-best-model": (_eval(_damaged("best/model.safetensors", truncate=True)), "cannot load"),
     "eval-truncated-last-model": (_eval(_damaged("model.safetensors", truncate=True), "--weights", "last"), "cannot load"),
@@ -383,7 +383,7 @@ def test_user_errors_are_one_line_and_exit_2(argv, message, capsys, tmp_path, mo
     assert not any(tmp_path.iterdir())  # a refused command writes nothing (no --out folder, no lock)
 
 
-# ---------------------------------------------------------------------------- the issue's check
+# ---------------------------------------------------------------------------- the full check
 
 
 @pytest.mark.slow

@@ -137,3 +137,32 @@ def test_overrides_replace_the_derived_arguments_of_one_field():
     add_options(strict, Outer)
     with pytest.raises(SystemExit):  # --data required (argparse exits on a missing one)
         strict.parse_args([])
+
+
+@dataclass
+class Command:
+    src: str = field(metadata={"positional": True, "help": "where from"})
+    text: list[str] | None = field(default=None, metadata={"repeat": True})  # a query
+    k: int = field(default=10, metadata={"flags": ["-k"]})  # hits
+    budget: int | None = field(default=None, metadata={"metavar": "B"})  # bytes
+
+
+def test_positional_repeated_short_and_metavar_fields():
+    p = _Raising(prog="t")
+    add_options(p, Command)
+    ns = p.parse_args(["here.jsonl", "--text", "a, b", "--text", "c", "-k", "3"])
+    assert to_config(Command, ns) == Command(src="here.jsonl", text=["a, b", "c"], k=3)  # a comma stays in its query
+    assert to_config(Command, p.parse_args(["x"])).text is None and Command("x").text is None
+    text = p.format_help()
+    assert "where from" in text and "-k K" in text and "--k" not in text and "--budget B" in text
+    assert "a query (repeat the option for several)" in text
+    with pytest.raises(ValueError, match="required"):
+        p.parse_args([])
+
+
+def test_no_option_is_abbreviated_in_a_parsed_config():
+    from triclip.app.options import parse_config
+
+    assert parse_config(Outer, ["--data", "a", "--batch-size", "3"]).batch_size == 3
+    with pytest.raises(SystemExit):  # --batch would be --batch-size with abbreviations on
+        parse_config(Outer, ["--data", "a", "--batch", "3"])

@@ -1,4 +1,4 @@
-"""Hostile data from the reliability trial (issue 10): every kind is a counted skip, never a crash or a hang."""
+"""Hostile data: every kind is a counted skip, never a crash or a hang."""
 
 from __future__ import annotations
 

@@ -115,7 +115,7 @@ def test_csv_missing_column_is_one_line_user_error(tmp_path: Path):
 
 
 def test_a_tab_separated_file_named_csv_is_sniffed_and_a_one_column_header_names_sep(tmp_path: Path):
-    """Issue 26 item 4: a TSV named .csv used to get "choose one with --image-key"."""
+    """A TSV named .csv used to get "choose one with --image-key"."""
     write_image(tmp_path / "a.png")
     (tmp_path / "d.csv").write_text("filepath\ttitle\na.png\tx, y\n", encoding="utf-8")
     assert load_pairs(tmp_path / "d.csv").records[0].captions == ["x, y"]
@@ -127,7 +127,7 @@ def test_a_tab_separated_file_named_csv_is_sniffed_and_a_one_column_header_names
 
 
 def test_an_empty_caption_on_a_repeated_path_is_counted(tmp_path: Path):
-    """Issue 26 item 4: the empty row of an image that other rows caption was dropped uncounted."""
+    """The empty row of an image that other rows caption was dropped uncounted."""
     write_image(tmp_path / "a.png")
     write_image(tmp_path / "b.png")
     (tmp_path / "d.csv").write_text("filepath,title\na.png,red\na.png,\nb.png,\n", encoding="utf-8")
@@ -137,7 +137,7 @@ def test_an_empty_caption_on_a_repeated_path_is_counted(tmp_path: Path):
 
 
 def test_every_path_missing_shows_one_path_tried_resolved(tmp_path: Path):
-    """Issue 26 item 4: the error gave only counts ("skipped: missing_file=2")."""
+    """The error gave only counts ("skipped: missing_file=2")."""
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "d.csv").write_text("filepath,title\nimg/a.png,x\nimg/b.png,y\n", encoding="utf-8")
     with pytest.raises(UserError) as err:

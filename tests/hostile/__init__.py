@@ -1,20 +1,20 @@
-"""The hostile trial of issue 19, repeatable: what a hostile user did, as tests.
+"""Hostile use, repeatable: what a hostile user did, as tests.
 
-Each module here reproduces defects the trial found (they fail on the code before the
+Each module here reproduces a defect hostile use found (the test fails on the code before the
 fix) or stands for a group of cases that held; groups already tested elsewhere are
 listed with their tests instead of being copied.
 
-- Output folders (item 1): test_output_dirs.py (rebuild / prepare / train / embed into an
+- Output folders: test_output_dirs.py (rebuild / prepare / train / embed into an
   existing or foreign folder; --overwrite; index rollback).
-- Damage (item 3): test_damage.py (truncated, object-dtype, bit-flipped shards; weights with
+- Damage: test_damage.py (truncated, object-dtype, bit-flipped shards; weights with
   flipped bytes; old files without records). Damaged run files: tests/app/test_cli_train.py
   (its DAMAGE table); damaged index files: tests/index/test_versions.py
   (test_damaged_index_is_one_line_exit_2).
-- OS errors (item 4): test_os_errors.py (permissions in a child process without
+- OS errors: test_os_errors.py (permissions in a child process without
   capabilities, a closed pipe, devices and FIFOs as --out, TRICLIP_CACHE, absurd sizes,
   duplicate CSV columns, offline --pretrained). The app's --port and bind failures:
   tests/app/test_app_robust.py.
-- Housekeeping and counts (item 7): test_housekeeping.py (SIGKILLed writes, umask, every
+- Housekeeping and counts: test_housekeeping.py (SIGKILLed writes, umask, every
   skip reason, one good record among bad ones).
 - Bad option values: test_bad_values.py (a sweep over every command); more per command in
   tests/training/test_train.py, tests/index/test_versions.py, tests/app/test_options.py,
@@ -28,9 +28,9 @@ listed with their tests instead of being copied.
   tests/app/test_app_live.py.
 - Path traversal: test_traversal.py (index pointer, on-disk lists, shard records); the app's
   routes: tests/app/test_app_files.py, tests/app/test_app.py.
-- App bad inputs (item 5): tests/app/test_app_robust.py.
+- App bad inputs: tests/app/test_app_robust.py.
 
-- The third trial (issue 28, "Nothing lost"): test_nothing_lost.py (the demo's own folder, reads that
+- Nothing lost: test_nothing_lost.py (the demo's own folder, reads that
   never delete, killed commands run again, atomic --overwrite, --init after a kill, versioned image
   URLs, a full 5 MB disk and permissions, one writer per folder, values that make nonsense, modes and
   the network); test_kill_matrix.py runs scripts/kill_matrix.py (slow), killing each writer at every

@@ -1,6 +1,6 @@
 """Bad option values: each is one line and exit 2, before any work, whatever the command.
 
-A representative sweep over the commands (the trial sent about 100 such values); the
+A representative sweep over the commands (hostile use sent about 100 such values); the
 per-command suites hold more (tests/training/test_train.py, tests/index/test_versions.py,
 tests/app/test_options.py, tests/app/test_cli_data.py).
 """

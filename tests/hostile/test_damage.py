@@ -1,4 +1,4 @@
-"""Issue 19 item 3: damage is detected, not reused.
+"""Damage is detected, not reused.
 
 Embedding shards record each file's size and sha256 (``shard.json``): ``embed`` recomputes a
 truncated, re-typed or (with ``--verify``) bit-flipped shard instead of reporting it

@@ -1,4 +1,4 @@
-"""Issue 19 item 7: housekeeping and counts.
+"""Housekeeping and counts.
 
 Temp files of checkpoint writes that a kill cut short are removed by the next run or
 ``--resume`` of the folder; ``data prepare`` and ``embed`` follow the umask; a source whose

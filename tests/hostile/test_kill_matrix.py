@@ -1,4 +1,4 @@
-"""Issue 28's full matrix (slow): every writing command x SIGKILL at each step it takes x rerun with and
+"""The full kill matrix (slow): every writing command x SIGKILL at each step it takes x rerun with and
 without --overwrite, and x a 5 MB disk (``scripts/kill_matrix.py``; its docstring says what passes); and the
 matrix's own parts: the watcher sees every file in order, temporary names are told apart from steps, and a
 command that takes a second is killed at the step asked for."""

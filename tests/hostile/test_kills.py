@@ -1,6 +1,6 @@
 """A training run SIGKILLed mid-run resumes to the same weights as one never killed.
 
-The trial killed training 31 times, at random moments (checkpoint writes included), and
+Hostile use killed training 31 times, at random moments (checkpoint writes included), and
 every resume was bit-identical. tests/training/test_train.py checks resume after an
 exception in the same process; this one kills a real process with SIGKILL while it
 writes a checkpoint every step, then resumes it in a new one.

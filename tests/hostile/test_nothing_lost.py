@@ -1,4 +1,4 @@
-"""The third hostile trial (issue 28, "Nothing lost"): what it found, as tests that failed before the fix.
+"""Nothing a user has is lost: what hostile use found, as tests that failed before the fix.
 
 One mechanism carries most of it (``triclip.core.io.writing``): every writer claims its folder,
 takes its lock, writes its mark first and "done" last, and builds a replacement beside the
@@ -19,7 +19,7 @@ from tests.hostile.conftest import copy_tree, one_line_error
 from tests.hostile.test_output_dirs import snapshot
 
 
-# ---------------------------------------------------------------------------- item 2: a read never deletes
+# ---------------------------------------------------------------------------- a read never deletes
 
 
 def test_a_read_never_deletes_a_complete_version(cli, tmp_path, built_index, shapes, tiny_run):
@@ -38,7 +38,7 @@ def test_a_read_never_deletes_a_complete_version(cli, tmp_path, built_index, sha
     assert snapshot(index) == before  # v000002 is still there, untouched
 
 
-# ---------------------------------------------------------------------------- item 1: the demo owns only its own folder
+# ---------------------------------------------------------------------------- the demo owns only its own folder
 
 
 def readme_workdir(work: Path, shapes: Path, tiny_run: Path, built_index: Path) -> Path:
@@ -104,7 +104,7 @@ def test_a_demo_killed_mid_solve_solves_again(tmp_path, shapes, tiny_run, monkey
     assert calls[:2] == [("solve", False), ("train", "run")]  # solved again (no --overwrite needed), then tuned
 
 
-# ---------------------------------------------------------------------------- items 3 and 4: killed, then run again
+# ---------------------------------------------------------------------------- killed, then run again
 
 class Killed(BaseException):
     """A kill -9 at a chosen point, in this process (nothing after it runs; no handler catches it)."""
@@ -197,7 +197,7 @@ def test_a_killed_data_prepare_runs_again(tmp_path):
     assert len(os.listdir(out / "images")) == 30  # the killed run's images were replaced, not mixed in
 
 
-# ---------------------------------------------------------------------------- item 8: one writer per folder
+# ---------------------------------------------------------------------------- one writer per folder
 
 
 def _writers(shapes: Path, tiny_run: Path, out: Path) -> dict[str, list]:
@@ -229,7 +229,7 @@ def test_two_writers_of_one_folder_exclude_each_other(cli, tmp_path, shapes, tin
     assert sorted(p.name for p in out.iterdir() if p.name != ".triclip.json") == [".lock"]
 
 
-# ---------------------------------------------------------------------------- item 5: --init survives a kill
+# ---------------------------------------------------------------------------- --init survives a kill
 
 
 def _init_train(shapes: Path, init: Path, out: Path, *extra) -> list:
@@ -281,7 +281,7 @@ def test_a_resume_refuses_an_init_that_is_gone_or_changed(cli, tmp_path, shapes,
     assert not (killed / "model.safetensors").exists()
 
 
-# ---------------------------------------------------------------------------- item 9: values that make nonsense
+# ---------------------------------------------------------------------------- values that make nonsense
 
 
 @pytest.mark.parametrize("command", ["solve", "eval", "index build", "train", "embed"])
@@ -315,7 +315,7 @@ def test_a_dangling_symlink_as_out_is_named(cli, tmp_path, shapes):
     assert "symbolic link" in line and "File exists" not in line
 
 
-# ---------------------------------------------------------------------------- item 10: modes and the network
+# ---------------------------------------------------------------------------- modes and the network
 
 
 def test_every_index_file_follows_the_umask(cli, tmp_path, shapes, tiny_run):
@@ -352,7 +352,7 @@ def test_an_hf_name_offline_is_one_line_without_a_request(cli, tmp_path, monkeyp
     assert tried == []
 
 
-# ---------------------------------------------------------------------------- item 7: a full disk and permissions
+# ---------------------------------------------------------------------------- a full disk and permissions
 
 
 @pytest.fixture
@@ -441,7 +441,7 @@ def test_a_source_behind_a_closed_folder_says_permission_denied(tmp_path, shapes
     assert "Permission denied" in line and "not found" not in line
 
 
-# ---------------------------------------------------------------------------- item 6: versioned URLs mean that version
+# ---------------------------------------------------------------------------- versioned URLs mean that version
 
 
 def test_an_image_url_of_a_version_not_served_is_404(tmp_path, built_index):

@@ -1,4 +1,4 @@
-"""Issue 19 item 4: every OS error is one line (exit 2, no traceback), found before the work.
+"""Every OS error is one line (exit 2, no traceback), found before the work.
 
 Permissions are tested in a child process that cannot override them (see
 ``conftest.unprivileged_prefix``: we run as root, which ignores chmod). A closed pipe
@@ -108,6 +108,7 @@ def test_an_os_error_anywhere_is_one_line(cli, monkeypatch, tmp_path):
         raise PermissionError(13, "Permission denied", str(tmp_path / "secret.jsonl"))
 
     monkeypatch.setattr(triclip.data, "inspect", denied)
+    (tmp_path / "secret.jsonl").write_text("")  # there (the command checks that first), then unreadable while read
     status, _, err = cli("data", "inspect", tmp_path / "secret.jsonl", "--json")
     assert one_line_error(status, err).endswith("secret.jsonl: Permission denied")
 

@@ -1,4 +1,4 @@
-"""Issue 19 item 1: no command silently replaces what a user already has.
+"""No command silently replaces what a user already has.
 
 One rule (``triclip.core.io.claim_output_dir``) for ``data prepare``, ``train``, ``index build``
 and ``embed``: a non-empty folder of another kind is refused, one of the command's own kind

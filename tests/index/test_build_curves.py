@@ -1,4 +1,4 @@
-"""The recall-against-m curves an index build stores (issue 18 item 5, issue 20 item 6).
+"""The recall-against-m curves an index build stores.
 
 ``curves.json`` in the version: t2i recall@10 (distinct texts) at every m the index
 holds and every power of two, for the run's order, first-m, random and PCA, equal to
@@ -88,7 +88,7 @@ def test_add_carries_the_curves_and_the_file_is_written_with_the_version(built, 
 
 
 def test_a_split_folder_indexes_every_split_with_curves_on_its_validation(built):
-    """Issue 26 item 1: ``index build --data DIR`` (a data split folder) holds every image of all its
+    """``index build --data DIR`` (a data split folder) holds every image of all its
     splits, and its curves are measured on DIR/val.jsonl."""
     from triclip.data import load_pairs
     from triclip.data.split import load_collection, split_manifests

@@ -1,6 +1,5 @@
 """``index build --bytes``: per budget the best measured code is stored, for the images and for the captions, and
-the recall the manifest records is the recall of those stored codes, recomputed here from the index files alone
-(issue 25 items 1 to 3)."""
+the recall the manifest records is the recall of those stored codes, recomputed here from the index files alone."""
 
 from __future__ import annotations
 
@@ -83,8 +82,9 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
         assert len(tried) >= 4 and entry["recall"] == max(tried)  # the best of every codec and m that fits
         assert curves["chosen"][str(b)]["recall"] == entry["recall"]
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
-    assert {c["codec"] for c in curves["candidates"]["4"]} == {"float32", "int8", "binary", "pq", "opq", "rq",
-                                                                 "mixed"}
+    tried = [c["codec"] for c in curves["candidates"]["4"]]
+    assert tried == [s.codec for s in codecs.candidates(4, manifest["dim"])]  # every registered codec that fits, in order
+    assert set(tried) >= {"float32", "int8", "binary", "pq", "opq", "rq", "mixed"}
     assert set(curves["float_pruning"]) >= {str(4 * m) for m in (2, 4, 8)}  # float top-m at 4m bytes
 
 
@@ -172,9 +172,28 @@ def test_codec_forces_the_choice_and_bad_budgets_are_one_line(run_dir, shapes_di
         searcher.search_text(["a red circle"], bytes=12)
     with pytest.raises(UserError, match="give bytes too"):
         searcher.search_text(["a red circle"], rescore="float")
-    with pytest.raises(UserError, match="--bytes must be positive"):
+    with pytest.raises(UserError, match="--bytes must be >= 1, got 0"):
         build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(tmp_path / "x"),
                                      bytes=[0]))
+
+
+def test_cli_offers_the_registered_codecs_and_refuses_another_before_any_work(run_dir, shapes_dir, tmp_path, capsys):
+    """--codec's choices are the registry's names (--help lists them); a bad one is one line, exit 2, nothing
+    written; the library refuses it too, before it reads the run."""
+    from triclip.app.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["index", "build", "--help"])
+    assert f"(one of: {', '.join(codecs.names())})" in " ".join(capsys.readouterr().out.split())
+    out = tmp_path / "never"
+    assert main(["index", "build", "--run", str(run_dir), "--data", str(shapes_dir / "train.jsonl"), "--out", str(out),
+                 "--bytes", "4", "--codec", "lz4"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and "--codec" in err[0] and "'lz4'" in err[0] and "'mixed'" in err[0] and not out.exists()
+    with pytest.raises(UserError, match="unknown codec 'lz4'; choose from float32, int8"):
+        build_index(IndexBuildConfig(run=str(tmp_path / "no-run"), data=str(shapes_dir / "train.jsonl"), out=str(out),
+                                     bytes=[4], codec="lz4"))
+    assert not out.exists()
 
 
 def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_dir, tmp_path, capsys):

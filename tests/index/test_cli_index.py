@@ -110,7 +110,7 @@ def test_m_funnel_and_text_target(capsys, cli_index):
 
 
 def test_index_build_options_come_from_the_config():
-    """Every IndexBuildConfig field is an `index build` option (issue 10: settings live in one place)."""
+    """Every IndexBuildConfig field is an `index build` option (settings live in one place)."""
     import dataclasses
 
     from triclip.app.cli import build_parser
@@ -125,7 +125,7 @@ def test_index_build_options_come_from_the_config():
 
 
 def test_the_recipe_indexes_every_split_so_a_test_image_is_searchable(capsys, tmp_path, run_dir, shapes_dir):
-    """Issue 26 item 1: ``data split`` then ``index build --data DIR`` (the README's six commands) holds the
+    """``data split`` then ``index build --data DIR`` (the README's six commands) holds the
     test and validation images too; searching a test image's own caption can return it."""
     from triclip.index.store import load_contents
     from triclip.data import load_pairs

@@ -168,7 +168,7 @@ def test_two_gloo_ranks_build_the_same_ivf_folder(emb, tmp_path):
 
 
 def test_cli_embed_then_index_build_embeddings_then_search_image(run_dir, shapes_dir, tmp_path, capsys):
-    """The issue's check, small: embed -> index build --embeddings --factory IVF... -> search --image."""
+    """The whole path, small: embed -> index build --embeddings --factory IVF... -> search --image."""
     import json
 
     from triclip.app.cli import main

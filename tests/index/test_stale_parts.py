@@ -105,7 +105,7 @@ def test_next_build_removes_killed_builds_parts_keeps_live_ones_same_result(emb,
 
 
 def test_searcher_load_leaves_parts_to_the_next_build(emb, tmp_path, capsys):
-    """A read never deletes (issue 28 item 2): parts of killed builds go at the next build (remove_stale_parts)."""
+    """A read never deletes: parts of killed builds go at the next build (remove_stale_parts)."""
     out = tmp_path / "index"
     build_index(_config(emb, out))
     dead = killed_build_parts(tmp_path / ".index.abcd.shard-parts")

@@ -148,7 +148,7 @@ def test_crash_between_rename_and_pointer_recovers(tmp_path, run_dir, parts, sma
         build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[1]), out=str(index), add=True))
     monkeypatch.setattr(store, "_point_at", real)
     assert sorted(os.listdir(index)) == [".lock", ".triclip.json", "CURRENT", "v000001", "v000002"]  # v2 never live
-    assert len(Searcher.load(index)) == 40  # readers see the old version, and remove nothing (issue 28 item 2)
+    assert len(Searcher.load(index)) == 40  # readers see the old version, and remove nothing
     assert sorted(os.listdir(index)) == [".lock", ".triclip.json", "CURRENT", "v000001", "v000002"]
     summary = build_index(IndexBuildConfig(run=str(run_dir), data=str(parts[1]), out=str(index), add=True))
     assert summary["count"] == 220
@@ -225,7 +225,7 @@ def test_damaged_index_is_one_line_exit_2(tmp_path, small_index, capsys, damage)
         (["--dims", "8", "--factory", "IVF1024,Flat"], "IVF1024,Flat needs at least 1024 training vectors .* has 40 images"),
         (["--dims", "8", "--factory", "IVF4,PQ4"], "needs at least 256 training vectors"),
         (["--dims", f"8,{EMBED_DIM * 2}"], f"--dims {EMBED_DIM * 2} exceeds the model's embedding dimension D={EMBED_DIM}"),
-        (["--dims", "0"], "--dims must be positive"),
+        (["--dims", "0"], "--dims must be >= 1, got 0"),
         (["--dims", "8,x"], "comma-separated integers"),
         (["--factory", "Bogus99"], "bad FAISS factory"),
         (["--ordering", "sideways"], "invalid choice: 'sideways'"),

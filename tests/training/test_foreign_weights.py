@@ -1,5 +1,5 @@
 """Another model's weights (``--init``, a run's weights file) name the first tensor that differs and both
-models (issue 26 item 3: the message used to end at "Error(s) in loading state_dict for DualEncoder:")."""
+models (the message used to end at "Error(s) in loading state_dict for DualEncoder:")."""
 
 from __future__ import annotations
 

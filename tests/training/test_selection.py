@@ -16,7 +16,7 @@ from triclip.training.train import TrainConfig, train
 
 
 def test_a_gain_within_noise_keeps_the_last_weights():
-    """The issue's case: 116 validation queries, the best epoch early, a small lead."""
+    """The case that motivated it: 116 validation queries, the best epoch early, a small lead."""
     decision = select_from_history([0.50, 0.64, 0.61, 0.60], queries=116)
     stderr = math.sqrt(0.62 * 0.38 / 116)  # p: the mean of best and last
     assert decision.stderr == pytest.approx(stderr) and decision.threshold == pytest.approx(2 * stderr)
@@ -90,7 +90,7 @@ def test_training_keeps_the_last_weights_when_the_best_is_within_noise(shapes_da
     assert torch.equal(kept.image_head.weight, last.image_head.weight)
     out = capsys.readouterr().out
     assert "within noise, kept the last weights" in out
-    assert f"Eval and index use {run / 'model.safetensors'} (the last weights; " in out  # issue 26 item 3
+    assert f"Eval and index use {run / 'model.safetensors'} (the last weights; " in out
     assert "unless given --weights last" not in out
     assert "Validation, epoch 3 (kept):" in out and "ordering     m=" in out  # the demo's per-m table
 

@@ -192,7 +192,7 @@ def test_cli_solve_refuses_an_existing_run_without_overwrite(shapes_data, solved
             "--embed-dim", "8", "--ridge", "0.1", "--device", "cpu"]  # fmt: skip
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "overwrite" in err and "--resume" not in err  # solve has no --resume (issue 26 item 3)
+    assert "overwrite" in err and "--resume" not in err  # solve has no --resume
     assert main(args + ["--overwrite"]) == 0
     config = json.loads((run / "config.json").read_text())
     assert config["model"]["embed_dim"] == 8 and config["solver"]["ridge"] == 0.1
@@ -283,7 +283,7 @@ def test_solve_on_a_run_appends_the_canonical_directions_of_its_served_embedding
     out = tmp_path / "solved_on"
     result = solve(_solve_cfg(shapes_data, out, model=None, embed_dim=None, run=str(trained_base)))
     config = json.loads((out / "config.json").read_text())
-    # the summary prints, per ridge, the number that picked it and names it (issue 26 item 3)
+    # the summary prints, per ridge, the number that picked it and names it
     printed = " ".join(capsys.readouterr().out.split())
     assert "The ridge is picked by validation t2i_r10 averaged over m = 1, 2, 4 and full D" in printed
     kept = f"{config['solver']['ridge']:g}"

@@ -149,7 +149,7 @@ OPENCLIPART = "/usr/share/openclipart"
 @pytest.mark.slow
 @pytest.mark.skipif(not os.path.isdir(OPENCLIPART), reason="Debian openclipart-png/svg not installed")
 def test_lite_unlocked_head_group_on_openclipart(tmp_path, monkeypatch):
-    """The issue's check: lite, --unlock-image-groups 1 --lock-text, a few hundred openclipart records."""
+    """The full check: lite, --unlock-image-groups 1 --lock-text, a few hundred openclipart records."""
     from triclip.data.builtin import prepare
 
     data = tmp_path / "data"

@@ -1,8 +1,10 @@
 """The ``triclip`` command line: argument parsing only; the work lives in the library.
 
-Each sub-command turns its arguments into typed values and calls one library
-function. Heavy imports (torch, faiss, gradio) happen inside the handlers so
-that ``triclip --help`` and user errors answer fast.
+Every command's options come from its typed config (``triclip.app.options.add_options``: one
+option per dataclass field, its ``# comment`` the help), and every command checks its config
+(bounds, options that do not apply, paths, D from a run's or an index's JSON) before it imports
+torch, FAISS or Gradio: a bad value is one line and exit 2 at once. Each command then calls one
+library function. :data:`COMMANDS` lists them.
 
 A :class:`triclip.core.errors.UserError` anywhere below becomes one line on stderr
 and exit status 2, as do argparse's own errors.
@@ -14,15 +16,22 @@ import argparse
 import json
 import os
 import sys
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from triclip.app.config import SERVE_ONLY
+from triclip.app.options import LazyChoices
 from triclip.core.errors import UserError
 
 PROG = "triclip"
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse with one-line errors (no usage block) and exit status 2."""
+    """argparse with one-line errors (no usage block), exit status 2, and no abbreviated options."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)  # --val-dat is an unknown option, not --val-data
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         raise UserError(message)
@@ -33,91 +42,121 @@ def _print_json(obj) -> None:
     sys.stdout.write("\n")
 
 
-def _parse_dims(text: str | None, option: str = "--dims") -> list[int]:
-    if not text:
-        return []
-    try:
-        dims = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise UserError(f"{option} expects comma-separated integers, got {text!r}") from None
-    if any(d <= 0 for d in dims):
-        raise UserError(f"{option} must be positive, got {text!r}")
-    return dims
+def _config(cls: type, ns: argparse.Namespace, check: Callable | None = None):
+    """The Namespace's values as ``cls`` (``triclip.app.options.to_config``), checked by ``check`` when given."""
+    from triclip.app.options import to_config
+
+    cfg = to_config(cls, ns)
+    if check is not None:
+        check(cfg)
+    return cfg
+
+
+def _options(*configs: str, **options) -> Callable[[argparse.ArgumentParser], None]:
+    """What adds a command's options: ``add_options`` of each config (``"module:Class"``, imported only when
+    the options are built), with ``options`` (``exclude``, ``choices``, ...) for each."""
+
+    def build(parser: argparse.ArgumentParser) -> None:
+        import importlib
+
+        from triclip.app.options import add_options
+
+        for name in configs:
+            module, cls = name.split(":")
+            add_options(parser, getattr(importlib.import_module(module), cls), **options)
+
+    return build
+
+
+def _builtin_names() -> list[str]:
+    from triclip.data.builtin import BUILTINS
+
+    return list(BUILTINS)
 
 
 # ---------------------------------------------------------------------------- data
 
 
-def _data_args(p: argparse.ArgumentParser) -> None:
-    """Options that say how to read a data source (shared by every command that reads one)."""
-    p.add_argument("--image-key", default=None, help="image column / field (CSV: filepath, HF: image)")
-    p.add_argument("--caption-key", default=None, help="caption column / field (CSV: title, HF: text)")
-    p.add_argument("--label-key", default=None, help="optional label column / field")
-    p.add_argument("--sep", default=None, help="CSV/TSV separator (default: from the extension)")
-    p.add_argument("--split", default=None, help="split of a Hugging Face dataset (default: train)")
-
-
-def _data_config(ns: argparse.Namespace):
-    from triclip.data import DataConfig
-
-    return DataConfig(
-        image_key=ns.image_key, caption_key=ns.caption_key, label_key=ns.label_key, sep=ns.sep, split=ns.split
-    )
-
-
 def cmd_data_prepare(ns: argparse.Namespace) -> int:
+    from triclip.data.config import PrepareConfig, check_source_config
+
+    cfg = _config(PrepareConfig, ns, check_source_config)
     from triclip.data.builtin import prepare
 
-    summary = prepare(ns.name, ns.out, num=ns.num, seed=ns.seed, overwrite=ns.overwrite)
-    _print_json(summary)
+    _print_json(prepare(cfg.name, cfg.out, num=cfg.num, seed=cfg.seed, overwrite=cfg.overwrite))
     return 0
 
 
 def cmd_data_split(ns: argparse.Namespace) -> int:
-    from triclip.data.split import SplitConfig, split_source
+    from triclip.data.config import DataSplitConfig, check_source_config
 
-    config = SplitConfig(val=ns.val, test=ns.test, seed=ns.seed)  # checked before any work
-    _print_json(split_source(ns.src, ns.out, _data_config(ns), config, overwrite=ns.overwrite))
+    cfg = _config(DataSplitConfig, ns, check_source_config)  # the shares are checked when made
+    from triclip.data.split import split_source
+
+    _print_json(split_source(cfg.src, cfg.out, cfg.data_config, cfg.shares, overwrite=cfg.overwrite))
     return 0
 
 
 def cmd_data_inspect(ns: argparse.Namespace) -> int:
+    from triclip.data.config import InspectConfig, check_source_config
+
+    cfg = _config(InspectConfig, ns, check_source_config)
     from triclip.data import inspect
 
-    report = inspect(ns.path, _data_config(ns))
-    if ns.json:
-        _print_json(report)
+    report = inspect(cfg.path, cfg.data_config)
+    return _print_result(ns, report, lambda r: f"{r['records']} usable records, skipped: {r['skipped'] or 'none'}")
+
+
+def _print_result(ns: argparse.Namespace, result: dict, text: Callable[[dict], str]) -> int:
+    """One JSON object with ``--json`` (``triclip.app.config.JsonOutput``), else ``text(result)``."""
+    from triclip.app.config import JsonOutput
+
+    if _config(JsonOutput, ns).json:
+        _print_json(result)
     else:
-        print(f"{report['records']} usable records, skipped: {report['skipped'] or 'none'}")
+        print(text(result))
     return 0
 
 
-# ---------------------------------------------------------------------------- train / eval
+# ---------------------------------------------------------------------------- train / eval / solve
+
+
+def _train_options(p: argparse.ArgumentParser) -> None:
+    """``train``'s options: every field of TrainConfig (and its DataConfig), old short names kept."""
+    from triclip.app.options import LazyChoices, add_options
+    from triclip.training.config import ALIASES, TrainConfig, recipe_table
+
+    off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
+    choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
+    optional = {"train_data": {"required": False}}  # --resume reads it from the run (triclip.training.train)
+    add_options(p, TrainConfig, aliases=ALIASES, choices=choices, off_aliases=off, exclude=["post_affine"],  # from --init
+                overrides=optional)
+    p.epilog = recipe_table()
+    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from triclip.app.options import given_fields, to_config
-    from triclip.training.train import TrainConfig, train
+    from triclip.app.options import given_fields
+    from triclip.training.config import TrainConfig, check_train
 
     if ns.train_data is None:
         if not ns.resume:
             raise UserError("train needs --train-data (or --resume --out RUN, which continues with the run's own)")
         ns.train_data = ""  # the run's config.json says (triclip.training.train)
-    train(to_config(TrainConfig, ns), given=given_fields(ns))
+    cfg = _config(TrainConfig, ns, check_train)
+    from triclip.training.train import train
+
+    train(cfg, given=given_fields(ns))
     return 0
 
 
 def cmd_eval(ns: argparse.Namespace) -> int:
-    from triclip.app.options import to_config
-    from triclip.training.config import EvalConfig
+    from triclip.training.config import EvalConfig, check_eval
+
+    cfg = _config(EvalConfig, ns, check_eval)
     from triclip.training.evaluate import evaluate_run
 
-    result = evaluate_run(to_config(EvalConfig, ns))
-    if ns.json:
-        _print_json(result)
-    else:
-        print(format_eval(result))
-    return 0
+    return _print_result(ns, evaluate_run(cfg), format_eval)
 
 
 def format_eval(result: dict) -> str:
@@ -166,58 +205,13 @@ def _short(value) -> str:
 
 
 def cmd_solve(ns: argparse.Namespace) -> int:
-    from triclip.app.options import to_config
-    from triclip.training.config import SolveConfig
+    from triclip.training.config import SolveConfig, check_solve
+
+    cfg = _config(SolveConfig, ns, check_solve)
     from triclip.training.solve import solve
 
-    solve(to_config(SolveConfig, ns))
+    solve(cfg)
     return 0
-
-
-def _solve_options(p: argparse.ArgumentParser) -> None:
-    from triclip.app.options import add_options
-    from triclip.training.config import SolveConfig
-
-    add_options(p, SolveConfig)
-
-
-def _train_options(p: argparse.ArgumentParser) -> None:
-    """``train``'s options: every field of TrainConfig (and its DataConfig), old short names kept."""
-    from triclip.app.options import LazyChoices, add_options
-    from triclip.training.config import TrainConfig, recipe_table
-
-    aliases = {
-        "weight_decay": ["--wd"],
-        "warmup_steps": ["--warmup"],
-        "loss_options": ["--loss-opt"],
-        "unlock_image_groups": ["--lock-image-unlocked-groups"],  # open_clip's names
-        "unlock_text_layers": ["--lock-text-unlocked-layers"],
-    }
-    off = {"lock_image": ["--unlock-image"], "lock_text": ["--unlock-text"]}  # unlocking is explicit
-    choices = {"loss": LazyChoices(_loss_names), "importance": LazyChoices(_importance_forms)}
-    optional = {"train_data": {"required": False}}  # --resume reads it from the run (triclip.training.train)
-    add_options(p, TrainConfig, aliases=aliases, choices=choices, off_aliases=off, exclude=["post_affine"],  # from --init
-                overrides=optional)
-    p.epilog = recipe_table()
-    p.formatter_class = argparse.RawDescriptionHelpFormatter  # the table keeps its lines
-
-
-def _eval_options(p: argparse.ArgumentParser) -> None:
-    from triclip.app.options import add_options
-    from triclip.training.config import EvalConfig
-
-    add_options(p, EvalConfig)
-    p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def _index_build_options(p: argparse.ArgumentParser) -> None:
-    """``index build``'s options: every field of IndexBuildConfig (and its DataConfig)."""
-    from triclip.app.options import add_options
-    from triclip.index.config import IndexBuildConfig
-
-    text = {"text_index": {"help": "index the images only: no caption vectors (no image->text search)"}}
-    add_options(p, IndexBuildConfig, required=["out"], exclude=["memory_budget"], overrides=text)
-    p.add_argument("--memory-budget", default=None, help="bytes one index may take in memory, e.g. 8G (default: half the available)")
 
 
 def _loss_names() -> list[str]:
@@ -232,26 +226,15 @@ def _importance_forms() -> list[str]:
     return sorted(IMPORTANCE_FORMS)
 
 
-# ---------------------------------------------------------------------------- index / search / app
+# ---------------------------------------------------------------------------- embed / index
 
 
 def cmd_embed(ns: argparse.Namespace) -> int:
-    from triclip.model.shards import EmbedConfig, embed_to_shards
+    from triclip.model.shards import EmbedConfig, check_embed
 
-    cfg = EmbedConfig(
-        run=ns.run,
-        data=ns.data,
-        out=ns.out,
-        shard_size=ns.shard_size,
-        dtype=ns.dtype,
-        text=not ns.no_text,
-        batch_size=ns.batch_size,
-        workers=ns.workers,
-        device=ns.device,
-        data_config=_data_config(ns),
-        overwrite=ns.overwrite,
-        verify=ns.verify,
-    )
+    cfg = _config(EmbedConfig, ns, check_embed)
+    from triclip.model.shards import embed_to_shards
+
     summary = embed_to_shards(cfg)
     if summary["rank"] == 0:  # under torchrun: one summary, from rank 0
         _print_json(summary)
@@ -284,48 +267,86 @@ def cmd_launch(argv: list[str]) -> int:
     return 0
 
 
-def cmd_index_build(ns: argparse.Namespace) -> int:
-    from triclip.app.options import to_config
-    from triclip.index.sources import build_index
-    from triclip.index.config import IndexBuildConfig
+def _index_build_options(p: argparse.ArgumentParser) -> None:
+    """``index build``'s options: every field of IndexBuildConfig (and its DataConfig)."""
+    from triclip.app.options import add_options
+    from triclip.index.config import IndexBuildConfig, parse_bytes
 
-    if ns.embeddings is None and (ns.run is None or ns.data is None):
-        raise UserError("give --run RUN --data P, or --embeddings EMB (from triclip embed)")
-    ns.memory_budget = _memory_budget(ns.memory_budget)
-    summary = build_index(to_config(IndexBuildConfig, ns))
+    words = {"text_index": {"help": "index the images only: no caption vectors (no image->text search)"},
+             "memory_budget": {"type": parse_bytes, "metavar": "SIZE"}}
+    add_options(p, IndexBuildConfig, required=["out"], overrides=words, choices={"codec": LazyChoices(_codec_names)})
+
+
+def _codec_names() -> tuple[str, ...]:
+    from triclip.index.codecs import names
+
+    return names()
+
+
+def cmd_index_build(ns: argparse.Namespace) -> int:
+    from triclip.index.config import IndexBuildConfig, check_build
+
+    cfg = _config(IndexBuildConfig, ns, check_build)
+    from triclip.index.budgets import table
+    from triclip.index.sources import build_index
+
+    summary = build_index(cfg)
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
         if summary.get("budgets"):  # the codes kept per budget, for a person (stdout stays one JSON object)
-            from triclip.index.budgets import table
-
             print(table(summary["budgets"]), file=sys.stderr)
         _print_json(summary)
     return 0
 
 
-def cmd_index_rollback(ns: argparse.Namespace) -> int:
-    from triclip.index.store import rollback
+def cmd_index_export(ns: argparse.Namespace) -> int:
+    from triclip.app.options import to_config
+    from triclip.index.config import ExportConfig
+    from triclip.index.milvus_export import export
 
-    removed, live = rollback(ns.index)
-    print(f"{ns.index}: {live} is live again ({removed} removed)")
+    _print_json(export(to_config(ExportConfig, ns)))
     return 0
 
 
-def _memory_budget(text: str | None) -> int | None:
-    from triclip.index.config import parse_bytes
+def _index_export_options(p: argparse.ArgumentParser) -> None:
+    """``index export``'s options: every field of ExportConfig."""
+    from triclip.app.options import add_options
+    from triclip.index.config import ExportConfig
 
-    return None if text is None else parse_bytes(text)
+    add_options(p, ExportConfig, overrides={"text": {"help": "export the image rows only, no caption vectors"}})
 
 
-def _search_queries(ns: argparse.Namespace) -> tuple[list[str], list[str]]:
+def cmd_index_export(ns: argparse.Namespace) -> int:
+    from triclip.index.config import ExportConfig
+    from triclip.index.milvus_export import export
+
+    _print_json(export(_config(ExportConfig, ns)))
+    return 0
+
+
+def cmd_index_rollback(ns: argparse.Namespace) -> int:
+    from triclip.index.config import RollbackConfig
+
+    cfg = _config(RollbackConfig, ns)
+    from triclip.index.store import rollback
+
+    removed, live = rollback(cfg.index)
+    print(f"{cfg.index}: {live} is live again ({removed} removed)")
+    return 0
+
+
+# ---------------------------------------------------------------------------- search / app / demo
+
+
+def _search_queries(cfg) -> tuple[list[str], list[str]]:
     """The text and image queries of ``triclip search``, in the order given (texts, then file lines, then images)."""
-    texts = list(ns.text or [])
-    if ns.text_file is not None:
+    texts = list(cfg.text or [])
+    if cfg.text_file is not None:
         try:
-            with open(ns.text_file, encoding="utf-8") as fh:
+            with open(cfg.text_file, encoding="utf-8") as fh:
                 texts += [line.rstrip("\n") for line in fh if line.strip()]
         except (OSError, UnicodeDecodeError) as err:
-            raise UserError(f"cannot read --text-file {ns.text_file}: {err}") from None
-    images = list(ns.image or [])
+            raise UserError(f"cannot read --text-file {cfg.text_file}: {err}") from None
+    images = list(cfg.image or [])
     if not texts and not images:
         raise UserError("give at least one --text, --text-file or --image query")
     return texts, images
@@ -348,37 +369,30 @@ def _process_age() -> float:
 def cmd_search(ns: argparse.Namespace) -> int:
     import time
 
+    from triclip.index.config import SearchConfig, check_search, rescore_value
+
     started = time.perf_counter()
     startup = _process_age()  # interpreter start and the CLI's own imports
-    texts, images = _search_queries(ns)
-    from triclip.index.search import Searcher
+    cfg = _config(SearchConfig, ns, check_search)  # from the index's manifest: nothing loaded yet
+    texts, images = _search_queries(cfg)
+    from triclip.index.milvus_search import open_searcher
 
     imported = time.perf_counter()
-    searcher = Searcher.load(ns.index, run=ns.run, device=ns.device, text_only=not images)
-    if ns.factor is not None:
-        if ns.factor < 1:
-            raise UserError(f"--factor must be >= 1, got {ns.factor}")
-        searcher.shortlist_factor = ns.factor
+    searcher = open_searcher(cfg.index, run=cfg.run, device=cfg.device, text_only=not images, collection=cfg.collection)
+    if cfg.factor is not None:
+        searcher.shortlist_factor = cfg.factor
     loaded = time.perf_counter()
     import numpy as np
 
     parts = ([searcher.embed_texts(texts)] if texts else []) + ([searcher.embed_images(images)] if images else [])
     queries = np.concatenate(parts)  # (Q, D)
     embedded = time.perf_counter()
-    rescore = ns.rescore if ns.rescore in (None, "float") else _int_option("--rescore", ns.rescore)
-    results = searcher.search_vectors(queries, k=ns.k, m=ns.m, target=ns.target, funnel=ns.funnel, bytes=ns.bytes,
-                                      rescore=rescore)
+    results = searcher.search_vectors(queries, k=cfg.k, m=cfg.m, target=cfg.target, funnel=cfg.funnel, bytes=cfg.bytes,
+                                      rescore=rescore_value(cfg.rescore))
     searched = time.perf_counter()
-    labels = texts + images
-    if ns.json:
-        _print_json(results[0] if len(results) == 1 else results)
-    else:
-        for label, hits in zip(labels, results):
-            if len(results) > 1:
-                print(f"# {label}")
-            for rank, hit in enumerate(hits, 1):
-                print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
-    if ns.timing:
+    getattr(searcher, "close", lambda: None)()  # a Milvus client (and Milvus Lite's file) is let go
+    _print_hits(texts + images, results, cfg.json)
+    if cfg.timing:
         timing = {
             "startup_s": startup,
             "import_s": imported - started,
@@ -387,27 +401,35 @@ def cmd_search(ns: argparse.Namespace) -> int:
             "text_encoder": "onnx" if searcher.text_encoder is not None else "torch",
             "embed_s": embedded - loaded,
             "search_s": searched - embedded,
-            "queries": len(labels),
+            "queries": len(texts) + len(images),
             "total_s": startup + time.perf_counter() - started,
         }
         print("timing: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in timing.items()}), file=sys.stderr)
     return 0
 
 
-def _int_option(name: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        raise UserError(f"{name} takes float or a number of bytes, got {text!r}") from None
+def _print_hits(labels: list[str], results: list[list[dict]], as_json: bool) -> None:
+    """One JSON value (a hit list, or a list of them), or a line per hit under a ``# query`` line per query."""
+    if as_json:
+        _print_json(results[0] if len(results) == 1 else results)
+        return
+    for label, hits in zip(labels, results):
+        if len(results) > 1:
+            print(f"# {label}")
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:3d}  {hit['score']:.4f}  {hit['image']}  {hit['caption']}")
 
 
 def cmd_app(ns: argparse.Namespace) -> int:
     """Serve until stopped, then leave without the interpreter's teardown (:func:`_leave_after_serving`)."""
+    from triclip.app.config import AppConfig, check_app
+
+    cfg = _config(AppConfig, ns, check_app)  # the address, the index and the run: before anything loads
     from triclip.app.gradio_app import serve
 
     code = 0
     try:
-        serve(ns.index, host=ns.host, port=ns.port, run=ns.run, device=ns.device)
+        serve(cfg.index, host=cfg.host, port=cfg.port, run=cfg.run, device=cfg.device, collection=cfg.collection)
     except UserError as err:
         print(f"{PROG}: error: {err}", file=sys.stderr)
         code = 2
@@ -425,22 +447,63 @@ def _leave_after_serving(code: int) -> None:
 
 
 def cmd_demo(ns: argparse.Namespace) -> int:
-    from triclip.app.demo import DemoConfig, run_demo
+    from triclip.app.config import DemoConfig, check_demo
 
-    cfg = DemoConfig(workdir=ns.workdir, host=ns.host, port=ns.port, serve=not ns.no_serve, num=ns.num)
-    if ns.epochs is not None:
-        cfg.epochs = ns.epochs
-    if ns.dims:
-        cfg.dims = _parse_dims(ns.dims)
-    if ns.bytes is not None:
-        cfg.bytes = _parse_dims(ns.bytes, "--bytes") if ns.bytes.strip() else []
+    cfg = check_demo(_config(DemoConfig, ns))  # m's and budgets against D, the address: before any data or training
+    from triclip.app.demo import run_demo
+
     run_demo(cfg)
     if cfg.serve:  # served until stopped
         _leave_after_serving(0)
     return 0
 
 
-# ---------------------------------------------------------------------------- parser
+# ---------------------------------------------------------------------------- the parser
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command: its words, its help, what adds its options (from its configs) and what runs it."""
+
+    words: tuple[str, ...]  # ("index", "build"): a group, then the command; or ("search",)
+    help: str
+    options: Callable[[argparse.ArgumentParser], None] | None  # None: parsed elsewhere (launch)
+    run: Callable[[argparse.Namespace], int] | None
+    description: str | None = None  # --help's first paragraph (default: the help)
+
+
+JSON = "triclip.app.config:JsonOutput"  # --json
+GROUPS = {"data": "prepare built-in datasets, split or inspect any data source", "index": "build FAISS indexes"}
+COMMANDS = (
+    Command(("data", "prepare"), "write a built-in dataset as JSONL manifests", _options("triclip.data.config:PrepareConfig", choices={"name": LazyChoices(_builtin_names)}), cmd_data_prepare),
+    Command(("data", "split"), "split any data source into train/val/test manifests by image content",
+            _options("triclip.data.config:DataSplitConfig"),
+            cmd_data_split, "Split a data source into DIR/{train,val,test}.jsonl. Byte-identical images are merged into"
+            " one record (the union of their captions) and never sit in two splits; shares are of distinct images."),
+    Command(("data", "inspect"), "count usable and skipped records of a data source", _options("triclip.data.config:InspectConfig", JSON), cmd_data_inspect),
+    Command(("train",), "train a dual encoder", _train_options, cmd_train,
+            "Train a dual encoder (options: triclip.training.config.TrainConfig)."),
+    Command(("eval",), "evaluate a trained run", _options("triclip.training.config:EvalConfig", JSON), cmd_eval,
+            "Evaluate a run (options: triclip.training.config.EvalConfig)."),
+    Command(("solve",), "the exact Eq. 6 optimum for locked towers (regularised CCA) as a run, in seconds",
+            _options("triclip.training.config:SolveConfig"), cmd_solve, "Solve for affine heads on locked towers by regularised CCA (options: triclip.training.config.SolveConfig)."),
+    Command(("launch",), "torchrun for a triclip command: launch --nproc-per-node K embed --run RUN ...", None, None),
+    Command(("embed",), "embed a data source into numbered shards (also under torchrun)",
+            _options("triclip.model.shards:EmbedConfig", exclude=["anchor_rows"]), cmd_embed),
+    Command(("index", "build"), "embed a data source once and index it at several m in one folder", _index_build_options,
+            cmd_index_build, "Build an index folder (options: triclip.index.config.IndexBuildConfig)."),
+    Command(("index", "export"), "copy an index's live version into Milvus (a Milvus Lite PATH.db or a server"
+            " http://HOST:19530)", _options("triclip.index.config:ExportConfig", overrides={
+                "text": {"help": "export the image rows only, no caption vectors"}}), cmd_index_export,
+            "Export an index folder to Milvus (options: triclip.index.config.ExportConfig; docs/scale_out.md)."),
+    Command(("index", "rollback"), "go back to the version an index build --overwrite replaced",
+            _options("triclip.index.config:RollbackConfig"), cmd_index_rollback),
+    Command(("search",), "query an index by text or image (model loaded once for all queries)",
+            _options("triclip.index.config:SearchConfig"), cmd_search),
+    Command(("app",), "serve a search app", _options("triclip.app.config:AppConfig", exclude=SERVE_ONLY), cmd_app),
+    Command(("demo",), "openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there -> index at"
+            " several m -> the app", _options("triclip.app.config:DemoConfig", exclude=["embed_dim"]), cmd_demo),
+)
 
 
 def _needs_options(argv: Sequence[str] | None) -> Callable[[str], bool]:
@@ -451,134 +514,27 @@ def _needs_options(argv: Sequence[str] | None) -> Callable[[str], bool]:
 
 
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
-    """The ``triclip`` parser. Given ``argv``, only its command's dataclass options are built
-    (importing a command's config costs ~0.2 s: a text search must not pay for ``train``'s)."""
-    from triclip.app.options import positive_int  # the one check of batch sizes (triclip.app.options.POSITIVE_SUFFIX)
-
+    """The ``triclip`` parser. Given ``argv``, only its command's options are built (importing a
+    command's configs costs tenths of a second: a text search must not pay for ``train``'s)."""
     full = _needs_options(argv)
     parser = _Parser(prog=PROG, description="Train, prune and serve compact CLIP-style retrieval.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    data = sub.add_parser("data", help="prepare built-in datasets, split or inspect any data source")
-    dsub = data.add_subparsers(dest="data_command", required=True, parser_class=_Parser)
-    p = dsub.add_parser("prepare", help="write a built-in dataset as JSONL manifests")
-    p.add_argument("name", choices=["shapes", "fashion-mnist", "openclipart"], help="the data set: %(choices)s")
-    p.add_argument("--out", required=True, help="output folder DIR: DIR/train.jsonl, val.jsonl (and test.jsonl), DIR/images/")
-    p.add_argument("--num", type=int, default=None, help="number of records (shapes: total; others: cap; default: all)")
-    p.add_argument("--seed", type=int, default=0, help="which records go where (default: 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
-    p.set_defaults(func=cmd_data_prepare)
-    p = dsub.add_parser(
-        "split",
-        help="split any data source into train/val/test manifests by image content",
-        description="Split a data source into DIR/{train,val,test}.jsonl. Byte-identical images are merged into "
-        "one record (the union of their captions) and never sit in two splits; shares are of distinct images.",
-    )
-    p.add_argument("src", help="a .jsonl manifest, .csv/.tsv, datasets.save_to_disk folder, or WebDataset shards")
-    p.add_argument("--out", required=True, help="output folder DIR")
-    p.add_argument("--val", type=float, default=0.1, help="share of distinct images in val.jsonl (default: 0.1)")
-    p.add_argument("--test", type=float, default=0.1, help="share of distinct images in test.jsonl (default: 0.1)")
-    p.add_argument("--seed", type=int, default=0, help="which images go where (default: 0)")
-    p.add_argument("--overwrite", action="store_true", help="replace a data set already in --out")
-    _data_args(p)
-    p.set_defaults(func=cmd_data_split)
-    p = dsub.add_parser("inspect", help="count usable and skipped records of a data source")
-    p.add_argument("path", help="a .jsonl manifest, .csv/.tsv, datasets.save_to_disk folder, or WebDataset shards")
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    _data_args(p)
-    p.set_defaults(func=cmd_data_inspect)
-
-    p = sub.add_parser("train", help="train a dual encoder", description="Train a dual encoder (options: triclip.training.config.TrainConfig).")
-    if full("train"):
-        _train_options(p)
-    p.set_defaults(func=cmd_train)
-
-    p = sub.add_parser("eval", help="evaluate a trained run", description="Evaluate a run (options: triclip.training.config.EvalConfig).")
-    if full("eval"):
-        _eval_options(p)
-    p.set_defaults(func=cmd_eval)
-
-    p = sub.add_parser(
-        "solve",
-        help="the exact Eq. 6 optimum for locked towers (regularised CCA) as a run, in seconds",
-        description="Solve for affine heads on locked towers by regularised CCA (options: triclip.training.config.SolveConfig).",
-    )
-    if full("solve"):
-        _solve_options(p)
-    p.set_defaults(func=cmd_solve)
-
-    sub.add_parser("launch", add_help=False, help="torchrun for a triclip command: launch --nproc-per-node K embed --run RUN ...")
-    p = sub.add_parser("embed", help="embed a data source into numbered shards (also under torchrun)")
-    p.add_argument("--run", "--run-dir", dest="run", required=True, help="the run (under plain torchrun: --run-dir)")
-    p.add_argument("--data", required=True, help="data source to embed (any format triclip.data accepts)")
-    p.add_argument("--out", required=True, help="embeddings folder; a re-run resumes it")
-    p.add_argument("--shard-size", type=int, default=200_000, help="records per shard (default: 200000)")
-    p.add_argument("--dtype", choices=["float32", "float16"], default="float32", help="vectors on disk (default: float32)")
-    p.add_argument("--no-text", action="store_true", help="embed the images only, not the captions")
-    p.add_argument("--batch-size", type=positive_int, default=None, help="default: 256 on a GPU, 64 on the CPU")
-    p.add_argument("--workers", type=int, default=None, help="image-decoding processes per rank")
-    p.add_argument("--device", default=None, help="default: this rank's GPU, else the CPU")
-    p.add_argument("--overwrite", action="store_true", help="start --out over when it holds other embeddings")
-    p.add_argument("--verify", action="store_true", help="also check the sha256 of finished shards (sizes always are)")
-    _data_args(p)
-    p.set_defaults(func=cmd_embed)
-
-    index = sub.add_parser("index", help="build FAISS indexes")
-    isub = index.add_subparsers(dest="index_command", required=True, parser_class=_Parser)
-    p = isub.add_parser(
-        "build",
-        help="embed a data source once and index it at several m in one folder",
-        description="Build an index folder (options: triclip.index.config.IndexBuildConfig).",
-    )
-    if full("index"):
-        _index_build_options(p)
-    p.set_defaults(func=cmd_index_build)
-    p = isub.add_parser("rollback", help="go back to the version an index build --overwrite replaced")
-    p.add_argument("--index", required=True, help="index folder (index build --out)")
-    p.set_defaults(func=cmd_index_rollback)
-
-    p = sub.add_parser("search", help="query an index by text or image (model loaded once for all queries)")
-    p.add_argument("--index", required=True, help="index folder (index build --out)")
-    p.add_argument("--text", action="append", default=None, help="a text query (repeat for several)")
-    p.add_argument("--text-file", default=None, help="a file of text queries, one per line")
-    p.add_argument("--image", action="append", default=None, help="an image query file (repeat for several)")
-    p.add_argument("--target", choices=["image", "text"], default="image", help="search images (default) or captions")
-    p.add_argument("--m", type=int, default=None, help="search the index at m (default: D)")
-    p.add_argument("--funnel", type=int, default=None, metavar="M", help="shortlist at m=M, re-rank at full D")
-    p.add_argument("--bytes", type=int, default=None, metavar="B",
-                   help="search the codes of B bytes per vector (index build --bytes): the image codes, the caption codes"
-                        " with --target text (default: none, float at m)")
-    p.add_argument("--rescore", default=None, metavar="float|B2",
-                   help="with --bytes: re-rank the codes' shortlist with the float vectors or the codes of B2 bytes")
-    p.add_argument("--factor", type=int, default=None, help="funnel candidates per hit (default: 20)")
-    p.add_argument("-k", type=int, default=10, help="hits per query (default: 10)")
-    p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
-    p.add_argument("--json", action="store_true", help="a list of hits (one query) or of hit lists (several)")
-    p.add_argument("--timing", action="store_true", help="print where the time went on stderr")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 for the query model (default: cuda when available, else cpu)")
-    p.set_defaults(func=cmd_search)
-
-    p = sub.add_parser("app", help="serve a search app")
-    p.add_argument("--index", required=True, help="index folder to serve (index build --out); the app follows its updates")
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
-    p.add_argument("--port", type=int, default=7860, help="port to listen on (default: 7860)")
-    p.add_argument("--run", default=None, help="run to embed queries with (default: the one the index records)")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 for the query model (default: cuda when available, else cpu)")
-    p.set_defaults(func=cmd_app)
-
-    p = sub.add_parser(
-        "demo", help="openclipart -> lite on locked, cached towers: MRL, Eq. 6 solved on it, tricl from there -> index at several m -> the app"
-    )
-    p.add_argument("--workdir", default="demo", help="where the data, runs and index go (default: demo)")
-    p.add_argument("--host", default="127.0.0.1", help="the app's address (default: 127.0.0.1)")
-    p.add_argument("--port", type=int, default=7860, help="the app's port (default: 7860)")
-    p.add_argument("--no-serve", action="store_true", help="build everything, do not start the app")
-    p.add_argument("--num", type=int, default=None, help="use at most N openclipart records (a quick look)")
-    p.add_argument("--epochs", type=int, default=None, help="training epochs (default: 40)")
-    p.add_argument("--dims", default=None, help="m's of the index folder, e.g. 16,32,64,256 (the default)")
-    p.add_argument("--bytes", default=None,
-                   help="byte budgets of the index's codes (default 4,8,16,32: 95/97/100/99%% of full-D recall, docs/results_bytes.md); '' for none")
-    p.set_defaults(func=cmd_demo)
+    groups: dict[str, argparse._SubParsersAction] = {}
+    for command in COMMANDS:
+        where = sub
+        if len(command.words) == 2:
+            group = command.words[0]
+            if group not in groups:
+                groups[group] = sub.add_parser(group, help=GROUPS[group]).add_subparsers(
+                    dest=f"{group}_command", required=True, parser_class=_Parser)
+            where = groups[group]
+        if command.options is None:
+            where.add_parser(command.words[-1], add_help=False, help=command.help)
+            continue
+        p = where.add_parser(command.words[-1], help=command.help, description=command.description or command.help)
+        if full(command.words[0]):
+            command.options(p)
+        p.set_defaults(func=command.run)
     return parser
 
 

@@ -33,10 +33,9 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-
+from triclip.app.config import DemoConfig, check_demo
 from triclip.data.builtin import prepare
 from triclip.core.errors import UserError
 from triclip.core.io import folder_done, folder_kind, read_json, write_json_atomic, write_mark, writing
@@ -45,21 +44,6 @@ from triclip.training.config import MRL_STEP, TUNE_STEP, recipe_for
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
 PREVIOUS_RUN = "previous-run"  # an older demo's run, moved aside when the recipe changed
-
-
-@dataclass
-class DemoConfig:
-    workdir: str = "demo"  # everything the demo writes lives here
-    host: str = "127.0.0.1"  # the app's address (127.0.0.1: this machine only)
-    port: int = 7860  # the app's port
-    epochs: int | None = None  # heads-only epochs over the cached tower outputs (None: the lite recipe's, 40)
-    embed_dim: int = 256  # D
-    dims: list[int] = field(default_factory=lambda: [16, 32, 64, 256])  # the m's of the index folder (training
-    # evaluates the compact curve at D/16, D/8, D/4, so the app shows the recall measured at each of these)
-    bytes: list[int] = field(default_factory=lambda: [4, 8, 16, 32])  # byte budgets of the index's codes (95/97/100/99% of
-    # full-D recall, docs/results_bytes.md); each stores the code with the best recall measured on val
-    serve: bool = True  # start the app at the end (False: build everything and return)
-    num: int | None = None  # cap on openclipart records (None: all 8,121; tests use a few hundred)
 
 
 def run_demo(cfg: DemoConfig) -> dict:
@@ -71,6 +55,7 @@ def run_demo(cfg: DemoConfig) -> dict:
     the first one builds.
     """
     started = time.perf_counter()
+    cfg = check_demo(cfg)  # before any data, training or index: bad values are one line, the lists sorted and unique
     work = Path(cfg.workdir).absolute()  # the index records the run's path: absolute, so it opens from anywhere
     finished = folder_done(work, "demo")  # the last build got to its end (before this one marks it unfinished)
     with writing(work, "demo", reuse=True, option="--workdir", stage=False):

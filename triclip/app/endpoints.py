@@ -16,13 +16,13 @@ from __future__ import annotations
 import logging
 import re
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import gradio as gr
 import pandas as pd
 from starlette.responses import PlainTextResponse, Response
 
+from triclip.app.config import AppConfig
 from triclip.app.live import IndexView, LiveIndex
 from triclip.core.errors import UserError
 
@@ -31,29 +31,6 @@ log = logging.getLogger("triclip.app")
 ENDPOINTS = ("search_text", "search_image", "more_like_this", "image_to_text")
 CAPTION_CHARS = 300  # a gallery label shows this much of a caption (wrapped, whole for nearly every caption)
 IMAGE_ROUTE = "/triclip/image"  # + "/<row>?v=<version>": an indexed image, served by the app
-
-
-@dataclass
-class AppConfig:
-    """How ``triclip app`` serves an index."""
-
-    index: str  # index folder (triclip index build --out)
-    host: str = "127.0.0.1"  # address to bind (127.0.0.1: this machine only)
-    port: int = 7860  # port to bind
-    run: str | None = None  # run to embed queries with (None: the run recorded in the index)
-    device: str | None = None  # torch device (None: cuda when available, else cpu)
-    follow: float = 1.0  # seconds between checks of the index's CURRENT for a new version (0: never reload)
-    k: int = 12  # results per query by default
-    concurrency: int = 2  # searches of one kind running at once; more wait (and batch) in the queue. The
-    # model is shared under a lock: 20 clients on 2 cores gave 105-116 queries/s at 2, 82 at 4 (p95 256-302 vs 432-545 ms)
-    max_query_chars: int = 1000  # longer text queries are cut here (the text tower reads ~256 tokens anyway)
-    queue_size: int = 512  # requests waiting at most; beyond this the queue answers "full"
-    batch: int = 16  # text queries waiting together are embedded in one pass, up to this many (1: never)
-    sessions: int = 1000  # Gradio session states kept (Gradio's default 10,000): an API call without a session
-    # hash makes one per query (~30 block configs), which then weigh on every garbage collection
-    threads: int = 1  # torch / ONNX Runtime / FAISS threads per search: the queue already runs `concurrency`
-    # searches at once. Alone, a 2-thread text tower took 2.5x the CPU per query of a 1-thread one (batch 16,
-    # shared 2 cores); in the app under load the difference was within noise
 
 
 class SearchApp:

@@ -2,7 +2,7 @@
 
     serve("INDEX", host, port)                           # load, launch, stop on Ctrl-C / SIGTERM
     blocks, app = build_app(Searcher.load("INDEX"), AppConfig("INDEX"))
-    launch(blocks, app, "127.0.0.1", 7860, block=False)  # tests
+    launch(blocks, app, HOST, PORT, block=False)         # tests (triclip.app.config: the address by default)
 
 Text -> image, image -> image (upload, or click a result: "more like this", by the
 image's stored vector), image -> text when the index holds captions. A radio picks m
@@ -13,11 +13,12 @@ full D, the page shows the full-D results beside them and how many they share;
 Where each part lives:
 
 - ``triclip.app.live``: the live index (follows ``CURRENT``) and the file guard for result images;
-- ``triclip.app.endpoints``: :class:`SearchApp`, the search endpoints, and :class:`AppConfig`;
+- ``triclip.app.config``: :class:`AppConfig` and the address by default (torch- and Gradio-free);
+- ``triclip.app.endpoints``: :class:`SearchApp` and the search endpoints;
 - ``triclip.app.json_api``: the JSON route outside Gradio and its batching queue;
 - ``triclip.app.panels``: the page's panels, each a function of the live view, and their plots;
 - ``triclip.app.gradio_patches``: every override of Gradio internals, pinned to a Gradio version;
-- ``triclip.app.server``: the address check, launch and stop, threads, the log;
+- ``triclip.app.server``: launch and stop, threads, the log;
 - this module: the page from its panels, the events between them, and :func:`serve`.
 """
 
@@ -28,12 +29,13 @@ import signal
 
 import gradio as gr
 
-from triclip.app.endpoints import ENDPOINTS, AppConfig, SearchApp
+from triclip.app.config import HOST, PORT, AppConfig, check_address
+from triclip.app.endpoints import ENDPOINTS, SearchApp
 from triclip.app.gradio_patches import guard_inputs, raw_text_search, set_choices
 from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, feature_selection_panel, header, knobs_panel, live_values
 from triclip.app.panels import m_choices
 from triclip.app.panels import query_panel, results_panel
-from triclip.app.server import check_address, interrupt, launch, log_to_stderr, set_threads, wait
+from triclip.app.server import interrupt, launch, log_to_stderr, set_threads, wait
 
 __all__ = ["ENDPOINTS", "AppConfig", "SearchApp", "build_app", "launch", "serve"]
 REFRESH_S = 2.0  # an open page checks this often whether the live version changed (and redraws what depends on it)
@@ -57,9 +59,9 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         with gr.Row(elem_id="feature-selection"):
             panel = feature_selection_panel(first)
         wire_events(app, cfg, query, results, knobs, ids, last)
-        drawn = [shown_version, title, knobs.m, *panel.components()]
-        refresh = {"fn": lambda version, m: redraw(app, version, m), "inputs": [shown_version, knobs.m],
-                   "outputs": drawn, "api_visibility": "private", "show_progress": "hidden"}
+        drawn = {"version": shown_version, "header": title, "m": knobs.m, **panel.by_name()}  # what redraw() names
+        refresh = {"fn": lambda version, m: in_order(drawn, redraw(app, version, m)), "inputs": [shown_version, knobs.m],
+                   "outputs": list(drawn.values()), "api_visibility": "private", "show_progress": "hidden"}
         gr.Timer(REFRESH_S).tick(**refresh)  # --add / --overwrite swap the version under an open page
         blocks.load(**refresh)
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
@@ -110,13 +112,23 @@ def wire_events(
     kn.k.release(rerun, [last] + knobs, shown, **private).then(app.compare, *compared, **private)
 
 
-def redraw(app: SearchApp, shown: str | None, m_value) -> list:
-    """Everything drawn from the version (the header, the m / bytes choices, the panel), when the live
-    version is not the one the page shows; otherwise nothing changes."""
+def redraw(app: SearchApp, shown: str | None, m_value) -> dict:
+    """Updates of everything drawn from the version, by name (``version``, ``header``, ``m`` and the panel's
+    :class:`triclip.app.panels.PanelValues` fields), when the live version is not the one the page shows;
+    otherwise none ({}: nothing changes)."""
     view = app.live.view()
     if view.version == shown:
-        return [gr.skip()] * 9
-    return [view.version, *live_values(view, m_value)]
+        return {}
+    return {"version": view.version, **live_values(view, m_value)}
+
+
+def in_order(outputs: dict, updates: dict) -> list:
+    """``updates`` (by name) as the list Gradio takes for the components ``outputs`` (by name): each output its
+    update, those without one left as they are."""
+    unknown = set(updates) - set(outputs)
+    if unknown:
+        raise ValueError(f"updates of components the page does not draw: {sorted(unknown)}")
+    return [updates.get(name, gr.skip()) for name in outputs]
 
 
 def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
@@ -125,20 +137,22 @@ def _clicked_id(ids: list[str], evt: gr.SelectData) -> str:
 
 
 def serve(
-    index: str, host: str = "127.0.0.1", port: int = 7860, run: str | None = None, device: str | None = None
+    index: str, host: str = HOST, port: int = PORT, run: str | None = None, device: str | None = None,
+    collection: str | None = None,
 ) -> None:
-    """Load the index and serve the app until Ctrl-C or SIGTERM.
+    """Load the index (a folder, or a Milvus URI: ``triclip.index.milvus_search``) and serve the app until
+    Ctrl-C or SIGTERM.
 
     Raises:
         UserError: a bad address (checked before anything loads), or no usable index.
     """
-    from triclip.index.search import Searcher
+    from triclip.index.milvus_search import open_searcher
 
     check_address(host, port)  # one line, before seconds of loading
-    cfg = AppConfig(index=index, host=host, port=port, run=run, device=device)
+    cfg = AppConfig(index=index, host=host, port=port, run=run, device=device, collection=collection)
     log_to_stderr()
     set_threads(cfg.threads)  # before the warm-up: the ONNX session takes torch's thread count when it is made
-    searcher = Searcher.load(index, run=run, device=device)
+    searcher = open_searcher(index, run=run, device=device, collection=collection)
     searcher.embed_texts(["warm-up"])  # the first query pays for lazy initialisation (ONNX sessions), not a user
     blocks, app = build_app(searcher, cfg)
     gc.collect()
@@ -147,7 +161,8 @@ def serve(
     signal.signal(signal.SIGTERM, interrupt)  # `kill` stops it as cleanly as Ctrl-C
     try:
         launch(blocks, app, host, port, block=False)
-        print(f"serving {len(searcher):,} images from {index} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
+        where = getattr(searcher, "served_from", index)
+        print(f"serving {len(searcher):,} images from {where} at http://{host}:{port}/ (Ctrl-C stops)", flush=True)
         wait(blocks)
     except KeyboardInterrupt:
         blocks.close()

@@ -123,6 +123,10 @@ class IndexView:
 
         manifest, meta = searcher.manifest, searcher.contents.meta
         version = searcher.contents.version or "?"
+        recall = {int(m): v for m, v in (manifest.get("recall") or {}).items()}
+        if getattr(searcher, "remote", False):  # a Milvus collection: rows looked up when asked (milvus_search)
+            paths, identity, rows, curves = searcher.view_parts()
+            return cls(searcher, version, ImageFiles(paths, identity), rows, recall, curves)
         files = ImageFiles.of(meta)
         if "files" not in manifest:
             log.warning(
@@ -136,7 +140,6 @@ class IndexView:
                 " identity found now (device, inode, size, mtime); rebuild the index to record it at build time",
                 index_dir, version, files.taken_at_load,
             )
-        recall = {int(m): v for m, v in (manifest.get("recall") or {}).items()}
         return cls(searcher, version, files, {row["id"]: i for i, row in enumerate(meta)}, recall,
                    read_curves(index_dir, searcher.contents.version, manifest.get("files")))
 
@@ -151,7 +154,8 @@ class IndexView:
 
     @property
     def dim(self) -> int:
-        return int(self.searcher.dim)
+        """The largest m searched (D for an index folder; a Milvus collection's m, which a budget may make smaller)."""
+        return int(self.searcher.dims[-1])
 
 
 class LiveIndex:

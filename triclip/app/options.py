@@ -28,7 +28,11 @@ or ``choices={field: values}`` (any iterable, e.g. :class:`LazyChoices` for name
 only after a heavy import) give choices; ``dict`` is a repeated ``--name K=V`` (a value
 is JSON where it parses as JSON, else a string); a nested dataclass contributes its own
 fields (no prefix unless ``prefix=`` is given). A field without a default is required.
-``exclude`` leaves fields out (``to_config`` then uses their defaults).
+``exclude`` leaves fields out (``to_config`` then uses their defaults). A field's metadata may
+say more: ``positional`` (an argument without a flag), ``metavar``, ``flags`` (its option strings instead of
+``--name``, e.g. ``["-k"]``), ``repeat`` (a ``list[str]`` that each use of the option adds one
+item to, e.g. ``--text "a, b" --text c``). Bounds (``triclip.core.config.bounded``) are checked by
+``triclip.core.config.check_fields`` on the config, not here.
 """
 
 from __future__ import annotations
@@ -102,14 +106,29 @@ def add_options(
         if spec.path in exclude:
             continue
         kwargs = {**_argument(spec, choices.get(spec.path), spec.path in required), **overrides.get(spec.path, {})}
-        flag = spec.flag
+        if spec.metadata.get("positional"):
+            kwargs.pop("required", None)
+            parser.add_argument(spec.dest, **kwargs)
+            continue
+        flags = list(spec.metadata.get("flags", [spec.flag]))
         if _strip_optional(spec.type) is bool and spec.default is True:
-            flag = "--no-" + flag[2:]  # the flag turns the setting off
-        parser.add_argument(flag, *aliases.get(spec.path, ()), dest=spec.dest, **kwargs)
+            flags = ["--no-" + flags[0][2:]]  # the flag turns the setting off
+        parser.add_argument(*flags, *aliases.get(spec.path, ()), dest=spec.dest, **kwargs)
         if _strip_optional(spec.type) is bool and spec.default is None:  # tri-state: an explicit off switch
-            off = {**kwargs, "const": False, "help": f"set {flag} off"}
+            off = {**kwargs, "const": False, "help": f"set {flags[0]} off"}
             off.pop("required", None)
-            parser.add_argument("--no-" + flag[2:], *off_aliases.get(spec.path, ()), dest=spec.dest, **off)
+            parser.add_argument("--no-" + flags[0][2:], *off_aliases.get(spec.path, ()), dest=spec.dest, **off)
+
+
+def parse_config(cls: type, argv: Sequence[str] | None, description: str = "", **options):
+    """``cls`` from a command line of its fields alone (a benchmark's ``main``): ``add_options(parser, cls,
+    **options)``, parsed with abbreviations off; a ``ValueError`` of the config is an argparse error (exit 2)."""
+    parser = argparse.ArgumentParser(allow_abbrev=False, description=description)
+    add_options(parser, cls, **options)
+    try:
+        return to_config(cls, parser.parse_args(argv))
+    except ValueError as err:
+        parser.error(str(err))
 
 
 def to_config(cls: type, ns: argparse.Namespace, prefix: str = ""):
@@ -149,6 +168,7 @@ class _Spec:
     type: Any  # the resolved annotation
     default: Any  # dataclasses.MISSING when required
     help: str
+    metadata: Any = dataclasses.field(default_factory=dict)  # the field's metadata (positional, flags, repeat)
 
 
 def _specs(cls: type, prefix: str, path: str = "") -> Iterator[_Spec]:
@@ -165,7 +185,8 @@ def _specs(cls: type, prefix: str, path: str = "") -> Iterator[_Spec]:
         else:
             default = dataclasses.MISSING
         name = prefix + f.name
-        yield _Spec(path + f.name, "--" + name.replace("_", "-"), name.replace("-", "_"), hint, default, helps[f.name])
+        yield _Spec(path + f.name, "--" + name.replace("_", "-"), name.replace("-", "_"), hint, default, helps[f.name],
+                    f.metadata)
 
 
 def _hints(cls: type) -> dict[str, Any]:
@@ -203,6 +224,8 @@ def _argument(spec: _Spec, choices: Iterable | None, force_required: bool) -> di
         return {**kwargs, "action": _Store, "nargs": 0, "const": spec.default is not True, "help": _help(spec.help, None)}
     if base is dict or origin is dict:
         kwargs.update(action=_Pairs, metavar="K=V", help=_help(spec.help + " (repeat the option for several)", None))
+    elif spec.metadata.get("repeat"):
+        kwargs.update(action=_Append, help=_help(spec.help + " (repeat the option for several)", None))
     elif origin in (list, tuple):
         (item,) = typing.get_args(base)[:1] or (str,)
         kwargs.update(action=_Store, type=_comma_list(item), metavar=f"{item.__name__.upper()},...")
@@ -212,13 +235,14 @@ def _argument(spec: _Spec, choices: Iterable | None, force_required: bool) -> di
             literal = typing.get_args(base)
             choices = literal if choices is None else choices
             base = type(literal[0])
-        parse = positive_int if base is int and spec.dest.endswith(POSITIVE_SUFFIX) else _parser(base)
-        kwargs.update(action=_Store, type=parse, help=_help(spec.help, spec.default))
+        kwargs.update(action=_Store, type=_parser(base), help=_help(spec.help, spec.default))
         if choices is not None:
             kwargs["choices"] = choices
         if isinstance(choices, LazyChoices):  # argparse lists choices in the metavar eagerly: not these
             kwargs["metavar"] = spec.dest.upper()
             kwargs["help"] += " (one of: %(choices)s)"
+    if "metavar" in spec.metadata:
+        kwargs["metavar"] = spec.metadata["metavar"]
     if required:
         kwargs["required"] = True
     return kwargs
@@ -252,20 +276,6 @@ def _parser(kind) -> Callable[[str], Any]:
     if kind in (int, str):
         return kind
     return str
-
-
-POSITIVE_SUFFIX = "batch_size"  # int fields whose value must be >= 1, in every command (--batch-size, --eval-batch-size)
-
-
-def positive_int(text: str) -> int:
-    """argparse type of a count that must be >= 1 (a batch size): the one check every command shares."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None  # argparse's own words for int
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
 
 
 def _finite_float(text: str) -> float:
@@ -325,6 +335,17 @@ class _Store(_Tracked):
 
     def __call__(self, parser, ns, values, option_string=None):
         setattr(ns, self.dest, self.const if self.nargs == 0 else values)
+        self._mark(ns)
+
+
+class _Append(_Tracked):
+    """Each use adds one item to a list (a fresh list: the default is never modified)."""
+
+    def __call__(self, parser, ns, values, option_string=None):
+        current = getattr(ns, self.dest, None)
+        if _GIVEN not in vars(ns) or self.path not in getattr(ns, _GIVEN):
+            current = []  # first use: the items typed replace the default
+        setattr(ns, self.dest, [*current, values])
         self._mark(ns)
 
 

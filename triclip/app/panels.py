@@ -16,8 +16,9 @@ comes from :func:`live_values`, redrawn when ``--add`` or ``--overwrite`` swaps 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Any
 
 import gradio as gr
 import numpy as np
@@ -74,7 +75,7 @@ class ResultsPanel:
 
 @dataclass
 class FeaturePanel:
-    """The feature-selection panel's components (redrawn for each version)."""
+    """The feature-selection panel's components (redrawn for each version), named as :class:`PanelValues`."""
 
     spectrum: gr.Markdown
     spectrum_plot: gr.Plot
@@ -83,8 +84,26 @@ class FeaturePanel:
     frontier: gr.Markdown
     frontier_plot: gr.Plot
 
-    def components(self) -> list:
-        return [self.spectrum, self.spectrum_plot, self.recall, self.recall_plot, self.frontier, self.frontier_plot]
+    def by_name(self) -> dict:
+        """Component by field name, in the panel's order."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass
+class PanelValues:
+    """What the feature-selection panel shows for a version: three texts, each with its plot (None: no plot)."""
+
+    spectrum: str  # the importance spectrum in words
+    spectrum_plot: Any
+    recall: str  # recall against m in words
+    recall_plot: Any
+    frontier: str  # recall against bytes per image in words
+    frontier_plot: Any
+
+    def updates(self) -> dict:
+        """Gradio updates by field name: a text as it is, a plot with its visibility (hidden without one)."""
+        return {f.name: gr.update(value=getattr(self, f.name), visible=getattr(self, f.name) is not None)
+                if f.name.endswith("_plot") else getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass
@@ -104,8 +123,11 @@ def header(view: IndexView) -> gr.Markdown:
 def header_text(view: IndexView) -> str:
     searcher = view.searcher
     run_name = Path(searcher.manifest.get("run", "")).name or "?"
+    where = getattr(searcher, "served_from", None)  # a Milvus collection (triclip.index.milvus_search)
+    served = f" · served from {where}" if where else ""
     return (
-        f"## triclip search · {len(searcher):,} images · D = {view.dim} · run `{run_name}` · version {view.version}\n"
+        f"## triclip search · {len(searcher):,} images · D = {searcher.dim} · run `{run_name}` · version {view.version}"
+        f"{served}\n"
         "Search by text or by image; click a result for more like it. Pick m (a pruned index) or a byte budget"
         " (compact codes): each choice shows its bytes per image, the index size and its measured text→image recall@10."
     )
@@ -163,6 +185,13 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
 
     n = len(view.searcher)
     out: list[tuple[str, int | str]] = []
+    if getattr(view.searcher, "served_from", None):  # a Milvus collection: its one m and index
+        plan = view.searcher.plans[0]
+        label = f"{view.dim} · Milvus {plan['index_type']} · {plan['bytes_per_vector']} B/image"
+        label += f" · {human_bytes(plan['bytes_per_vector'] * n)}"
+        if view.recall.get(view.dim) is not None:
+            label += f" · R@10 {view.recall[view.dim]:.3f}"
+        return [(label, view.dim)]
     for m in view.dims:
         label = f"{m} = D" if m == view.dim else str(m)
         label += f" · {4 * m} B/image · {human_bytes(4 * m * n)}"
@@ -182,35 +211,33 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
 def feature_selection_panel(view: IndexView) -> FeaturePanel:
     """The importance spectrum (words and plot), the recall-against-m chart and the bytes frontier."""
     values = panel_values(view)
-    with gr.Column():
-        spectrum = gr.Markdown(values[0], elem_id="spectrum")
-        spectrum_plot = gr.Plot(values[1], show_label=False, elem_id="spectrum-plot", visible=values[1] is not None)
-    with gr.Column():
-        recall = gr.Markdown(values[2], elem_id="recall-text")
-        recall_plot = gr.Plot(values[3], show_label=False, elem_id="recall-chart", visible=values[3] is not None)
-    with gr.Column():
-        frontier = gr.Markdown(values[4], elem_id="frontier-text")
-        frontier_plot = gr.Plot(values[5], show_label=False, elem_id="frontier-chart", visible=values[5] is not None)
-    return FeaturePanel(spectrum, spectrum_plot, recall, recall_plot, frontier, frontier_plot)
+    drawn = {}
+    for name, text_id, plot_id in (("spectrum", "spectrum", "spectrum-plot"), ("recall", "recall-text", "recall-chart"),
+                                   ("frontier", "frontier-text", "frontier-chart")):
+        plot = getattr(values, f"{name}_plot")
+        with gr.Column():
+            drawn[name] = gr.Markdown(getattr(values, name), elem_id=text_id)
+            drawn[f"{name}_plot"] = gr.Plot(plot, show_label=False, elem_id=plot_id, visible=plot is not None)
+    return FeaturePanel(**drawn)
 
 
-def panel_values(view: IndexView) -> tuple:
-    """The panel's contents for a version: (spectrum words, plot, recall words, chart, frontier words, chart)."""
+def panel_values(view: IndexView) -> PanelValues:
+    """The panel's contents for a version."""
     importance = list(view.searcher.manifest.get("importance") or [])
     words, suggested, power = spectrum_text(importance, view.curves)
-    return (words, spectrum_figure(importance, suggested, power), recall_text(view.curves, view.dims),
-            recall_figure(view.curves, view.dims), frontier_text(view), frontier_figure(view))
+    return PanelValues(
+        spectrum=words, spectrum_plot=spectrum_figure(importance, suggested, power),
+        recall=recall_text(view.curves, view.dims), recall_plot=recall_figure(view.curves, view.dims),
+        frontier=frontier_text(view), frontier_plot=frontier_figure(view),
+    )
 
 
-def live_values(view: IndexView, m_value) -> list:
-    """Updates of everything drawn from the version (header, choices, panel), for :func:`triclip.app.gradio_app.refresh`."""
+def live_values(view: IndexView, m_value) -> dict:
+    """Updates of everything drawn from the version, by name (``header``, ``m``, the panel's fields), for
+    :func:`triclip.app.gradio_app.redraw`."""
     choices = m_choices(view)
     keep = m_value if m_value in [value for _, value in choices] else view.dim  # a choice gone: back to D
-    plots = panel_values(view)
-    return [header_text(view), gr.update(choices=choices, value=keep), plots[0],
-            gr.update(value=plots[1], visible=plots[1] is not None), plots[2],
-            gr.update(value=plots[3], visible=plots[3] is not None), plots[4],
-            gr.update(value=plots[5], visible=plots[5] is not None)]
+    return {"header": header_text(view), "m": gr.update(choices=choices, value=keep), **panel_values(view).updates()}
 
 
 # ---------------------------------------------------------------------------- the feature-selection panel's content
@@ -340,9 +367,6 @@ def _recall_axes(fig, ax, xlabel: str, title: str, legend_size: int, ylabel: str
 
 # ---------------------------------------------------------------------------- the bytes frontier
 
-PEER_LABELS = {"float32": "float32 top-m", "int8": "int8 top-m", "binary": "binary top-m", "pq": "PQ", "opq": "OPQ + PQ", "rq": "RQ",
-               "mixed": "mixed precision (S-aware)"}
-
 
 def frontier_text(view: IndexView) -> str:
     """The words above the frontier chart."""
@@ -367,6 +391,8 @@ def frontier_figure(view: IndexView):
     pruning, and the stored caption codes (their image->text recall); None without a frontier in the curves."""
     from matplotlib.figure import Figure
 
+    from triclip.index.codecs import title
+
     front = (view.curves or {}).get("bytes")
     if not front:
         return None
@@ -380,7 +406,7 @@ def frontier_figure(view: IndexView):
                 by[c["bytes"]] = max(by.get(c["bytes"], 0.0), c["recall"])
     for codec, points in sorted(best.items()):
         ax.plot(*zip(*sorted(points.items())), marker=".", markersize=4, linewidth=0.8, alpha=0.7,
-                label=PEER_LABELS.get(codec, codec))
+                label=title(codec))
     pruning = sorted((int(b), r) for b, r in front.get("float_pruning", {}).items())
     if pruning:
         ax.plot(*zip(*pruning), color="0.5", linestyle="--", linewidth=1, label="float pruning (today)")

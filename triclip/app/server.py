@@ -1,8 +1,8 @@
-"""Serving the page: the address check, starting and stopping the server, the process's threads and log.
+"""Serving the page: starting and stopping the server, the process's threads and log.
 
-    launch(blocks, app, "127.0.0.1", 7860, block=False)   # tests; triclip.app.gradio_app.serve for the CLI
+    launch(blocks, app, HOST, PORT, block=False)   # tests; triclip.app.gradio_app.serve for the CLI
 
-Private by default: 127.0.0.1, no share link, no analytics, nothing fetched from outside
+Private by default: ``triclip.app.config.HOST`` (127.0.0.1), no share link, no analytics, nothing fetched from outside
 hosts. Routes mounted beside Gradio's: the indexed images (``triclip.app.endpoints.IMAGE_ROUTE``)
 and the JSON API (``triclip.app.json_api``).
 """
@@ -10,40 +10,19 @@ and the JSON API (``triclip.app.json_api``).
 from __future__ import annotations
 
 import logging
-import socket
 import sys
 import time
 
 import gradio as gr
 from starlette.routing import Route
 
+from triclip.app.config import check_address
 from triclip.app.endpoints import IMAGE_ROUTE, SearchApp
 from triclip.app.json_api import json_route
 from triclip.app.panels import CSS, theme
 from triclip.core.errors import UserError
 
 log = logging.getLogger("triclip.app")
-
-
-def check_address(host: str, port) -> None:
-    """Refuse a port out of range, an unknown host or a port in use, with one line, before anything loads.
-
-    Raises:
-        UserError: the address cannot be served.
-    """
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise UserError(f"--port must be a whole number from 1 to 65535, got {port}")
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError) as err:
-        raise UserError(f"cannot serve on {host}:{port}: unknown host ({err})") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no obstacle
-        try:
-            probe.bind(address)
-        except OSError as err:
-            raise UserError(f"cannot serve on {host}:{port}: {err.strerror or err}") from None
 
 
 def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool = True, sessions: int | None = None):

@@ -110,7 +110,7 @@ def sign_flips(anchor_feats: torch.Tensor, rule: str = "anchor") -> torch.Tensor
       ``sum_i (z_id - mean_d)^3``; zero falls back to ``anchor``): a property of the
       distribution, not of one sample. On ``openclipart``'s CCA solution the flips of the
       two halves of the training images agree on 67% of the 256 dimensions (anchor: 51%,
-      a coin toss; majority: 63%); docs/results_archive.md, "Eq. 6: closed form".
+      a coin toss; majority: 63%); docs/results.md, "Identifiability of the demo's S".
 
     Args:
         anchor_feats: features in dataset order (first row first). Shape: (N, D).
@@ -146,8 +146,8 @@ def suggest_m(
     The prediction is the cumulative share of ``w ** power`` over the dimensions sorted by
     ``w``. With ``power=2`` that is the share of the Eq. 6 objective the top-m dimensions
     carry (at the optimum ``L_tri = -sum_k s_k^2``, so dimension k contributes ``s_k^2``).
-    Measured on ``openclipart``'s test split with the CCA solution (docs/results_archive.md, "Eq. 6:
-    closed form"), the share of ``rho^2`` tracks recall(m) / recall(D) within 0.07 on
+    Measured on ``openclipart``'s test split with the CCA solution (docs/results.md, "``suggest_m`` on
+    the demo's S"), the share of ``rho^2`` tracks recall(m) / recall(D) within 0.07 on
     average and its suggestions at 0.8 / 0.9 / 0.95 kept that much of the test recall;
     the share of ``rho`` itself (``power=1``) is off by 0.23 and suggests twice the m.
     A model without importance (``None``) or a flat one gives ``ceil(share * D)``:

@@ -14,6 +14,7 @@ import contextlib
 import io
 import logging
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Iterator
 
@@ -26,6 +27,7 @@ from triclip.core.errors import UserError
 IMAGE_COLUMNS = ("image", "img", "jpg")  # tried in order when no image key is given
 CAPTION_COLUMNS = ("text", "caption", "captions", "sentences")  # tried in order when no caption key is given
 HUB_LOGGERS = ("huggingface_hub", "datasets", "fsspec", "httpx")  # their own lines about a failed request
+HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub data set id: NAME or OWNER/NAME
 
 
 @dataclass(frozen=True, eq=False)
@@ -74,17 +76,27 @@ def _cached(name: str) -> bool:
     )
 
 
+def check_hub_name(path: str, option: str = "") -> None:
+    """UserError (one line) unless ``hf:NAME`` names a hub data set that can be reached: ``NAME`` or
+    ``OWNER/NAME``, and in the local cache when the hub is offline. Reads nothing but the cache's folders."""
+    name = path[3:]
+    where = f"{option}: " if option else ""
+    if not HUB_NAME.fullmatch(name):
+        raise UserError(f"{where}{path!r} is not a Hugging Face data set name (hf:NAME or hf:OWNER/NAME)")
+    if hub_offline() and not _cached(name):  # offline means offline: not even a HEAD request
+        raise UserError(
+            f"{where}cannot load {name!r}: it is not in the local Hugging Face cache and the hub is offline"
+            " (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); fetch it where there is a network, or give a save_to_disk folder"
+        )
+
+
 def _load(path: str, split: str):
     """The ``datasets.Dataset`` for one split, or a :class:`UserError` in one line."""
     import datasets
 
     if path.startswith("hf:"):
         name = path[3:]
-        if hub_offline() and not _cached(name):  # offline means offline: not even a HEAD request
-            raise UserError(
-                f"cannot load {name!r}: it is not in the local Hugging Face cache and the hub is offline"
-                " (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); fetch it where there is a network, or give a save_to_disk folder"
-            )
+        check_hub_name(path)
         try:
             with _quiet(HUB_LOGGERS):
                 return datasets.load_dataset(name, split=split)

@@ -50,6 +50,7 @@ import faiss
 import numpy as np
 
 from triclip.index import faiss_index as fi
+from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
 from triclip.index.store import IndexContents, load_contents
 from triclip.index.vectors import prefix
 from triclip.core.errors import UserError
@@ -61,7 +62,6 @@ if TYPE_CHECKING:
 
 TARGETS = ("image", "text")
 MAX_QUERY_CHARS = 10_000  # longer text queries are refused (the text tower truncates far earlier)
-SHORTLIST_FACTOR = 20  # funnel candidates per wanted hit (openclipart titles, m=32: recall@10 0.996 at 20, 0.987 at 10)
 MATMUL_SHORTLIST_MAX = 50_000  # funnel: Flat indexes up to this size are shortlisted by matmul, larger by FAISS
 SHORTLIST_CHUNK = 64  # queries scored at once by a Flat shortlist: (q, N) scores in the CPU cache at N ~ 10k
 RERANK_CHUNK = 16  # queries re-ranked at once: their (q, C, D) gather stays in the CPU cache
@@ -110,25 +110,39 @@ class Searcher:
         """
         t0 = time.perf_counter()
         contents = load_contents(index_dir)
-        manifest = contents.manifest
+        index_load = time.perf_counter() - t0
+        searcher = cls.over(contents, index_dir, run, device, text_only)
+        searcher.timings["index_load"] = index_load
+        searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
+        searcher._to_device(gpu)
+        return searcher
+
+    @classmethod
+    def over(cls, contents: IndexContents, where, run=None, device: str | None = None, text_only: bool = False, **fields):
+        """A Searcher of ``contents`` with the query side of ``run`` (default: the manifest's; ``where`` names the
+        index in messages): the model, or with ``text_only`` a lite run's exported text side (see :meth:`load`).
+
+        Raises:
+            UserError: the run is missing, or its fingerprint differs from the manifest's.
+        """
         t1 = time.perf_counter()
+        manifest = contents.manifest
         run = os.fspath(run) if run is not None else manifest.get("run", "")
         weights = manifest.get("weights", "best")  # the run's weights the index was built with
-        source = (run, weights, device, index_dir)
+        source = (run, weights, device, where)
         encoder = None
         if text_only and device in (None, "cpu"):
             encoder = cached_text_encoder(run, weights, manifest["fingerprint"])
         if encoder is not None:
-            text_transform = _numpy_transform(manifest, index_dir, encoder.dim)  # UserError: a damaged or foreign transform
-            searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source, _text_transform=text_transform)
+            text_transform = _numpy_transform(manifest, where, encoder.dim)  # UserError: a damaged or foreign transform
+            searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source, _text_transform=text_transform,
+                           **fields)
         else:
             model, transform, dev = _load_model(*source, manifest)
-            searcher = cls(contents, model, transform, dev, _source=source)
-        searcher.timings = {"index_load": t1 - t0, "model_load": time.perf_counter() - t1}
+            searcher = cls(contents, model, transform, dev, _source=source, **fields)
+        searcher.timings = {"model_load": time.perf_counter() - t1}
         if text_only and encoder is None:  # for the next load (best effort: a failure is one line on stderr)
             searcher.timings["text_export"] = export_for_run(searcher.model, run, weights, manifest["fingerprint"])
-        searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
-        searcher._to_device(gpu)
         return searcher
 
     def _ensure_model(self) -> None:

@@ -26,13 +26,15 @@ import os
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from triclip.index import codecs
 from triclip.index import faiss_index as fi
 from triclip.index.build import Collection, build_and_write
-from triclip.index.config import IndexBuildConfig  # noqa: F401 (re-exported: callers import it from here)
+from triclip.index.config import IndexBuildConfig, check_build, listed  # noqa: F401 (IndexBuildConfig re-exported)
 from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_curves, run_recall: re-exported)
     CURVES,
     Origin,
@@ -49,7 +51,7 @@ from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_
 from triclip.index.store import IndexContents, is_index_dir, load_contents, write_version, writer_lock
 from triclip.index.vectors import ShardVectors, prefix
 from triclip.model.cache import locked_tower_outputs
-from triclip.compact.features import ORDERINGS, CompactTransform, compact_curve, make_transform
+from triclip.compact.features import CompactTransform, compact_curve, make_transform
 from triclip.data import DataConfig, PairSet, load_pairs
 from triclip.data.split import load_collection, split_val
 from triclip.model.embed import embed_pairs, pick_device
@@ -78,7 +80,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     model, run_config = load_run(cfg.run, device, which=cfg.weights)
     fingerprint = run_fingerprint(cfg.run, which=cfg.weights)
     if base is not None:
-        _check_same_run(base.manifest, cfg, dims, fingerprint)
+        _check_same_run(base.manifest, cfg, fingerprint)
         all_dims = base.manifest["dims"]
     else:
         all_dims = _check_new_index(cfg, dims, model.embed_dim, len(pairs.records))  # before the (long) embedding
@@ -110,12 +112,12 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         origin,
     )
 
-    held_out = _held_out(cfg, model, device, (image_emb, text_emb, text_to_image, records))
+    held_out = _held_out(cfg, model, device, Indexed(image=image_emb, text=text_emb, owner=text_to_image, records=records))
 
     def curves(m_values: list[int]) -> dict | None:
         return _curves(cfg, model, held_out, m_values, transform.ordering)
 
-    evaluation = _evaluation(held_out, transform) if cfg.bytes and held_out and held_out[4] == "validation" else None
+    evaluation = _evaluation(held_out, transform) if cfg.bytes and held_out and held_out.split == "validation" else None
     return {**build_and_write(cfg, coll, all_dims, curves, evaluation), "already_indexed": already}
 
 
@@ -145,35 +147,14 @@ def open_embeddings(cfg: IndexBuildConfig) -> Collection:
 
 
 def _validate(cfg: IndexBuildConfig) -> list[int] | None:
-    """Checks that need no model; returns the requested m's (sorted, unique) or None."""
-    if cfg.embeddings is not None and (cfg.run or cfg.data):
-        raise UserError("--embeddings replaces --run and --data: give one or the other")
-    if cfg.embeddings is None and (not cfg.run or not cfg.data or not cfg.out):
-        raise UserError("index build needs --run, --data and --out (or --embeddings and --out)")
-    if cfg.embeddings is not None and cfg.add:
-        raise UserError("--add with --embeddings is not supported: build the index from all the shards")
-    if cfg.embeddings is not None and cfg.ordering != "importance":
-        raise UserError("--embeddings: the shards hold the importance ordering; --ordering does not apply")
-    dims = [cfg.dims] if isinstance(cfg.dims, int) else cfg.dims
-    if dims is not None:
-        dims = sorted(set(int(m) for m in dims))
-        if not dims or dims[0] < 1:
-            raise UserError(f"--dims must be positive integers, got {cfg.dims}")
-    checks = (
-        (cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}"),
-        (cfg.ordering in ORDERINGS, f"unknown ordering {cfg.ordering!r}; choose from {sorted(ORDERINGS)}"),
-        (bool(cfg.factory.strip()), "--factory must be a FAISS factory string or auto"),
-        (cfg.lock_timeout >= 0, f"--lock-timeout must be >= 0, got {cfg.lock_timeout}"),
-        (0 < cfg.recall_target <= 1, f"the recall target must be in (0, 1], got {cfg.recall_target}"),
-        (cfg.tune_queries >= 1, f"tune_queries must be >= 1, got {cfg.tune_queries}"),
-        (cfg.memory_budget is None or cfg.memory_budget > 0, f"--memory-budget must be positive, got {cfg.memory_budget}"),
-        (cfg.on_disk in ("auto", "always", "never"), f"--on-disk must be auto, always or never, got {cfg.on_disk!r}"),
-    )
-    for ok, message in checks:
-        if not ok:
-            raise UserError(message)
+    """Checks that need no model (``triclip.index.config.check_build``), then the ``--out`` rule; returns the
+    requested m's (sorted, unique) or None."""
+    if cfg.codec is not None:
+        codecs.lookup(cfg.codec)  # UserError: unknown codec ...; choose from ... (the registry's names)
+    check_build(cfg)
     claim_index_dir(cfg.out, cfg.add, cfg.overwrite)
-    return dims
+    dims = listed(cfg.dims)
+    return sorted(set(dims)) if dims is not None else None
 
 
 def claim_index_dir(out: str, add: bool, overwrite: bool) -> None:
@@ -208,16 +189,13 @@ def _all_dims(dims: list[int] | None, dim: int) -> list[int]:
     return sorted(set(dims or []) | {dim})
 
 
-def _check_same_run(manifest: dict, cfg: IndexBuildConfig, dims: list[int] | None, fingerprint: str) -> None:
+def _check_same_run(manifest: dict, cfg: IndexBuildConfig, fingerprint: str) -> None:
+    """``--add``: the run must be the index's own (its --dims and --factory: ``triclip.index.config.check_build``)."""
     if manifest["fingerprint"] != fingerprint:
         raise UserError(
             f"--add: run {cfg.run} (fingerprint {fingerprint}) differs from the run the index was built with"
             f" ({manifest['run']}, fingerprint {manifest['fingerprint']})"
         )
-    if dims is not None and _all_dims(dims, manifest["dim"]) != manifest["dims"]:
-        raise UserError(f"--add: the index holds m = {manifest['dims']}, not --dims {','.join(map(str, dims))}")
-    if cfg.factory != "auto" and cfg.factory != manifest.get("factory_option"):
-        raise UserError(f"--add: the index was built with --factory {manifest.get('factory_option')}, not {cfg.factory}")
 
 
 def _key(image: str, captions) -> tuple:
@@ -319,11 +297,28 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
 # ---------------------------------------------------------------------------- the recall-against-m curves
 
 
-def _held_out(cfg, model, device, indexed) -> tuple | None:
-    """What the curves (and the codes of ``--bytes``) are measured on: ``(image (n, D), text (T, D),
-    text_to_image (T,), records, split, source)`` of raw embeddings.
+class Indexed(NamedTuple):
+    """What a build from ``--run --data`` just embedded: raw embeddings, in data order."""
 
-    ``cfg.val_data`` embedded when given, else ``indexed`` (what was just embedded for the
+    image: torch.Tensor  # (N, D)
+    text: torch.Tensor  # (T, D) every caption, record then caption order
+    owner: torch.Tensor  # (T,) the image row of each caption
+    records: list  # the N records embedded
+
+
+class HeldOut(NamedTuple):
+    """What the curves (and the codes of ``--bytes``) are measured on: raw embeddings of held-out images."""
+
+    image: torch.Tensor  # (n, D)
+    text: torch.Tensor  # (T, D) their captions
+    owner: torch.Tensor  # (T,) the image row of each caption
+    texts: list[str]  # (T) the captions' strings
+    split: str  # "validation" (--val-data) or "indexed" (the indexed data's first images)
+    source: str  # where it came from
+
+
+def _held_out(cfg, model, device, indexed: Indexed | None) -> HeldOut | None:
+    """``cfg.val_data`` embedded when given, else ``indexed`` (what was just embedded for the
     index, cut to its first ``CURVE_MAX_IMAGES`` images); None when neither is usable.
     """
     if cfg.val_data:
@@ -333,7 +328,7 @@ def _held_out(cfg, model, device, indexed) -> tuple | None:
         records = [pairs.records[i] for i in keep.tolist()]
         source, split = os.path.abspath(cfg.val_data), "validation"
     elif indexed is not None:
-        image, text, owner, records = indexed
+        image, text, owner, records = indexed.image, indexed.text, indexed.owner, indexed.records
         source, split = os.path.abspath(cfg.data) if os.path.exists(cfg.data) else cfg.data, "indexed"
     else:
         return None
@@ -342,33 +337,33 @@ def _held_out(cfg, model, device, indexed) -> tuple | None:
     texts = [c for r in records[:n] for c in r.captions]
     if n < 2 or len(rows) != len(texts):
         return None
-    return image[:n], text[rows], owner[rows], texts, split, source
+    return HeldOut(image=image[:n], text=text[rows], owner=owner[rows], texts=texts, split=split, source=source)
 
 
-def _evaluation(held_out: tuple, transform: CompactTransform):
+def _evaluation(held_out: HeldOut, transform: CompactTransform):
     """The held-out embeddings as served vectors: what ``triclip.index.budgets`` measures codes on."""
     from triclip.index.budgets import EvalSet
 
-    image, text, owner, texts, split, source = held_out
-    return EvalSet.of(transform(image).numpy(), transform(text).numpy(), owner.numpy(), texts, split, source)
+    h = held_out
+    return EvalSet.of(transform(h.image).numpy(), transform(h.text).numpy(), h.owner.numpy(), h.texts, h.split, h.source)
 
 
-def _curves(cfg, model, held_out: tuple | None, dims: list[int], ordering: str) -> dict | None:
+def _curves(cfg, model, held_out: HeldOut | None, dims: list[int], ordering: str) -> dict | None:
     """t2i recall@10 (distinct texts) against m for the four orderings (``triclip.compact.features.compact_curve``),
     on the held-out embeddings of :func:`_held_out`; None without them."""
     if held_out is None:
         return None
     started = time.perf_counter()
-    image, text, owner, texts, split, source = held_out
+    h = held_out
     w = model.importance().detach().float().cpu()  # (D,)
-    m_values = curve_dims(dims, int(image.shape[1]))
-    curve = compact_curve(image, text, owner, w, m_values, seed=cfg.seed, texts=texts)
+    m_values = curve_dims(dims, int(h.image.shape[1]))
+    curve = compact_curve(h.image, h.text, h.owner, w, m_values, seed=cfg.seed, texts=h.texts)
     return {
         "metric": "t2i_r10",  # text->image recall@10 over distinct caption texts (triclip.compact.metrics)
-        "split": split,  # validation: --val-data; indexed: the indexed data (no --val-data given)
-        "data": source,
-        "images": int(len(image)),
-        "queries": len(set(texts)),
+        "split": h.split,  # validation: --val-data; indexed: the indexed data (no --val-data given)
+        "data": h.source,
+        "images": int(len(h.image)),
+        "queries": len(set(h.texts)),
         "ordering": ordering,  # the index's own ordering: its recall per m is curves[ordering]
         "dims": m_values,
         "curves": {name: {str(m): round(v, 4) for m, v in by_m.items()} for name, by_m in curve.items()},

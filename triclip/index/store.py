@@ -46,7 +46,6 @@ import contextlib
 import errno
 import json
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -61,17 +60,23 @@ from triclip.index import filecheck
 from triclip.index.lazy_codes import CodeFile, LazyCodes
 from triclip.core.errors import UserError
 from triclip.core.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
+from triclip.index.versions import (  # noqa: F401 (re-exported: where the live version is)
+    CURRENT,
+    MANIFEST,
+    TMP_PREFIX,
+    _complete,
+    _read_pointer,
+    _versions,
+    current_version,
+    is_index_dir,
+)
 
-CURRENT = "CURRENT"
-TMP_PREFIX = ".tmp-"
-MANIFEST = "manifest.json"
 META = "meta.jsonl"
 VECTORS = "vectors.npy"
 TEXT_VECTORS = "text_vectors.npy"
 TEXT_ROWS = "text_rows.npy"
 FORMAT = 2  # manifest["format"]; 1 was one m per folder, manifest at the top
 OLD_FILES = ("manifest.json", "index.faiss", "text.faiss", "text_rows.npy", "meta.jsonl")  # format 1
-VERSION_RE = re.compile(r"^v(\d{6,})$")
 READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
 
 
@@ -116,48 +121,6 @@ class IndexContents:
 
 
 # ---------------------------------------------------------------------------- locating versions
-
-
-def _versions(root: Path) -> list[str]:
-    """Version folder names under ``root``, oldest first."""
-    if not root.is_dir():
-        return []
-    names = [p.name for p in root.iterdir() if VERSION_RE.match(p.name) and p.is_dir()]
-    return sorted(names, key=lambda n: int(n[1:]))
-
-
-def _complete(root: Path, name: str) -> bool:
-    return (root / name / MANIFEST).is_file()
-
-
-def _read_pointer(root: Path) -> str | None:
-    try:
-        name = (root / CURRENT).read_text(encoding="utf-8").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-    return name if VERSION_RE.match(name) else None
-
-
-def current_version(root: str | os.PathLike) -> str:
-    """The live version's folder name (with the crash fallbacks of the module docstring)."""
-    root = Path(root)
-    name = _read_pointer(root)
-    if name is not None and _complete(root, name):
-        return name
-    complete = [n for n in _versions(root) if _complete(root, n)]
-    if complete:
-        return complete[-1]
-    if (root / MANIFEST).is_file():
-        raise UserError(f"{root} is an index in an older format (format 1, one m per folder); rebuild it")
-    raise UserError(f"{root} is not a triclip index (no {CURRENT} and no complete version folder)")
-
-
-def is_index_dir(path: str | os.PathLike) -> bool:
-    """True when ``path`` holds a triclip index (any format)."""
-    path = Path(path)
-    if (path / MANIFEST).is_file():
-        return True
-    return _read_pointer(path) is not None or any(_complete(path, n) for n in _versions(path))
 
 
 def is_empty_dir(path: str | os.PathLike) -> bool:

@@ -100,7 +100,7 @@ class TriCLSpectralLoss(PairLoss):
     ``importance`` (``w``, shape (D,)) is required; gradients reach it through ``L_tri``. Eq. 6
     has the free scale of ``S``: with the squared negative term, ``c S`` is optimal at one ``c``,
     so the trainer makes ``w`` with the paper's plain ``softplus`` form, started flat (``S = Id``),
-    not the mean-1 form (docs/results_archive.md, "Eq. 6"). The order is ``argsort(w)`` at the end, which
+    not the mean-1 form (docs/CONTRACT.md, "Objectives"). The order is ``argsort(w)`` at the end, which
     is the compact order of :mod:`triclip.compact.features`. The logit scale is not used (nesting, if
     on, uses it). Shape: features (B, D).
     """

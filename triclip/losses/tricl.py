@@ -69,7 +69,7 @@ def decorrelation(z: torch.Tensor) -> torch.Tensor:
 class TriCLConfig:
     """Options of ``tricl``."""
 
-    dec_weight: float = 10.0  # weight of decorrelation_loss (>= 0); ~1/B if uniform, ~1 if collapsed; 10: docs/results_archive.md appendix
+    dec_weight: float = 10.0  # weight of decorrelation_loss (>= 0); ~1/B if uniform, ~1 if collapsed; 10: docs/results.md, "Earlier evidence"
     tau_plus: float = 0.0  # > 0: debiased correction (Chuang et al.) on the tri-factor logits, [0, 1)
     renormalize: bool = False  # True: cosine of sqrt(w) * I and sqrt(w) * T (as the top-m embedding scores)
 

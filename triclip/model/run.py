@@ -39,8 +39,8 @@ from safetensors import safe_open
 from triclip.core.errors import UserError, first_line
 from triclip.core.io import check_readable, file_sha256, load_safetensors, read_json, recover_dir, tensors_sha256
 from triclip.model.model import DualEncoder, ModelConfig, build_model
+from triclip.model.runfile import CONFIG, read_config  # noqa: F401 (re-exported: the run folder's config.json)
 
-CONFIG = "config.json"
 MODEL = "model.safetensors"
 METRICS = "metrics.jsonl"
 BEST = "best"  # folder: model.safetensors + best.json ({"epoch", "step", "metric", "value"})
@@ -50,17 +50,6 @@ SELECTION = "selection.json"  # {"kept": "best"|"last", "kept_epoch", ...}: writ
 WHICH = ("best", "last")
 TOWERS = ("image_tower", "text_tower")
 TOWER_REFERENCE = "triclip.towers"  # safetensors metadata key: how to rebuild the tower tensors left out
-
-
-def read_config(run: str | os.PathLike) -> dict:
-    """The run's ``config.json``; UserError when it is missing or damaged."""
-    path = Path(run) / CONFIG
-    if not path.is_file():
-        raise UserError(f"{run} is not a triclip run (no {CONFIG})")
-    config = read_json(path)
-    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise UserError(f"{path} is damaged (no model section)")
-    return config
 
 
 def weights_path(run: str | os.PathLike, which: str = "best") -> Path:

@@ -39,14 +39,17 @@ import shutil
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 from triclip.core.progress import progress
 
+from triclip.core.config import bounded, check_fields, check_device
 from triclip.core.errors import UserError, first_line
 from triclip.core.io import claim_output_dir, file_sha256, read_json, temp_dir, write_errors, write_json_atomic, writing
+from triclip.data.records import DataConfig
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
@@ -62,17 +65,17 @@ DTYPES = ("float32", "float16")
 class EmbedConfig:
     """What ``triclip embed`` was asked to do."""
 
-    run: str  # run directory (triclip train --out)
-    data: str  # data source (any format triclip.data accepts)
+    run: str = field(metadata={"flags": ["--run", "--run-dir"]})  # run directory (triclip train --out; under plain torchrun: --run-dir)
+    data: str  # data source to embed (any format triclip.data accepts)
     out: str  # embeddings folder (created; resumed when it holds this run's shards)
-    shard_size: int = 200_000  # records per shard
-    dtype: str = "float32"  # vectors on disk: float32 or float16 (half the size)
-    text: bool = True  # also embed every caption (image->text search, nprobe tuning)
-    batch_size: int | None = None  # per forward pass (None: 256 on a GPU, 64 on the CPU)
-    workers: int | None = None  # image-decoding processes per rank (None: GPU: cores / local ranks, max 8; CPU: 0)
+    shard_size: int = bounded(200_000, low=1)  # records per shard
+    dtype: Literal["float32", "float16"] = "float32"  # vectors on disk: float32 or float16 (half the size)
+    text: bool = True  # also embed every caption (image->text search, nprobe tuning; --no-text: the images only)
+    batch_size: int | None = bounded(None, low=1)  # per forward pass (None: 256 on a GPU, 64 on the CPU)
+    workers: int | None = bounded(None, low=0)  # image-decoding processes per rank (None: GPU: cores / local ranks, max 8; CPU: 0)
     device: str | None = None  # torch device (None: this rank's GPU when present, else the CPU)
-    data_config: DataConfig | None = None  # how to read data (None: the format's defaults)
-    anchor_rows: int = 64  # the sign fix's anchors: the first images of the source
+    data_config: DataConfig = field(default_factory=DataConfig)  # how to read data (--sep, --image-key, ...)
+    anchor_rows: int = bounded(64, low=1)  # the sign fix's anchors: the first images of the source (not an option)
     overwrite: bool = False  # start out over (otherwise a re-run resumes it, and other embeddings there are refused)
     verify: bool = False  # a re-run also checks the sha256 of finished shards (reads them all; sizes are always checked)
 
@@ -89,7 +92,7 @@ def embed_to_shards(cfg: EmbedConfig) -> dict:
     """
     from triclip.model.cache import existing_locked_outputs
     from triclip.compact.features import CompactTransform
-    from triclip.data import DataConfig, load_pairs
+    from triclip.data import load_pairs
     from triclip.model.run import load_run, run_fingerprint
 
     started = time.perf_counter()
@@ -296,17 +299,22 @@ def summarize(emb: str | os.PathLike) -> dict:
 # ---------------------------------------------------------------------------- setup
 
 
-def _validate(cfg: EmbedConfig) -> None:
-    if cfg.shard_size < 1:
-        raise UserError(f"--shard-size must be >= 1, got {cfg.shard_size}")
+def check_embed(cfg: EmbedConfig) -> None:
+    """UserError (one line) for settings ``embed`` cannot use, found without torch or data: bounds, the
+    dtype and device named, the run and the data being there."""
+    from triclip.data.config import check_data
+    from triclip.model.runfile import read_config
+
+    check_fields(cfg)
+    check_device(cfg.device)
     if cfg.dtype not in DTYPES:
         raise UserError(f"--dtype must be one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
-    if cfg.batch_size is not None and cfg.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {cfg.batch_size}")
-    if cfg.workers is not None and cfg.workers < 0:
-        raise UserError(f"--workers must be >= 0, got {cfg.workers}")
-    if cfg.anchor_rows < 1:
-        raise UserError(f"anchor_rows must be >= 1, got {cfg.anchor_rows}")
+    read_config(cfg.run)  # UserError: not a run
+    check_data(cfg.data, "--data")
+
+
+def _validate(cfg: EmbedConfig) -> None:
+    check_embed(cfg)
     claim_output_dir(cfg.out, "embeddings", overwrite=cfg.overwrite, reuse=True)  # a re-run resumes its own
 
 

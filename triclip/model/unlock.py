@@ -334,6 +334,27 @@ def text_bottom_path(model, pairs) -> Path:
     return cache_dir() / f"text-bottom-{key}.safetensors"
 
 
+def _reuse(side: str, path) -> dict[str, torch.Tensor]:
+    """The ``side`` bottom's cache file, read (and said so)."""
+    result = load_file(str(path))
+    _report(side, path, result, new=False)
+    return result
+
+
+def _keep(side: str, path, result: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Write the ``side`` bottom's cache atomically (and say so); returns it."""
+    with atomic_path(path) as tmp:
+        save_file(result, str(tmp))
+    _report(side, path, result, new=True)
+    return result
+
+
+def _bottom(model, side: str) -> nn.Module:
+    """The ``side`` tower's frozen bottom (below the cut), in eval mode."""
+    bottom, _ = splits(model)[side]
+    return bottom.eval()
+
+
 def _report(side: str, path, result: dict, new: bool) -> None:
     size = sum(t.numel() * t.element_size() for t in result.values())
     what = "cached" if new else "reusing"
@@ -370,11 +391,8 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
 
     path = image_bottom_path(model, pairs, views, seed)
     if path.exists():
-        result = load_file(str(path))
-        _report("image", path, result, new=False)
-        return result
-    bottom, _ = splits(model)["image"]
-    bottom.eval()
+        return _reuse("image", path)
+    bottom = _bottom(model, "image")
     fast = _kind(model.image_tower) == "lite_image"  # returns {"x"}: ONNX Runtime / jit on the CPU (triclip.model.accel)
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
     loader = torch.utils.data.DataLoader(
@@ -396,11 +414,7 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
         valid[batch["index"]] = True
     if out is None:
         raise nothing_decoded(pairs, dataset.skipped)
-    result = {**out, "valid": valid, "bad": dataset._bad.clone()}
-    with atomic_path(path) as tmp:
-        save_file(result, str(tmp))
-    _report("image", path, result, new=True)
-    return result
+    return _keep("image", path, {**out, "valid": valid, "bad": dataset._bad.clone()})
 
 
 def _run_bottom(bottom: nn.Module, images: torch.Tensor, fast: bool) -> dict[str, torch.Tensor]:
@@ -422,11 +436,8 @@ def text_bottom_outputs(model, pairs, device, budget_gb: float = 4.0, batch_size
     """
     path = text_bottom_path(model, pairs)
     if path.exists():
-        result = load_file(str(path))
-        _report("text", path, result, new=False)
-        return result
-    bottom, _ = splits(model)["text"]
-    bottom.eval()
+        return _reuse("text", path)
+    bottom = _bottom(model, "text")
     captions = [c for r in pairs.records for c in r.captions]
     counts = torch.tensor([len(r.captions) for r in pairs.records])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
@@ -441,11 +452,7 @@ def text_bottom_outputs(model, pairs, device, budget_gb: float = 4.0, batch_size
         out = _store(out, len(captions), h)
         for k, v in h.items():
             out[k][start : start + len(v)] = v.to(out[k].dtype)
-    result = {**out, "offsets": offsets}
-    with atomic_path(path) as tmp:
-        save_file(result, str(tmp))
-    _report("text", path, result, new=True)
-    return result
+    return _keep("text", path, {**out, "offsets": offsets})
 
 
 def _longest_tokens(model, captions: list[str]) -> int | None:

@@ -24,7 +24,7 @@ from triclip.model.embed import embed_pairs, pick_device
 from triclip.core.errors import UserError
 from triclip.compact.metrics import align_uniform, class_map, first_captions, retrieval_recall
 from triclip.model.run import load_run
-from triclip.training.config import EvalConfig
+from triclip.training.config import EvalConfig, check_eval
 
 ORDERINGS = ("importance", "first", "random", "pca")
 
@@ -151,7 +151,7 @@ def evaluate_run(cfg: EvalConfig | str, data: str | None = None, dims=(), data_c
     still works)."""
     if not isinstance(cfg, EvalConfig):
         cfg = EvalConfig(run=cfg, data=data, dims=list(dims), device=device, data_config=data_config or DataConfig())
-    _validate(cfg)
+    check_eval(cfg)
     dev = pick_device(cfg.device)
     model, _ = load_run(cfg.run, dev, which=cfg.weights)  # towers locked as trained
     pairs = load_pairs(cfg.data, cfg.data_config)
@@ -160,12 +160,3 @@ def evaluate_run(cfg: EvalConfig | str, data: str | None = None, dims=(), data_c
     skipped = Counter(pairs.skipped) + Counter(result.pop("skipped", {}))
     result["skipped"] = dict(sorted(skipped.items()))
     return result
-
-
-def _validate(cfg: EvalConfig) -> None:
-    if any(m < 1 for m in cfg.dims):
-        raise UserError(f"--dims must be positive, got {','.join(map(str, cfg.dims))}")
-    if cfg.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {cfg.batch_size}")
-    if cfg.workers < 0:
-        raise UserError(f"--workers must be >= 0, got {cfg.workers}")

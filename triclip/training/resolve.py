@@ -21,9 +21,9 @@ from triclip.data import DataConfig
 from triclip.core.errors import UserError
 from triclip.losses import LOSSES, build_loss, with_defaults
 from triclip.training.checkpoint import abs_source
-from triclip.training.config import TrainConfig, resolve_recipe
+from triclip.training.config import TrainConfig, flag, resolve_recipe
 
-DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results_archive.md appendix: the importance ablation)
+DEFAULT_SPREAD = 100.0  # the start of w that lets tricl learn an ordering (docs/results.md, "Earlier evidence": the importance ablation)
 EXTENDABLE = ("epochs", "max_steps")  # --resume: taken from config.json unless given
 RUNTIME = ("out", "resume", "overwrite", "workers", "device", "save_every", "log_every", "eval_batch_size", "cache_budget",
            "checkpoint_every", "select_factor", "patience")  # --resume: as given
@@ -160,8 +160,3 @@ def explicit_fields(cfg: TrainConfig) -> set[str]:
     out = {f.name for f in fields(cfg) if f.name != "data" and getattr(cfg, f.name) != getattr(blank, f.name)}
     out |= {f"data.{f.name}" for f in fields(cfg.data) if getattr(cfg.data, f.name) != getattr(blank.data, f.name)}
     return out
-
-
-def flag(name: str) -> str:
-    """The command-line flag of a TrainConfig field."""
-    return {"weight_decay": "--wd", "warmup_steps": "--warmup"}.get(name, "--" + name.replace("_", "-"))

@@ -39,7 +39,6 @@ from triclip.core.progress import progress
 from triclip.model.cache import locked_tower_outputs
 from triclip.compact.features import sign_flips, topm_embed
 from triclip.data import load_pairs
-from triclip.data.sources import check_source
 from triclip.model.embed import _project_rows, pick_device
 from triclip.core.errors import UserError
 from triclip.core.io import write_json_atomic, writing
@@ -47,7 +46,7 @@ from triclip.compact.metrics import first_captions
 from triclip.model.model import DualEncoder, ModelConfig, build_model
 from triclip.model.run import build_seeded, load_run, weights_path, weights_reference
 from triclip.training import checkpoint as ckpt
-from triclip.training.config import SolveConfig, TrainConfig
+from triclip.training.config import SolveConfig, TrainConfig, check_solve
 from triclip.training.evaluate import evaluate, model_score_embeddings
 
 RIDGE_GRID = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # r of ``--ridge auto``: ridge = r * mean variance
@@ -93,7 +92,7 @@ def solve(cfg: SolveConfig) -> dict:
     Raises:
         UserError: bad settings or data (one line), before anything is written.
     """
-    _validate(cfg)
+    check_solve(cfg)
     hint = "pass --overwrite to replace it, or choose another --out"  # solve has no --resume
     with writing(cfg.out, "run", overwrite=cfg.overwrite, hint=hint) as folder:  # a replacement is built beside, then swapped in
         return _solve(cfg, folder)
@@ -410,28 +409,6 @@ def _check_not_degenerate(model: DualEncoder, solution: CCA) -> None:
             f" {float(solution.rho.max()):.2g}{', heads all zero' if zero_head else ''}): the ridge swamps the"
             " covariances; choose a smaller --ridge (or auto)"
         )
-
-
-def _validate(cfg: SolveConfig) -> None:
-    if cfg.ridge != "auto":
-        try:
-            r = float(cfg.ridge)
-        except ValueError:
-            raise UserError(f"--ridge must be auto or a number >= 0, got {cfg.ridge!r}") from None
-        if not (math.isfinite(r) and r >= 0):
-            raise UserError(f"--ridge must be auto or a number >= 0, got {cfg.ridge!r}")
-    if cfg.embed_dim is not None and cfg.embed_dim < 1:
-        raise UserError(f"--embed-dim must be >= 1, got {cfg.embed_dim}")
-    if not math.isfinite(cfg.weighting):
-        raise UserError(f"--weighting must be a finite number, got {cfg.weighting}")
-    for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
-        if path:
-            check_source(path, option)
-    if cfg.run:
-        if not (Path(cfg.run) / ckpt.CONFIG).is_file():
-            raise UserError(f"--run {cfg.run}: not a run folder (no {ckpt.CONFIG})")
-        if Path(cfg.out).resolve() == Path(cfg.run).resolve():
-            raise UserError("--out is --run: a solve writes a new run beside the one it solves on")
 
 
 def _criterion(result: dict, curve: bool) -> str:

@@ -27,7 +27,7 @@ import math
 import os
 import time
 from collections import Counter, deque
-from dataclasses import asdict, fields, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import torch
@@ -35,19 +35,19 @@ import torch.distributed as dist
 from triclip.core.progress import progress
 
 from triclip.model.unlock import eval_caches, partly_lock
-from triclip.data import load_pairs
-from triclip.data.sources import check_source
+from triclip.core.config import carry
+from triclip.data import PairSet, load_pairs
 from triclip.core.errors import UserError, first_line
 from triclip.core.io import claim_output_dir, write_json_atomic, writing
 from triclip.losses import build_loss
 from triclip.model.model import DualEncoder, ModelConfig, build_model
 from triclip.training import checkpoint as ckpt
 from triclip.training.batches import BatchSource
-from triclip.training.config import TrainConfig
+from triclip.training.config import TrainConfig, check_train, flag
 from triclip.training.evaluate import evaluate, format_table
 from triclip.training.selection import STOP_RULE, EarlyStop, Selection, early_stop, select
 from triclip.training.optim import AdamW
-from triclip.training.resolve import explicit_fields, flag, resolve_config
+from triclip.training.resolve import explicit_fields, resolve_config
 
 __all__ = ["TrainConfig", "train"]
 
@@ -76,6 +76,30 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     """:func:`train` writing into ``run`` (``--out``, or the folder that replaces it at the end)."""
     if rank == 0:
         ckpt.remove_orphans(run)  # temp files of writes a kill cut short (a run or a --resume of this folder)
+    settled = _settle(cfg, given, run, rank, world)
+    cfg, model, model_cfg, loss_fn, init_source = _build(settled.cfg, run, settled.saved, settled.device)
+    loop = _Loop(cfg, run, rank, world, settled.device, model, loss_fn, settled.train, settled.val)
+    loop.resume_or_start()
+    if rank == 0:
+        (run / ckpt.SELECTION).unlink(missing_ok=True)  # undecided until the end (eval / index: RUN/best meanwhile)
+        ckpt.write_config(run, _run_config(loop.cfg, model_cfg, str(settled.device), settled.train, settled.val,
+                                           init_source))
+    return loop.run()
+
+
+@dataclass
+class _Settled:
+    """A run's settings and data, before anything is built."""
+
+    cfg: TrainConfig  # every field decided (a preset's recipe, a resumed run's config.json, the data size)
+    saved: dict | None  # the config.json resumed from (None: a new run)
+    device: torch.device
+    train: PairSet
+    val: PairSet | None
+
+
+def _settle(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world: int) -> _Settled:
+    """The settings (``triclip.training.resolve``), checked, and the data they read."""
     saved = _saved_run(run, cfg.resume, cfg.overwrite)
     explicit = explicit_fields(cfg) if given is None else set(given)  # before any default fills a field
     resumed = (run / ckpt.CONFIG, saved) if saved is not None else None
@@ -93,18 +117,15 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     if cfg.batch_size != settled.batch_size:
         print(f"{len(train_pairs.records)} training records: batch {cfg.batch_size} instead of the {cfg.model}"
               f" recipe's {settled.batch_size}", flush=True)
+    return _Settled(cfg, saved, device, train_pairs, val_pairs)
+
+
+def _build(cfg: TrainConfig, run: Path, saved: dict | None, device: torch.device):
+    """The objective and the model (its ``--init`` weights loaded, towers locked as asked); returns
+    ``(cfg with D filled in, model, its ModelConfig, objective, the init as config.json records it)``."""
     loss_fn = build_loss(cfg.loss, **cfg.loss_options).to(device)  # what build_loss(cfg.loss) alone makes, spelled out
     trains_importance = getattr(loss_fn, "needs_importance", False)
-    model_cfg = ModelConfig(
-        preset=cfg.model,
-        pretrained=cfg.pretrained,
-        embed_dim=cfg.embed_dim,
-        head=cfg.head,
-        importance=cfg.importance,
-        importance_spread=cfg.importance_spread,
-        text_max_length=cfg.text_max_length,
-        post_affine=cfg.post_affine,
-    )
+    model_cfg = carry(ModelConfig, cfg, preset=cfg.model)  # the model fields of the settings
     torch.manual_seed(cfg.seed)  # the towers as the seed makes them: a run leaves frozen ones out (triclip.training.checkpoint)
     model = build_model(model_cfg).to(device)  # fills model_cfg.embed_dim
     ckpt.mark_built(model, cfg.seed)
@@ -116,139 +137,172 @@ def _train(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, world
     partly_lock(model, cfg.unlock_image_groups, cfg.unlock_text_layers)  # frozen bottoms, cached (triclip.model.unlock)
     if not trains_importance:
         model.theta.requires_grad_(False)  # w stays as initialised: the objective does not see it
-    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results_archive.md, section 5)
+    if cfg.fixed_logit_scale is not None:  # held, not trained (docs/results.md, "Earlier evidence")
         with torch.no_grad():
             model.logit_scale_param.fill_(math.log(cfg.fixed_logit_scale))
         model.logit_scale_param.requires_grad_(False)
+    return cfg, model, model_cfg, loss_fn, init_source
 
-    source = BatchSource(
-        model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers, cfg.cached_views, cfg.cache_budget
-    )
-    steps_per_epoch = source.batches_per_epoch()
-    total_steps = min(steps_per_epoch * cfg.epochs, cfg.max_steps or math.inf)
-    if cfg.warmup_steps is None:
-        cfg = replace(cfg, warmup_steps=max(1, int(0.05 * total_steps)))
-    optimizer = _make_optimizer(
-        model,
-        loss_fn,
-        cfg.lr,
-        cfg.weight_decay,
-        cfg.importance_lr_scale,
-        cfg.importance_block,
-        cfg.tower_lr_scale,
-    )
-    base_lrs = [g["lr"] for g in optimizer.param_groups]
 
-    state, best = {"step": 0, "epoch": 0, "batch": 0}, _HeldBest(None)
-    if cfg.resume and ckpt.has_checkpoint(run):
-        state = ckpt.load_checkpoint(run, model, {"loss": loss_fn}, optimizer)
-        _truncate_metrics(run, state["epoch"])
-        best = _HeldBest(ckpt.best_info(run, held=True))
-    elif rank == 0:
-        ckpt.start_over(run)  # a new run, or one killed before its first checkpoint
-    if rank == 0:
-        (run / ckpt.SELECTION).unlink(missing_ok=True)  # undecided until the end (eval / index: RUN/best meanwhile)
-    if rank == 0:
-        ckpt.write_config(run, _run_config(cfg, model_cfg, str(device), train_pairs, val_pairs, init_source))
+class _Loop:
+    """The epochs of one run: batches, evaluation, the best epoch, checkpoints, early stopping, the end."""
 
-    step_module = _StepModule(model, loss_fn)
-    if world > 1:
-        step_module = torch.nn.parallel.DistributedDataParallel(
-            step_module,
-            device_ids=[device.index] if device.type == "cuda" else None,
-            find_unused_parameters=True,  # e.g. the logit scale under triplet / contrastive
+    def __init__(self, cfg: TrainConfig, run: Path, rank: int, world: int, device, model: DualEncoder, loss_fn,
+                 train_pairs: PairSet, val_pairs: PairSet | None):
+        self.run_dir, self.rank, self.world, self.device = run, rank, world, device
+        self.model, self.loss_fn, self.train_pairs, self.val_pairs = model, loss_fn, train_pairs, val_pairs
+        self.source = BatchSource(
+            model, train_pairs, cfg.seed, device, cfg.batch_size * world, cfg.workers, cfg.cached_views, cfg.cache_budget
         )
-    writer = _tensorboard(run) if rank == 0 else None
-    skipped = _Skipped(train_pairs, val_pairs, _previous_skipped(run) if cfg.resume else {})
-    last_eval: dict = {}
-    leftover_checked = False
-    step = state["step"]
-    stop = _early_stop(run, cfg) if cfg.resume else None  # a resumed run that had stopped stays stopped
-    for epoch in range(state["epoch"], cfg.epochs if stop is None else state["epoch"]):
-        first_batch = state["batch"] if epoch == state["epoch"] else 0
-        bar = progress(total=steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}", disable=rank != 0)
+        self.steps_per_epoch = self.source.batches_per_epoch()
+        self.total_steps = min(self.steps_per_epoch * cfg.epochs, cfg.max_steps or math.inf)
+        if cfg.warmup_steps is None:
+            cfg = replace(cfg, warmup_steps=max(1, int(0.05 * self.total_steps)))
+        self.cfg = cfg
+        self.optimizer = _make_optimizer(model, loss_fn, cfg.lr, cfg.weight_decay, cfg.importance_lr_scale,
+                                         cfg.importance_block, cfg.tower_lr_scale)
+        self.base_lrs = [g["lr"] for g in self.optimizer.param_groups]
+        self.state, self.best = {"step": 0, "epoch": 0, "batch": 0}, _HeldBest(None)
+        self.last_eval: dict = {}
+        self.leftover_checked = False
+
+    def resume_or_start(self) -> None:
+        """The checkpoint's state (``--resume``), or a run started over (rank 0 clears what a killed one left)."""
+        run = self.run_dir
+        if self.cfg.resume and ckpt.has_checkpoint(run):
+            self.state = ckpt.load_checkpoint(run, self.model, {"loss": self.loss_fn}, self.optimizer)
+            _truncate_metrics(run, self.state["epoch"])
+            self.best = _HeldBest(ckpt.best_info(run, held=True))
+        elif self.rank == 0:
+            ckpt.start_over(run)  # a new run, or one killed before its first checkpoint
+
+    def run(self) -> dict:
+        """Every epoch left, then the selection and the summary; returns the last evaluation ({} without val data)."""
+        cfg, run = self.cfg, self.run_dir
+        self.step_module = _StepModule(self.model, self.loss_fn)
+        if self.world > 1:
+            self.step_module = torch.nn.parallel.DistributedDataParallel(
+                self.step_module,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=True,  # e.g. the logit scale under triplet / contrastive
+            )
+        self.writer = _tensorboard(run) if self.rank == 0 else None
+        self.skipped = _Skipped(self.train_pairs, self.val_pairs, _previous_skipped(run) if cfg.resume else {})
+        self.step = self.state["step"]
+        self.stop = _early_stop(run, cfg) if cfg.resume else None  # a resumed run that had stopped stays stopped
+        for epoch in range(self.state["epoch"], cfg.epochs if self.stop is None else self.state["epoch"]):
+            if self.epoch(epoch):
+                break
+        return self.finish()
+
+    def epoch(self, epoch: int) -> bool:
+        """Train one epoch (the rest of it when resumed mid-epoch), evaluate, checkpoint; True when the run is over."""
+        first_batch = self.state["batch"] if epoch == self.state["epoch"] else 0
+        epoch_start_step = self.step
+        done, stopped = self.batches(epoch, first_batch)
+        if not stopped:
+            done = self.steps_per_epoch  # also when the last batches had no decodable image
+        epoch_done = done >= self.steps_per_epoch
+        if self.rank == 0 and epoch_done and first_batch == 0 and not self.leftover_checked:
+            self.source.check_leftover(epoch)  # then every training image has been decoded once
+            self.leftover_checked = True
+        self.skipped.train.update_from(self.source)
+        if self.step == epoch_start_step and first_batch < self.steps_per_epoch and self.step < self.total_steps:
+            self.no_batch_used()
+        if self.rank == 0 and self.val_pairs is not None:
+            self.evaluate(epoch, epoch_done)
+        if self.world > 1:
+            self.stop = _broadcast(self.stop)
+        if self.rank == 0:
+            self.skipped.write(self.run_dir)
+        next_state = {"step": self.step, "epoch": epoch + 1, "batch": 0} if epoch_done else {
+            "step": self.step, "epoch": epoch, "batch": done}
+        finished = self.step >= self.total_steps or epoch + 1 >= self.cfg.epochs or self.stop is not None
+        if finished or (epoch + 1) % self.cfg.checkpoint_every == 0:  # a finished run keeps no optimizer state
+            self.save(next_state, keep_optimizer=not finished)
+        return self.step >= self.total_steps or self.stop is not None
+
+    def batches(self, epoch: int, first_batch: int) -> tuple[int, bool]:
+        """The epoch's training steps from ``first_batch``; returns (batches done, stopped by the step limit)."""
+        cfg, optimizer = self.cfg, self.optimizer
+        bar = progress(total=self.steps_per_epoch, initial=first_batch, desc=f"epoch {epoch + 1}/{cfg.epochs}",
+                       disable=self.rank != 0)
         speed = _Throughput(window=20)
-        model.train()
-        done, epoch_start_step = first_batch, step  # batches of this epoch finished; step at its start
-        stopped = False  # by total_steps, before the end of the epoch
-        for b, batch in source.epoch(epoch, first_batch, rank, world):
-            if step >= total_steps:
+        self.model.train()
+        done, stopped = first_batch, False
+        for b, batch in self.source.epoch(epoch, first_batch, self.rank, self.world):
+            if self.step >= self.total_steps:
                 stopped = True
                 break
-            lr_scale = _lr_scale(step, cfg.warmup_steps, total_steps)
-            for group, base in zip(optimizer.param_groups, base_lrs):
+            lr_scale = _lr_scale(self.step, cfg.warmup_steps, self.total_steps)
+            for group, base in zip(optimizer.param_groups, self.base_lrs):
                 group["lr"] = base * lr_scale
-            terms = _train_step(step_module, batch, optimizer, model, cfg.grad_clip, device)
-            step += 1
+            terms = _train_step(self.step_module, batch, optimizer, self.model, cfg.grad_clip, self.device)
+            self.step += 1
             done = b + 1
-            speed.add(batch.size * world)
+            speed.add(batch.size * self.world)
             bar.update(1)
             bar.set_postfix(loss=f"{sum(terms.values()):.4f}", samples_s=f"{speed.rate():.0f}")
-            if writer and step % cfg.log_every == 0:
-                for name, value in terms.items():
-                    writer.add_scalar(f"train/{name}", value, step)
-                writer.add_scalar("train/logit_scale", model.logit_scale().item(), step)
-                writer.add_scalar("train/lr", optimizer.param_groups[0]["lr"], step)
-            if cfg.save_every and step % cfg.save_every == 0 and done < steps_per_epoch:
-                _save(run, rank, model, loss_fn, optimizer, {"step": step, "epoch": epoch, "batch": done}, best)
+            if self.writer and self.step % cfg.log_every == 0:
+                self.log_step(terms)
+            if cfg.save_every and self.step % cfg.save_every == 0 and done < self.steps_per_epoch:
+                self.save({"step": self.step, "epoch": epoch, "batch": done})
         bar.close()
-        if not stopped:
-            done = steps_per_epoch  # also when the last batches had no decodable image
-        epoch_done = done >= steps_per_epoch
-        if rank == 0 and epoch_done and first_batch == 0 and not leftover_checked:
-            source.check_leftover(epoch)  # then every training image has been decoded once
-            leftover_checked = True
-        skipped.train.update_from(source)
-        if step == epoch_start_step and first_batch < steps_per_epoch and step < total_steps:
-            if rank == 0:
-                skipped.write(run)
-            decoded = len(train_pairs.records) - sum(skipped.train.decoded.values())  # images that did decode
-            why = "no image decoded" if decoded <= 0 else (
-                f"only {decoded} of {len(train_pairs.records)} images decoded, and a batch needs 2 to have a negative"
-            )
-            raise UserError(
-                f"no training batch of {cfg.train_data} could be used ({why});"
-                f" skipped: {skipped.train.text() or 'none'}; no weights were saved"
-            )
-        if rank == 0 and val_pairs is not None:
-            last_eval = evaluate(
-                model,
-                val_pairs,
-                device,
-                batch_size=cfg.eval_batch_size,
-                cache=eval_caches(model, val_pairs, device, cfg.workers, cfg.cache_budget),
-                workers=cfg.workers,
-            )
-            skipped.val.decoded = Counter(last_eval.pop("skipped", {}))
-            record = {"epoch": epoch + 1, "step": step, **last_eval}
-            ckpt.append_metrics(run, record)
-            if writer:
-                for name, value in last_eval.items():
-                    if isinstance(value, (int, float)):
-                        writer.add_scalar(f"val/{name}", value, step)
-            print(_summary_line(record))
-            best.offer(model, epoch + 1, step, last_eval[BEST_METRIC])  # written with the next checkpoint
-            stop = _early_stop(run, cfg) if epoch_done else None
-        if world > 1:
-            stop = _broadcast(stop)
-        if rank == 0:
-            skipped.write(run)
-        next_state = {"step": step, "epoch": epoch + 1, "batch": 0} if epoch_done else {"step": step, "epoch": epoch, "batch": done}
-        finished = step >= total_steps or epoch + 1 >= cfg.epochs or stop is not None
-        if finished or (epoch + 1) % cfg.checkpoint_every == 0:  # a finished run keeps no optimizer state
-            _save(run, rank, model, loss_fn, optimizer, next_state, best, keep_optimizer=not finished)
-        if step >= total_steps or stop is not None:
-            break
-    if writer:
-        writer.close()
-    if rank == 0:
-        skipped.train.update_from(source)
-        skipped.write(run)
-        selection = _select(run, cfg, best.info, val_pairs, stop)
-        print(_final_summary(run, cfg, step, selection, skipped, stop))
-    if world > 1:
-        dist.barrier()
-    return last_eval
+        return done, stopped
+
+    def log_step(self, terms: dict[str, float]) -> None:
+        for name, value in terms.items():
+            self.writer.add_scalar(f"train/{name}", value, self.step)
+        self.writer.add_scalar("train/logit_scale", self.model.logit_scale().item(), self.step)
+        self.writer.add_scalar("train/lr", self.optimizer.param_groups[0]["lr"], self.step)
+
+    def no_batch_used(self) -> None:
+        """UserError: an epoch trained no step (no image decoded, or too few for a negative)."""
+        if self.rank == 0:
+            self.skipped.write(self.run_dir)
+        records = len(self.train_pairs.records)
+        decoded = records - sum(self.skipped.train.decoded.values())  # images that did decode
+        why = "no image decoded" if decoded <= 0 else (
+            f"only {decoded} of {records} images decoded, and a batch needs 2 to have a negative"
+        )
+        raise UserError(
+            f"no training batch of {self.cfg.train_data} could be used ({why});"
+            f" skipped: {self.skipped.train.text() or 'none'}; no weights were saved"
+        )
+
+    def evaluate(self, epoch: int, epoch_done: bool) -> None:
+        """Validation metrics after an epoch: metrics.jsonl, TensorBoard, the best epoch, early stopping."""
+        cfg, model, device = self.cfg, self.model, self.device
+        self.last_eval = evaluate(
+            model, self.val_pairs, device, batch_size=cfg.eval_batch_size,
+            cache=eval_caches(model, self.val_pairs, device, cfg.workers, cfg.cache_budget), workers=cfg.workers,
+        )
+        self.skipped.val.decoded = Counter(self.last_eval.pop("skipped", {}))
+        record = {"epoch": epoch + 1, "step": self.step, **self.last_eval}
+        ckpt.append_metrics(self.run_dir, record)
+        if self.writer:
+            for name, value in self.last_eval.items():
+                if isinstance(value, (int, float)):
+                    self.writer.add_scalar(f"val/{name}", value, self.step)
+        print(_summary_line(record))
+        self.best.offer(model, epoch + 1, self.step, self.last_eval[BEST_METRIC])  # written with the next checkpoint
+        self.stop = _early_stop(self.run_dir, cfg) if epoch_done else None
+
+    def save(self, state: dict, keep_optimizer: bool = True) -> None:
+        _save(self.run_dir, self.rank, self.model, self.loss_fn, self.optimizer, state, self.best, keep_optimizer)
+
+    def finish(self) -> dict:
+        """Close the log; rank 0 keeps the best or the last weights and prints the summary."""
+        if self.writer:
+            self.writer.close()
+        if self.rank == 0:
+            self.skipped.train.update_from(self.source)
+            self.skipped.write(self.run_dir)
+            selection = _select(self.run_dir, self.cfg, self.best.info, self.val_pairs, self.stop)
+            print(_final_summary(self.run_dir, self.cfg, self.step, selection, self.skipped, self.stop))
+        if self.world > 1:
+            dist.barrier()
+        return self.last_eval
 
 
 # ---------------------------------------------------------------------------- skipped records
@@ -479,56 +533,13 @@ class _Throughput:
 
 
 def _validate(cfg: TrainConfig) -> None:
-    """Refuse settings that cannot work, each with one line naming the option."""
+    """Refuse settings that cannot work, each with one line naming the option (the settled ones: a preset's
+    recipe and a resumed run's config.json filled in)."""
     for f in fields(cfg):
         value = getattr(cfg, f.name)
         if isinstance(value, float) and not math.isfinite(value):
             raise UserError(f"{flag(f.name)} must be a finite number, got {value}")
-    at_least = {
-        "epochs": 1,
-        "batch_size": 2,  # contrastive losses need negatives
-        "embed_dim": 1,
-        "text_max_length": 2,  # [CLS] and [SEP]
-        "workers": 0,
-        "save_every": 0,
-        "max_steps": 1,
-        "warmup_steps": 0,
-        "weight_decay": 0,
-        "grad_clip": 0,
-        "importance_lr_scale": 0,
-        "tower_lr_scale": 0,
-        "importance_spread": 1,  # the ramp 1 ... 1/spread
-        "eval_batch_size": 1,
-        "log_every": 1,
-        "unlock_image_groups": 0,
-        "unlock_text_layers": 0,
-        "cached_views": 1,
-        "cache_budget": 0,
-        "patience": 0,
-    }
-    for name, low in at_least.items():
-        value = getattr(cfg, name)
-        if value is not None and value < low:
-            why = " (contrastive losses need negatives)" if name == "batch_size" else ""
-            raise UserError(f"{flag(name)} must be >= {low}{why}, got {value}")
-    if cfg.cached_views > 1 and not cfg.unlock_image_groups:
-        raise UserError("--cached-views needs --unlock-image-groups N (views are cached below the cut)")
-    if cfg.fixed_logit_scale is not None and not 1.0 <= cfg.fixed_logit_scale <= 100.0:
-        raise UserError(f"--fixed-logit-scale must be in [1, 100] (the trainer's clamp), got {cfg.fixed_logit_scale}")
-    if cfg.lr is not None and cfg.lr <= 0:
-        raise UserError(f"--lr must be > 0, got {cfg.lr}")
-    if cfg.head not in (None, "linear", "affine", "mlp", "residual"):
-        raise UserError(f"--head must be linear, affine, mlp or residual, got {cfg.head!r}")
-    if cfg.device is not None:
-        try:
-            kind = torch.device(cfg.device).type
-        except (RuntimeError, ValueError):
-            kind = None
-        if kind not in ("cpu", "cuda", "mps"):
-            raise UserError(f"--device {cfg.device!r}: choose cpu, cuda or cuda:N")
-    for option, path in (("--train-data", cfg.train_data), ("--val-data", cfg.val_data)):
-        if path:
-            check_source(path, option)
+    check_train(cfg)  # bounds and choices (--head ...), the device, the sources
 
 
 def _init_source(init: str | None, saved: dict | None) -> dict | None:
