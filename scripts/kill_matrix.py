@@ -46,6 +46,7 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = "out"  # the output folder's name inside each case's own folder (the watched one)
@@ -315,25 +316,33 @@ def said(step: tuple, n: int) -> str:
 
 
 def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps | None,
-               reference: Path) -> list[tuple[str, str | None]]:
+               reference: Path) -> Iterator[tuple[str, str | None]]:
     """Killed at each step of a fresh run (run again as it was, and with ``--overwrite``), and at each step of
-    an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again)."""
-    results, slug = [], name.replace(" ", "_")
+    an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again); each case
+    as it ends."""
+    slug = name.replace(" ", "_")
     for n, step in enumerate(fresh.order, 1):
         for overwrite in (False, True) if replace is not None else (False,):
             parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
             killed = watched(with_out(spec, parent / OUT), parent, work, step)[0]
             why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
-            results.append((f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why))
+            yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
     for n, step in enumerate(replace.order if replace is not None else [], 1):
         parent = case_folder(work, f"{slug}-{n}-replace")
         shutil.copytree(reference, parent / OUT, symlinks=True)
         killed = watched(with_out(spec, parent / OUT, "--overwrite"), parent, work, step)[0]
         why = None if done(parent / OUT, spec["kind"]) else "the old folder is not whole after a killed --overwrite"
         why = why or rerun(spec, parent / OUT, work, overwrite=True)
-        results.append((f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
-                        why if killed else "skip: it exited before the step came"))  # fmt: skip
-    return results
+        yield (f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
+               why if killed else "skip: it exited before the step came")  # fmt: skip
+
+
+def all_cases(name: str, spec: dict, work: Path, refs: tuple, disk: bool) -> Iterator[tuple[str, str | None]]:
+    """The kill cases, then the 5 MB disk case (with ``disk``), each as it ends (printed at once)."""
+    yield from kill_cases(name, spec, work, *refs)
+    if disk:
+        case, why, how = disk_case(name, spec, work)
+        yield f"{case} ({how})", why
 
 
 def references(name: str, spec: dict, work: Path) -> tuple[Path, Steps, Steps | None]:
@@ -388,8 +397,11 @@ def main(argv: list[str] | None = None) -> int:
     ns = parser.parse_args(argv)
     work = Path(ns.work or tempfile.mkdtemp(prefix="kill-matrix-")).absolute()
     work.mkdir(parents=True, exist_ok=True)
+    names = list(commands(work))
+    chosen = ns.only.split(",") if ns.only else [n for n in names if n != "demo" or ns.demo]  # in --only's order
+    if set(chosen) - set(names):
+        parser.error(f"--only: no command {', '.join(sorted(set(chosen) - set(names)))}; choose from {', '.join(names)}")
     setup(work)
-    chosen = [n for n in commands(work) if (n in ns.only.split(",") if ns.only else n != "demo" or ns.demo)]
     counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in chosen:
         spec = commands(work)[name]
@@ -399,11 +411,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n, step in enumerate(steps.order if steps else [], 1):
                     print(f"{name}{title}: {said(step, n)}", flush=True)
             continue
-        cases = kill_cases(name, spec, work, fresh, replace, reference)
-        if not ns.no_disk:
-            case, why, how = disk_case(name, spec, work)
-            cases.append((f"{case} ({how})", why))
-        for case, why in cases:
+        for case, why in all_cases(name, spec, work, (fresh, replace, reference), not ns.no_disk):
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
             counts[verdict] += 1
