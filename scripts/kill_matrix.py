@@ -279,6 +279,14 @@ def done(folder: Path, kind: str) -> bool:
     return mark == {"kind": kind, "done": True}
 
 
+def kept(out: Path) -> Path:
+    """Where the old folder is after a killed ``--overwrite``: ``out``, or ``.out.old`` when the kill came
+    between the swap's two renames (whole there; the next command writing ``out`` puts it back first,
+    ``triclip.core.io.writing``)."""
+    old = out.parent / f".{out.name}.old"
+    return old if not out.exists() and old.exists() else out
+
+
 def rerun(spec: dict, out: Path, work: Path, overwrite: bool) -> str | None:
     """Run the command again over ``out``; None when it passed, else why not.
 
@@ -331,7 +339,7 @@ def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps |
         parent = case_folder(work, f"{slug}-{n}-replace")
         shutil.copytree(reference, parent / OUT, symlinks=True)
         killed = watched(with_out(spec, parent / OUT, "--overwrite"), parent, work, step)[0]
-        why = None if done(parent / OUT, spec["kind"]) else "the old folder is not whole after a killed --overwrite"
+        why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
         why = why or rerun(spec, parent / OUT, work, overwrite=True)
         yield (f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
                why if killed else "skip: it exited before the step came")  # fmt: skip
