@@ -1,4 +1,4 @@
-"""The fourth hostile trial ("nothing served that the manifest does not vouch for"), as tests that failed before.
+"""Nothing served that the manifest does not vouch for: hostile cases, as tests that failed before.
 
 A version's manifest records each file's size, a sampled sha256 and, for the codes of a byte
 budget, the codec, count and width (``triclip.index.filecheck``). Codes swapped between
@@ -207,6 +207,17 @@ def test_truncated_vectors_name_their_recorded_size(cli, tmp_path, pair):
     vectors.write_bytes(vectors.read_bytes()[: size - 32 * 4])  # one row short
     line = one_line_error(*search(cli, index)[::2])
     assert f"vectors.npy is {size - 128:,} bytes, the manifest records {size:,}" in line, line
+
+
+@pytest.mark.parametrize("name", ["vectors.npy", "meta.jsonl"])
+def test_an_export_to_milvus_refuses_a_file_of_another_index(cli, tmp_path, pair, name):
+    index = copy_tree(pair[0], tmp_path / "index")
+    shutil.copy(live(pair[1]) / name, live(index) / name)
+    db = tmp_path / "out.db"
+    status, _, err = cli("index", "export", "--index", index, "--to", db)
+    line = one_line_error(status, err)
+    assert f"{name} is " in line and "the manifest" in line and "rebuild" in line, line
+    assert not db.exists()  # refused before Milvus is reached
 
 
 # ---------------------------------------------------------------------------- the app
