@@ -1,41 +1,55 @@
-"""The kill matrix: every command that writes, SIGKILLed at three points, then run again.
+"""The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
-    python scripts/kill_matrix.py [--only train,solve] [--work DIR] [--no-disk] [--demo]
+    python scripts/kill_matrix.py [--only train,solve] [--work DIR] [--no-disk] [--demo] [--list]
 
 For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solve --run``, ``embed``,
 ``index build``; ``demo`` with ``--demo``, which needs Debian's openclipart-png and takes minutes):
 
-1. a reference run into a new folder, timed (T);
-2. at each of three points (0.2, 0.5 and 0.8 of T after the interpreter's start-up) a run into a new folder is killed
-   with SIGKILL, then run again as it was (a run that says ``--resume`` is run again with it), and
-   another is killed and run again with ``--overwrite``; and an ``--overwrite`` of a finished folder is
-   killed, after which the old folder must still be whole (its mark says done), then run again;
+1. a reference run into a new folder, watched (:class:`Watcher`: inotify on the folder the output
+   goes in, every sub-folder included): the files and folders it creates or renames into place,
+   in order, make its steps (:class:`Steps`: one per kind of file or folder, where its first one
+   appears: ``out/images/#.png`` for every image, ``out/.checkpoint.tmp/state.json`` for every
+   epoch's; temporary names are one kind each); then a watched ``--overwrite`` of that finished
+   folder, for the steps of a replacement;
+2. at each step, a run into a new folder is SIGKILLed the moment that step's first file
+   appears, then run again as it was (a run that says ``--resume`` is run again with it), and
+   another is killed there and run again with ``--overwrite``; and at each step of the
+   replacement, an ``--overwrite`` of a finished folder is killed, after which the old folder
+   must still be whole (its mark says done), then run again;
 3. on a 5 MB tmpfs (``mount -t tmpfs``, root; where mount is not permitted, RLIMIT_FSIZE of 5 MB,
    said in the output): exit 0, or exit 2 with one ``triclip: error:`` line (printed: it should say
    the disk is full, or that the data would not fit), never a traceback; and a rerun behaves the same.
 
 A rerun passes when it exits 0, prints no traceback and leaves a folder whose mark
-(``triclip.core.io.MARK``) says done. A kill that came after the command's last file (or after it
-exited) is a SKIP, counted apart. One line per case; exit status 1 when any case failed.
-The slow test ``tests/hostile/test_kill_matrix.py`` runs it.
+(``triclip.core.io.MARK``) says done. Kills follow the files, not the clock: a command that
+finishes in a second is killed at each of its steps as one that takes minutes. A SKIP is a
+case whose step never came (the command exited first: its last file, or a kind of file the
+reference wrote and this run did not), counted apart. One line per case; exit status 1 when
+any case failed. ``--list`` prints each command's steps without killing anything. The slow
+test ``tests/hostile/test_kill_matrix.py`` runs it.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
+import re
 import resource
+import select
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
-POINTS = (0.2, 0.5, 0.8)
+OUT = "out"  # the output folder's name inside each case's own folder (the watched one)
 DISK_BYTES = 5 << 20
 TINY = ["--model", "tiny", "--batch-size", "16"]
 
@@ -45,10 +59,11 @@ def commands(work: Path) -> dict[str, dict]:
     data, base = work / "shapes", work / "base"
     train, val = str(data / "train.jsonl"), str(data / "val.jsonl")
     return {
-        "data prepare": {"args": ["data", "prepare", "shapes", "--out", "{out}", "--num", "3000"], "kind": "data"},
+        "data prepare": {"args": ["data", "prepare", "shapes", "--out", "{out}", "--num", "300"], "kind": "data",
+                         "disk_args": ["data", "prepare", "shapes", "--out", "{out}", "--num", "3000"]},  # 6 MB: over 5
         "data split": {"args": ["data", "split", train, "--out", "{out}"], "kind": "data"},
         "train": {"args": ["train", "--train-data", train, "--val-data", val, *TINY, "--loss", "infonce", "--embed-dim",
-                           "16", "--epochs", "3", "--save-every", "1", "--out", "{out}"], "kind": "run",
+                           "16", "--epochs", "2", "--save-every", "1", "--out", "{out}"], "kind": "run",
                   "resume": "--resume"},  # fmt: skip
         "solve": {"args": ["solve", "--train-data", train, "--val-data", val, "--model", "tiny", "--embed-dim", "8",
                            "--out", "{out}"], "kind": "run"},  # fmt: skip
@@ -82,13 +97,15 @@ def env(work: Path) -> dict:
             "TRICLIP_CACHE": str(work / "cache")}  # fmt: skip
 
 
-def start(args: list[str], work: Path, fsize: int | None = None) -> subprocess.Popen:
+def start(args: list[str], work: Path, fsize: int | None = None, output=subprocess.PIPE) -> subprocess.Popen:
+    """``triclip ARGS`` started; its stdout and stderr go to ``output`` (pipes by default)."""
+
     def limit():  # the fallback full disk: writes past fsize fail with EFBIG (SIGXFSZ ignored)
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
 
     return subprocess.Popen([sys.executable, "-m", "triclip", *args], env=env(work), cwd=ROOT, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=limit if fsize else None)  # fmt: skip
+                            stdout=output, stderr=output, preexec_fn=limit if fsize else None)  # fmt: skip
 
 
 def triclip(args: list[str], work: Path, fsize: int | None = None) -> tuple[int, str]:
@@ -97,17 +114,153 @@ def triclip(args: list[str], work: Path, fsize: int | None = None) -> tuple[int,
     return proc.returncode, err
 
 
-def killed_at(args: list[str], work: Path, seconds: float) -> bool:
-    """Start ``triclip ARGS`` and SIGKILL it ``seconds`` later; False when it had finished before."""
-    proc = start(args, work)
-    deadline = time.monotonic() + seconds
-    while proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.01)
-    finished = proc.poll() is not None
-    if not finished:
-        proc.kill()
-    proc.communicate()
-    return not finished
+# ---------------------------------------------------------------------------- watching what a command writes
+
+IN_MOVED_FROM, IN_MOVED_TO, IN_CREATE, IN_Q_OVERFLOW, IN_ISDIR = 0x40, 0x80, 0x100, 0x4000, 0x40000000
+MASK = IN_MOVED_FROM | IN_MOVED_TO | IN_CREATE
+EVENT = struct.Struct("iIII")  # struct inotify_event: wd, mask, cookie, len (then the name)
+RANDOM_NAMES = [  # parts of temporary names that differ from run to run, as the libraries writing them make them
+    (re.compile(r"\.[a-z0-9_]{8}(?=\.[a-z-]+$)"), ".*"),  # tempfile: .name.XXXXXXXX.tmp, .out.XXXXXXXX.shard-parts
+    (re.compile(r"^(\..*[.-])[a-z0-9_]{8}$"), r"\1*"),  # tempfile with a prefix: .tmp-XXXXXXXX, .out.new-XXXXXXXX
+    (re.compile(r"^\.tmp[A-Za-z0-9]{6}$"), ".tmp*"),  # the Rust tempfile crate (safetensors): .tmpXXXXXX
+]
+
+
+class Watcher:
+    """What appears under ``root`` (created, or renamed into place), in order, through Linux inotify.
+
+    Each folder gets its own watch as it appears (and is scanned then, for what came before its
+    watch); folders renamed within the tree keep theirs. :meth:`read` returns the new
+    ``(kind, path relative to root)`` pairs, kind ``create`` / ``moved`` (``/`` added for a folder).
+    """
+
+    def __init__(self, root: Path):
+        self.root = root
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.fd = self.libc.inotify_init1(os.O_NONBLOCK | os.O_CLOEXEC)
+        if self.fd < 0:
+            raise OSError(ctypes.get_errno(), "inotify_init1 failed")
+        self.paths: dict[int, Path] = {}
+        self.moved_from: dict[int, Path] = {}
+        self.overflowed = False
+        self._watch_tree(root, report=False)
+
+    def _watch_tree(self, folder: Path, report: bool) -> list[tuple[str, str]]:
+        wd = self.libc.inotify_add_watch(self.fd, os.fsencode(folder), MASK)
+        if wd < 0:
+            return []  # gone again already
+        self.paths[wd] = folder
+        found = []
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except OSError:
+            return found
+        for entry in entries:
+            folder_too = entry.is_dir(follow_symlinks=False)
+            if report:
+                found.append(("create/" if folder_too else "create", self._rel(Path(entry.path))))
+            if folder_too:
+                found += self._watch_tree(Path(entry.path), report)
+        return found
+
+    def _rel(self, path: Path) -> str:
+        return str(path.relative_to(self.root))
+
+    def read(self, timeout: float) -> list[tuple[str, str]]:
+        """The events of up to ``timeout`` seconds (returns as soon as some came)."""
+        if not select.select([self.fd], [], [], timeout)[0]:
+            return []
+        try:
+            data = os.read(self.fd, 1 << 20)
+        except BlockingIOError:
+            return []
+        out, i = [], 0
+        while i < len(data):
+            wd, mask, cookie, size = EVENT.unpack_from(data, i)
+            name = os.fsdecode(data[i + EVENT.size : i + EVENT.size + size].rstrip(b"\0"))
+            i += EVENT.size + size
+            out += self._event(wd, mask, cookie, name)
+        return out
+
+    def _event(self, wd: int, mask: int, cookie: int, name: str) -> list[tuple[str, str]]:
+        if mask & IN_Q_OVERFLOW:
+            self.overflowed = True
+            return []
+        if wd not in self.paths or not name:
+            return []
+        path, folder = self.paths[wd] / name, bool(mask & IN_ISDIR)
+        if mask & IN_MOVED_FROM:
+            self.moved_from[cookie] = path
+            return []
+        kind = ("moved" if mask & IN_MOVED_TO else "create") + ("/" if folder else "")
+        out = [(kind, self._rel(path))]
+        if folder and mask & IN_MOVED_TO and cookie in self.moved_from:  # renamed within the tree: same watches
+            old = self.moved_from.pop(cookie)
+            for w, p in list(self.paths.items()):
+                if p == old or old in p.parents:
+                    self.paths[w] = path / p.relative_to(old)
+        elif folder:
+            out += self._watch_tree(path, report=True)
+        return out
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def normalise(path: str) -> str:
+    """A path with what differs between runs replaced: random temporary names by ``*``, numbers by ``#``."""
+    parts = []
+    for part in path.split("/"):
+        for pattern, replacement in RANDOM_NAMES:
+            part = pattern.sub(replacement, part)
+        parts.append(re.sub(r"\d+", "#", part))
+    return "/".join(parts)
+
+
+@dataclass
+class Steps:
+    """The steps of a run so far: each kind of file or folder (event kind + normalised path) is a step where
+    it first appears; its later ones (the next image, the next epoch's checkpoint) belong to that step."""
+
+    order: list[tuple[str, str]] = field(default_factory=list)  # (kind, pattern), in order of first appearance
+    _seen: set = field(default_factory=set)
+
+    def add(self, kind: str, path: str) -> tuple[str, str] | None:
+        """The step this event starts, or None (a kind already seen)."""
+        key = (kind, normalise(path))
+        if key in self._seen:
+            return None
+        self._seen.add(key)
+        self.order.append(key)
+        return key
+
+
+def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = None) -> tuple[bool, Steps, int, str]:
+    """Run ``triclip ARGS`` while watching ``parent``; with ``kill_at``, SIGKILL it when that step starts (the
+    first file or folder of its kind appears). Returns (whether it was killed, the steps seen, the exit
+    status, stderr and stdout)."""
+    watcher = Watcher(parent)
+    steps = Steps()
+    with tempfile.TemporaryFile("w+") as log:  # not a pipe: a chatty command never blocks on a full one
+        proc = start(args, work, output=log)
+        killed = False
+        try:
+            while not killed and proc.poll() is None:
+                for kind, path in watcher.read(0.05):
+                    step = steps.add(kind, path)
+                    if kill_at and step == kill_at and proc.poll() is None:
+                        proc.kill()
+                        killed = True
+                        break
+            for kind, path in [] if killed else watcher.read(0.2):  # what came just before the exit
+                steps.add(kind, path)
+        finally:
+            watcher.close()
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+        log.seek(0)
+        return killed, steps, proc.returncode, log.read()
 
 
 def check(result: tuple[int, str], what: str) -> None:
@@ -126,46 +279,94 @@ def done(folder: Path, kind: str) -> bool:
     return mark == {"kind": kind, "done": True}
 
 
+def kept(out: Path) -> Path:
+    """Where the old folder is after a killed ``--overwrite``: ``out``, or ``.out.old`` when the kill came
+    between the swap's two renames (whole there; the next command writing ``out`` puts it back first,
+    ``triclip.core.io.writing``)."""
+    old = out.parent / f".{out.name}.old"
+    return old if not out.exists() and old.exists() else out
+
+
 def rerun(spec: dict, out: Path, work: Path, overwrite: bool) -> str | None:
-    """Run the command again over ``out``; None when it passed, else why not."""
+    """Run the command again over ``out``; None when it passed, else why not.
+
+    A folder whose mark already says done (the kill came after its last file) may also be refused
+    in one line without ``--overwrite``: that is what a finished folder gets.
+    """
     args = [a.replace("{out}", str(out)) for a in spec["args"]] + (["--overwrite"] if overwrite else [])
+    finished = done(out, spec["kind"])
     status, err = triclip(args, work)
     if status == 2 and spec.get("resume") and spec["resume"] in err and "Traceback" not in err:
         status, err = triclip(args + [spec["resume"]], work)  # the one line said how to continue it
+    lines = [line for line in err.splitlines() if line.startswith("triclip: error:")]
+    if finished and not overwrite and status == 2 and len(lines) == 1 and "Traceback" not in err:
+        return None
     if status != 0 or "Traceback" in err:
         return f"exit {status}: {err.strip().splitlines()[-1] if err.strip() else ''}"[:300]
     return None if done(out, spec["kind"]) else "exit 0 but the folder's mark does not say done"
 
 
-def kill_cases(name: str, spec: dict, work: Path, seconds: float, reference: Path) -> list[tuple[str, str | None]]:
-    """The kills at :data:`POINTS` of the command's own work (after the interpreter's start-up)."""
-    results = []
-    started = time.monotonic()
-    check(triclip(["--help"], work), "start-up")
-    startup = min(time.monotonic() - started, 0.9 * seconds)
-    for point in POINTS:
-        at = startup + point * (seconds - startup)
-        for overwrite in (False, True):
-            if overwrite and spec.get("no_overwrite"):
-                continue
-            out = work / "cases" / f"{name.replace(' ', '_')}-{point}-{'overwrite' if overwrite else 'plain'}"
-            shutil.rmtree(out, ignore_errors=True)
-            killed = killed_at([a.replace("{out}", str(out)) for a in spec["args"]], work, at)
-            killed = killed and not done(out, spec["kind"])  # killed after its last file: it had finished
-            why = rerun(spec, out, work, overwrite) if killed else None
-            results.append((f"{name}: killed at {at:.1f} s, run again{' --overwrite' if overwrite else ''}",
-                            why if killed else "skip: finished before the kill"))  # fmt: skip
-        if spec.get("no_overwrite"):
-            continue
-        out = work / "cases" / f"{name.replace(' ', '_')}-{point}-replace"
-        shutil.rmtree(out, ignore_errors=True)
-        shutil.copytree(reference, out, symlinks=True)
-        killed = killed_at([a.replace("{out}", str(out)) for a in spec["args"]] + ["--overwrite"], work, at)
-        why = None if done(out, spec["kind"]) else "the old folder is not whole after a killed --overwrite"
-        why = why or rerun(spec, out, work, overwrite=True)
-        results.append((f"{name}: --overwrite killed at {at:.1f} s, old kept, run again", why if killed else
-                        "skip: finished before the kill"))  # fmt: skip
-    return results
+def with_out(spec: dict, out: Path, *extra: str) -> list[str]:
+    return [a.replace("{out}", str(out)) for a in spec["args"]] + list(extra)
+
+
+def case_folder(work: Path, name: str) -> Path:
+    """A new empty folder for one case; the command writes ``OUT`` inside it (and may stage beside it)."""
+    parent = work / "cases" / name
+    shutil.rmtree(parent, ignore_errors=True)
+    parent.mkdir(parents=True)
+    return parent
+
+
+def said(step: tuple, n: int) -> str:
+    kind, pattern = step
+    return f"step {n} ({kind.replace('moved', 'renamed into place')} {pattern})"
+
+
+def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps | None,
+               reference: Path) -> Iterator[tuple[str, str | None]]:
+    """Killed at each step of a fresh run (run again as it was, and with ``--overwrite``), and at each step of
+    an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again); each case
+    as it ends."""
+    slug = name.replace(" ", "_")
+    for n, step in enumerate(fresh.order, 1):
+        for overwrite in (False, True) if replace is not None else (False,):
+            parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
+            killed = watched(with_out(spec, parent / OUT), parent, work, step)[0]
+            why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
+            yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
+    for n, step in enumerate(replace.order if replace is not None else [], 1):
+        parent = case_folder(work, f"{slug}-{n}-replace")
+        shutil.copytree(reference, parent / OUT, symlinks=True)
+        killed = watched(with_out(spec, parent / OUT, "--overwrite"), parent, work, step)[0]
+        why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
+        why = why or rerun(spec, parent / OUT, work, overwrite=True)
+        yield (f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
+               why if killed else "skip: it exited before the step came")  # fmt: skip
+
+
+def all_cases(name: str, spec: dict, work: Path, refs: tuple, disk: bool) -> Iterator[tuple[str, str | None]]:
+    """The kill cases, then the 5 MB disk case (with ``disk``), each as it ends (printed at once)."""
+    yield from kill_cases(name, spec, work, *refs)
+    if disk:
+        case, why, how = disk_case(name, spec, work)
+        yield f"{case} ({how})", why
+
+
+def references(name: str, spec: dict, work: Path) -> tuple[Path, Steps, Steps | None]:
+    """The reference runs, watched: into a new folder, then ``--overwrite`` of it (not for commands that have
+    no ``--overwrite``); returns the finished folder and the steps of each."""
+    slug = name.replace(" ", "_")
+    parent = case_folder(work, f"reference-{slug}")
+    _, fresh, status, err = watched(with_out(spec, parent / OUT), parent, work)
+    check((status, err), f"{name} (reference)")
+    if spec.get("no_overwrite"):
+        return parent / OUT, fresh, None
+    again = case_folder(work, f"reference-{slug}-replace")
+    shutil.copytree(parent / OUT, again / OUT, symlinks=True)
+    _, replace, status, err = watched(with_out(spec, again / OUT, "--overwrite"), again, work)
+    check((status, err), f"{name} (reference --overwrite)")
+    return parent / OUT, fresh, replace
 
 
 def disk_case(name: str, spec: dict, work: Path) -> tuple[str, str | None, str]:
@@ -176,7 +377,7 @@ def disk_case(name: str, spec: dict, work: Path) -> tuple[str, str | None, str]:
     how = "tmpfs of 5 MB" if mounted else "RLIMIT_FSIZE of 5 MB (mount not permitted)"
     try:
         out = mount / "out"
-        args = [a.replace("{out}", str(out)) for a in spec["args"]]
+        args = [a.replace("{out}", str(out)) for a in spec.get("disk_args", spec["args"])]
         why = None
         for attempt in ("first", "again"):
             status, err = triclip(args, work, None if mounted else DISK_BYTES)
@@ -200,36 +401,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one, removed)")
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")
     parser.add_argument("--demo", action="store_true", help="include the demo (openclipart-png; minutes)")
+    parser.add_argument("--list", action="store_true", help="print each command's steps; kill nothing")
     ns = parser.parse_args(argv)
     work = Path(ns.work or tempfile.mkdtemp(prefix="kill-matrix-")).absolute()
     work.mkdir(parents=True, exist_ok=True)
+    names = list(commands(work))
+    chosen = ns.only.split(",") if ns.only else [n for n in names if n != "demo" or ns.demo]  # in --only's order
+    if set(chosen) - set(names):
+        parser.error(f"--only: no command {', '.join(sorted(set(chosen) - set(names)))}; choose from {', '.join(names)}")
     setup(work)
-    chosen = [n for n in commands(work) if (n in ns.only.split(",") if ns.only else n != "demo" or ns.demo)]
-    failed = 0
+    counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in chosen:
         spec = commands(work)[name]
-        reference = work / "reference" / name.replace(" ", "_")
-        shutil.rmtree(reference, ignore_errors=True)
-        started = time.monotonic()
-        check(triclip([a.replace("{out}", str(reference)) for a in spec["args"]], work), f"{name} (reference)")
-        first = time.monotonic() - started
-        started = time.monotonic()  # timed again with the caches the first run filled (what the kills meet)
-        again = [a.replace("{out}", str(reference)) for a in spec["args"]]
-        check(triclip(again + ([] if spec.get("no_overwrite") else ["--overwrite"]), work), f"{name} (reference, again)")
-        seconds = first if spec.get("no_overwrite") else time.monotonic() - started  # the demo's second run: a no-op
-        cases = kill_cases(name, spec, work, seconds, reference)
-        if not ns.no_disk:
-            case, why, how = disk_case(name, spec, work)
-            cases.append((f"{case} ({how})", why))
-        for case, why in cases:
+        reference, fresh, replace = references(name, spec, work)
+        if ns.list:
+            for title, steps in (("", fresh), (" --overwrite of a finished folder", replace)):
+                for n, step in enumerate(steps.order if steps else [], 1):
+                    print(f"{name}{title}: {said(step, n)}", flush=True)
+            continue
+        for case, why in all_cases(name, spec, work, (fresh, replace, reference), not ns.no_disk):
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
-            failed += verdict == "FAIL"
+            counts[verdict] += 1
             print(f"{verdict} {case}{'' if why is None else ': ' + why}", flush=True)
-    print(f"{failed} failed", flush=True)
+    print(f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed", flush=True)
     if not ns.work:
         shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    return 1 if counts["FAIL"] else 0
 
 
 if __name__ == "__main__":

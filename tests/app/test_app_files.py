@@ -88,9 +88,13 @@ def test_an_index_without_identities_uses_the_ones_found_at_load(index, caplog):
     meta_file = index / current_version(index) / META
     rows = [json.loads(line) for line in meta_file.read_text().splitlines()]
     meta_file.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "file"}) + "\n" for r in rows))
+    manifest = json.loads((meta_file.parent / "manifest.json").read_text())
+    manifest.pop("files")  # an index that old records neither identities nor its files
+    (meta_file.parent / "manifest.json").write_text(json.dumps(manifest))
     caplog.set_level(logging.WARNING, logger="triclip.app")
     with serving(index) as (url, _):
         assert any(f"records no file identities for {len(rows)} images" in r.getMessage() for r in caplog.records)
+        assert any("records no size or fingerprint of its files" in r.getMessage() for r in caplog.records)
         assert _get(f"{url}triclip/image/4").content[:8] == PNG
         os.unlink(rows[4]["image"])
         os.symlink("/etc/passwd", rows[4]["image"])

@@ -64,3 +64,24 @@ def test_guard_inputs_names_the_endpoint_and_its_inputs():
     guard_inputs(blocks)
     with pytest.raises(gr.Error, match=r"malformed request to /echo \(inputs: query, m\)"):
         asyncio.run(blocks.preprocess_data(block_fn, ["x"], None))
+
+
+def test_set_choices_reaches_the_config_and_the_api_info_of_a_launched_app():
+    """No server here either: ``blocks.config`` as launch makes it, and the API info Gradio makes from it."""
+    from triclip.app.gradio_patches import set_choices
+
+    with gr.Blocks() as blocks:
+        radio = loose(gr.Radio([("eight", 8), ("four bytes", "4B")], value=8, label="m"))
+        out = gr.Textbox()
+        radio.change(lambda m: str(m), radio, out, api_name="pick")
+    blocks.config = blocks.get_config_file()  # what launch() does
+
+    def shown():
+        entry = next(c for c in blocks.config["components"] if c["id"] == radio._id)
+        return entry["props"]["choices"], blocks.get_api_info()["named_endpoints"]["/pick"]["parameters"][0]["type"]
+
+    assert shown()[1]["enum"] == [8, "4B"]
+    set_choices(blocks, radio, [("sixteen", 16), ("eight bytes", "8B")], 16)
+    choices, api = shown()
+    assert [value for _, value in choices] == [16, "8B"] and api["enum"] == [16, "8B"]
+    assert radio.value == 16

@@ -33,7 +33,13 @@ listed with their tests instead of being copied.
 - Nothing lost: test_nothing_lost.py (the demo's own folder, reads that
   never delete, killed commands run again, atomic --overwrite, --init after a kill, versioned image
   URLs, a full 5 MB disk and permissions, one writer per folder, values that make nonsense, modes and
-  the network); test_kill_matrix.py runs scripts/kill_matrix.py (slow).
+  the network); test_kill_matrix.py runs scripts/kill_matrix.py (slow), killing each writer at every
+  step it takes (the files it writes, watched), and tests the watcher itself.
+- Nothing served that the manifest does not vouch for: test_vouched.py (codes
+  swapped between budgets, copied from another index, OPQ under a PQ manifest; FAISS indexes, vectors
+  and meta of another index; truncated vectors; unreadable codes, a FIFO or a directory in their place;
+  the app after a switch to a damaged version; an hf: source with no network). The records themselves
+  and the lazy codes: tests/index/test_filecheck.py.
 
 Everything runs on tiny synthetic data (conftest.py); the slow ones are marked.
 """

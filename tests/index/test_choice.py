@@ -146,3 +146,15 @@ def test_the_build_records_the_stages_search_uses_them_and_the_table_shows_laten
     assert main(["index", "build", "--run", str(run_dir), "--data", str(shapes_dir / "train.jsonl"), "--out",
                  str(tmp_path / "x"), "--latency-ms", "1"]) == 2
     assert "--latency-ms bounds the codes of --bytes" in capsys.readouterr().err
+
+
+def test_the_default_bound_never_leaves_a_budget_without_a_code(collection):
+    """Every candidate left out unfitted by its probe (slower than the float scan, e.g. a timer's noise on a tiny
+    collection): without --latency-ms they are fitted after all and the fastest is kept; with it, one line."""
+    x, evaluation = collection
+    model = GivenLatency(reference=0.0001)  # every probe over the float scan's time
+    kept = choose(8, x, evaluation, force="rq", rules=Rules(n=len(x), model=model))
+    assert kept.codec.spec.codec == "rq" and "the fastest kept" in kept.note
+    assert not any(t.get("skipped") for t in kept.tried)  # fitted after all
+    with pytest.raises(UserError, match="could be fitted: its scan alone takes"):
+        choose(8, x, evaluation, force="rq", rules=Rules(n=len(x), latency_ms=0.0001, model=model))

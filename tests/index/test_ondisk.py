@@ -178,6 +178,17 @@ def test_damaged_lists_give_one_line(ondisk_index, tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_lists_of_another_index_are_refused(ondisk_index, tmp_path):
+    """The caption lists are longer than the image lists: their size passes the truncation check, their bytes
+    are not the image index's (the manifest's record of the file says so)."""
+    index = tmp_path / "index"
+    shutil.copytree(ondisk_index, index)
+    shutil.copy(_version(index) / "text.m8.ivfdata", _version(index) / "image.m8.ivfdata")
+    with pytest.raises(UserError, match=r"image\.m8\.ivfdata is [\d,]+ bytes, the manifest records [\d,]+") as err:
+        Searcher.load(index)
+    assert "\n" not in str(err.value)
+
+
 def test_add_to_an_on_disk_index_is_refused(ondisk_index, run_dir, shapes_dir, tmp_path):
     index = tmp_path / "index"
     shutil.copytree(ondisk_index, index)

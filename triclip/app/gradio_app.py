@@ -31,9 +31,9 @@ import gradio as gr
 
 from triclip.app.config import HOST, PORT, AppConfig, check_address
 from triclip.app.endpoints import ENDPOINTS, SearchApp
-from triclip.app.gradio_patches import guard_inputs, raw_text_search
+from triclip.app.gradio_patches import guard_inputs, raw_text_search, set_choices
 from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, choices_panel, feature_selection_panel, header, knobs_panel
-from triclip.app.panels import live_values, query_panel, results_panel
+from triclip.app.panels import live_values, m_choices, query_panel, results_panel
 from triclip.app.server import interrupt, launch, log_to_stderr, set_threads, wait
 
 __all__ = ["ENDPOINTS", "AppConfig", "SearchApp", "build_app", "launch", "serve"]
@@ -72,6 +72,7 @@ def build_app(searcher, cfg: AppConfig) -> tuple[gr.Blocks, SearchApp]:
         live_version.change(**refresh)
         blocks.load(**refresh)
     blocks.queue(default_concurrency_limit=cfg.concurrency, max_size=cfg.queue_size)
+    app.live.listeners.append(lambda view: set_choices(blocks, knobs.m, m_choices(view), view.dim))  # the API's too
     return guard_inputs(blocks), app
 
 

@@ -10,7 +10,9 @@ beside this file) or a wire format built by hand, there for a measured reason:
 - :func:`loose`: ``preprocess`` passes ``m`` and ``k`` to the app unchecked;
 - :func:`guard_inputs`: ``Blocks.preprocess_data`` turns a malformed payload into a message;
 - :func:`raw_text_search`: the batched text search takes and gives the wire format
-  (``preprocess=False, postprocess=False``).
+  (``preprocess=False, postprocess=False``);
+- :func:`set_choices`: a radio's choices changed after launch, in the page's config and the
+  API info (Gradio computes both once, at launch, and caches the API info).
 
 ``tests/app/test_gradio_patches.py`` checks each against the installed Gradio (and
 ``test_gradio_internals.py`` the internals they replace, docs/DEPENDENCIES.md); a new
@@ -177,3 +179,33 @@ def raw_text_search(app: SearchApp, gallery: gr.Gallery, batched: bool):
 
     search_text.__doc__ = app.search_text.__doc__
     return search_text
+
+
+def set_choices(blocks: gr.Blocks, radio: gr.Radio, choices: list, value) -> None:
+    """Give ``radio`` new ``choices`` (and default ``value``) in a launched app: what a newly opened page draws
+    (``blocks.config``) and what the API info (``/gradio_api/info``, ``gradio_client.view_api``) lists.
+
+    Gradio builds ``blocks.config`` at launch and caches the API info made from it in its server app
+    (``api_info``, ``all_app_info``, ``page_api_info``); a page already open redraws its radio with
+    ``gr.update(choices=...)``, but nothing reaches those two. The component's entry is replaced in a
+    copy of the config, which is then swapped in whole (requests read it meanwhile), and the caches are
+    emptied so the next request makes them again.
+    """
+    radio.choices = [tuple(c) if isinstance(c, (list, tuple)) else (str(c), c) for c in choices]
+    radio.value = value
+    config = getattr(blocks, "config", None)
+    if not isinstance(config, dict) or not isinstance(config.get("components"), list):
+        return  # not launched yet: the config made at launch will have them
+    entries = []
+    for entry in config["components"]:
+        if isinstance(entry, dict) and entry.get("id") == radio._id:
+            props = radio.get_config()
+            entry = {**entry, "props": {**entry.get("props", {}), "choices": props["choices"], "value": props["value"]}}
+            for key in ("api_info", "api_info_as_input"):
+                if key in entry:
+                    entry[key] = radio.api_info()
+        entries.append(entry)
+    blocks.config = {**config, "components": entries}
+    server = getattr(blocks, "server_app", None)
+    if server is not None:
+        server.api_info, server.all_app_info, server.page_api_info = None, None, {}

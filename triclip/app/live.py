@@ -128,6 +128,12 @@ class IndexView:
             paths, identity, rows, curves = searcher.view_parts()
             return cls(searcher, version, ImageFiles(paths, identity), rows, recall, curves)
         files = ImageFiles.of(meta)
+        if "files" not in manifest:
+            log.warning(
+                "index %s %s records no size or fingerprint of its files (built before they were recorded): they are"
+                " checked by kind, shape, count and codec only; rebuild the index to have every file vouched for",
+                index_dir, version,
+            )
         if files.taken_at_load:
             log.warning(
                 "index %s %s records no file identities for %d images (built before they were recorded): using the"
@@ -135,7 +141,7 @@ class IndexView:
                 index_dir, version, files.taken_at_load,
             )
         return cls(searcher, version, files, {row["id"]: i for i, row in enumerate(meta)}, recall,
-                   read_curves(index_dir, searcher.contents.version))
+                   read_curves(index_dir, searcher.contents.version, manifest.get("files")))
 
     @property
     def dims(self) -> list[int]:
@@ -161,6 +167,11 @@ class LiveIndex:
     model is reused, :meth:`triclip.index.search.Searcher.with_contents`), then swaps the
     reference. Requests keep being answered by the old version meanwhile; it is freed
     when the last request holding it ends.
+
+    A new version is served only once every file of it passed its checks, the codes of
+    every byte budget included (read now, in the background: a search reads them only
+    on first use); otherwise the loaded version stays, and the failure is logged.
+    ``listeners`` are called with each view swapped in (the page's API choices follow it).
     """
 
     def __init__(self, index_dir, view: IndexView, interval: float = 1.0, run=None, device=None):
@@ -174,6 +185,7 @@ class LiveIndex:
         self._loading = False
         self.files_of: OrderedDict[str, ImageFiles] = OrderedDict([(view.version, view.files)])  # recent versions
         self.swaps = 0  # versions swapped in since start
+        self.listeners: list = []  # called with each new IndexView once it is served (from the loading thread)
 
     def view(self) -> IndexView:
         if self.interval > 0 and time.monotonic() - self._checked >= self.interval and not self._loading:
@@ -202,6 +214,8 @@ class LiveIndex:
         contents = load_contents(self.root)
         if contents.version == old.version:
             return False
+        contents.codes.load_all()  # every budget's codes checked before the version is served (UserError)
+        contents.text_codes.load_all()
         if contents.manifest.get("fingerprint") == old.searcher.manifest.get("fingerprint"):
             searcher = old.searcher.with_contents(contents, self.root)  # the same run: keep the loaded model
         else:
@@ -215,6 +229,11 @@ class LiveIndex:
         log.warning(
             "now serving %s version %s: %d images (was %s)", self.root, view.version, len(searcher), old.version
         )
+        for listener in self.listeners:
+            try:
+                listener(view)
+            except Exception:  # noqa: BLE001 (the version is served; a listener's failure is logged only)
+                log.exception("after swapping in %s", view.version)
         return True
 
     def _reload(self, stamp) -> None:

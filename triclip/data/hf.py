@@ -10,7 +10,9 @@ column ``image`` (else ``img``, ``jpg``), caption column ``text`` (else
 
 from __future__ import annotations
 
+import contextlib
 import io
+import logging
 import os
 import re
 from dataclasses import dataclass
@@ -24,6 +26,7 @@ from triclip.core.errors import UserError
 
 IMAGE_COLUMNS = ("image", "img", "jpg")  # tried in order when no image key is given
 CAPTION_COLUMNS = ("text", "caption", "captions", "sentences")  # tried in order when no caption key is given
+HUB_LOGGERS = ("huggingface_hub", "datasets", "fsspec", "httpx")  # their own lines about a failed request
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")  # a hub data set id: NAME or OWNER/NAME
 
 
@@ -95,7 +98,8 @@ def _load(path: str, split: str):
         name = path[3:]
         check_hub_name(path)
         try:
-            return datasets.load_dataset(name, split=split)
+            with _quiet(HUB_LOGGERS):
+                return datasets.load_dataset(name, split=split)
         except Exception as err:  # offline, unknown name, no such split: all the user's to fix
             first = (str(err).strip().splitlines() or [type(err).__name__])[0]
             raise UserError(f"cannot load {name!r} from the Hugging Face hub: {first}") from None
@@ -109,6 +113,21 @@ def _load(path: str, split: str):
             raise UserError(f"{path}: no split {split!r} (splits: {', '.join(data)}); choose one with --split")
         data = data[split]
     return data
+
+
+@contextlib.contextmanager
+def _quiet(names: tuple[str, ...]):
+    """The loggers ``names`` silenced meanwhile: the hub client logs every failed request and retry itself
+    (``'[Errno -2] ...' thrown while requesting HEAD ...``), where our one line says why the load failed."""
+    loggers = [logging.getLogger(name) for name in names]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
 
 
 def _pick_column(columns: list[str], wanted: str | None, defaults: tuple[str, ...], option: str, path: str) -> str:

@@ -174,23 +174,27 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     found: list[Variant] = []
     order = sorted(range(len(specs)), key=lambda i: (codecs.lookup(specs[i].codec).fit_cost, i))
     for i in progress(order, desc=f"codes of {budget} B", unit="code", disable=None):
-        spec = specs[i]
-        best = _best(found, bound, ceiling)
-        why = _left_out(spec, best, bound, ceiling, rules, tune)
-        if why:
-            tried[i] = [_unmeasured(spec, "skipped", why)]
-            continue
-        try:
-            codec = codecs.fit(spec, tune.gallery)
-        except UserError as err:  # e.g. too few vectors for this code: it is not a candidate here
-            tried[i] = [_unmeasured(spec, "error", str(err))]
-            continue
-        variants = evaluate(codec, evaluation, tune, rules)
-        found.extend(variants)
-        tried[i] = [v.entry(dim) for v in variants]
+        why = _left_out(specs[i], _best(found, bound, ceiling), bound, ceiling, rules, tune)
+        tried[i] = [_unmeasured(specs[i], "skipped", why)] if why else _measure(specs[i], evaluation, tune, rules, found)
+    if not found and rules.latency_ms is None:  # the default bound left out every code unfitted: the fastest is kept
+        for i in order:
+            if tried[i][0].get("skipped"):
+                tried[i] = _measure(specs[i], evaluation, tune, rules, found)
     choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
     choice.full_recall = ceiling
     return choice
+
+
+def _measure(spec, evaluation: EvalSet, tune: "TuneSet", rules: Rules, found: list) -> list[dict]:
+    """Fit ``spec`` on the tuning sample and measure it (its variants appended to ``found``); the entries of
+    what was tried (an "error" entry when the code cannot be fitted here, e.g. too few vectors)."""
+    try:
+        codec = codecs.fit(spec, tune.gallery)
+    except UserError as err:
+        return [_unmeasured(spec, "error", str(err))]
+    variants = evaluate(codec, evaluation, tune, rules)
+    found.extend(variants)
+    return [v.entry(tune.gallery.shape[1]) for v in variants]
 
 
 def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:

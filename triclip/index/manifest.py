@@ -16,7 +16,9 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     own recall on the same evaluation), "text" (the caption codes, the
     same keys, recall = i2t; absent without captions)}}: ``--bytes``, ``triclip.index.budgets``; an inverted
     lists code's nlist and nprobe are in its spec's params),
-    created, updated (and on_disk, written by ``triclip.index.store``)
+    created, updated (and on_disk and files, written by ``triclip.index.store``: files maps each file of the
+    version to its size and sampled sha256, and the codes to their codec, count and width;
+    ``triclip.index.filecheck``)
 
 Each image row of ``meta.jsonl`` records its file's identity (``"file"``: device, inode,
 size, mtime_ns; :func:`file_identity`), so the app serves only the files that were indexed.
@@ -158,13 +160,19 @@ def curve_dims(dims: list[int], dim: int) -> list[int]:
     return sorted(set(dims) | {2**i for i in range(1, dim.bit_length()) if 2**i <= dim} | {dim})
 
 
-def read_curves(index_dir, version: str | None) -> dict | None:
-    """The curves file of a version of an index folder, or None (none recorded, or unreadable)."""
+def read_curves(index_dir, version: str | None, records: dict | None = None) -> dict | None:
+    """The curves file of a version of an index folder, or None (none recorded, unreadable, or not the file
+    ``records``, the version's manifest ``files``, vouches for: ``triclip.index.filecheck``)."""
+    from triclip.index import filecheck
+
     if not version:
         return None
+    path = Path(index_dir) / version / CURVES
     try:
-        data = json.loads((Path(index_dir) / version / CURVES).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        if records is not None and filecheck.check_file(path, path.parent, records) is not None:
+            return None
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, UserError):
         return None
     return data if isinstance(data, dict) and isinstance(data.get("curves"), dict) else None
 

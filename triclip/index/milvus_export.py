@@ -38,6 +38,7 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.progress import progress
+from triclip.index import filecheck
 from triclip.index import milvus as mv
 from triclip.index.config import ExportConfig
 from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, current_version
@@ -177,6 +178,11 @@ def _open_version(root: Path, version: str) -> Source:
         manifest["transform"]["dim"], manifest["fingerprint"]  # noqa: B018 (present)
     except (ValueError, KeyError, TypeError) as err:
         raise damaged(f"{MANIFEST} is unreadable ({err})") from None
+    records = filecheck.check_records(manifest.get(filecheck.FILES), folder, damaged)
+    for name in (VECTORS, META) + ((TEXT_VECTORS, TEXT_ROWS) if text_count is not None else ()):
+        why = filecheck.check_file(folder / name, folder, records)  # what the manifest vouches for is exported
+        if why is not None:
+            raise filecheck.refused(folder, why)
     vectors = _mapped(folder / VECTORS, (count, dim), damaged)
     meta_file = open(folder / META, encoding="utf-8")  # noqa: SIM115 (kept open for the export)
     src = Source(root, version, manifest, hashlib.sha256(raw).hexdigest(), vectors, meta_file)

@@ -20,6 +20,13 @@ memory-mapped (``triclip.index.faiss_index.load(on_disk=True)``: looked up besid
 file, so the folder can be moved), and so are the vectors of such a version. Such a
 version cannot be extended in place (``--add``): it is rebuilt from the embeddings.
 
+Every file of a version is vouched for by its manifest (``files``: size, a sampled sha256, and for
+codes the codec, count and width; :mod:`triclip.index.filecheck`) and checked before it is read: a
+file swapped in from another budget, version or index, truncated, a directory, a FIFO or closed to
+this user is refused in one line naming it. The codes of the byte budgets are opened with the
+version and read on first use (:mod:`triclip.index.lazy_codes`), so a bad codes file refuses its
+own budget only.
+
 A writer (:func:`writer_lock`) stages a complete version in ``INDEX/.tmp-*``, renames it
 to the next ``vNNNNNN``, then points ``CURRENT`` at it (temporary file + ``os.replace``)
 and removes the other versions; a replacing build (``--overwrite``) keeps the version it
@@ -50,6 +57,8 @@ import faiss
 import numpy as np
 
 from triclip.index import faiss_index as fi
+from triclip.index import filecheck
+from triclip.index.lazy_codes import CodeFile, LazyCodes
 from triclip.core.errors import UserError
 from triclip.core.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 from triclip.index.versions import (  # noqa: F401 (re-exported: where the live version is)
@@ -264,6 +273,9 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         c.manifest["on_disk"] = on_disk
     else:
         c.manifest.pop("on_disk", None)
+    written = {code_name(b): codec for b, codec in c.codes.items()}
+    written.update({code_name(b, "text"): codec for b, codec in c.text_codes.items()})
+    c.manifest[filecheck.FILES] = filecheck.records_for(folder, MANIFEST, written)  # what each file is (filecheck)
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:  # last: marks the version complete
         fh.write(json.dumps(c.manifest, indent=1, default=str) + "\n")
         fh.flush()
@@ -343,38 +355,49 @@ def _damaged(folder: Path, what: str) -> UserError:
 
 
 def _load_version(folder: Path, indexes: bool) -> IndexContents:
+    """One version, each file checked against its record in the manifest (``triclip.index.filecheck``) before
+    it is read; the codes of the byte budgets are only opened here, and read on first use (``lazy_codes``)."""
     manifest = _read_json(folder / MANIFEST, folder)
     dim, dims, count, text_count = _check_manifest(manifest, folder)
+    records = filecheck.check_records(manifest.get(filecheck.FILES), folder, lambda what: _damaged(folder, what))
     on_disk = _check_on_disk(manifest, dims, text_count is not None, folder)
-    meta = _read_meta(folder / META, folder)
+    meta, why = _read_meta(folder / META, folder, records)
     if len(meta) != count:
         raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
+    if why is not None:
+        raise filecheck.refused(folder, why)
     budgets, text_budgets = _check_budgets(manifest, text_count is not None, folder)
     mmap = bool(on_disk) or bool(budgets)  # too big for memory, or codes in memory: the float vectors are mapped
-    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, mmap)
+    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, records, mmap)
     contents = IndexContents(manifest, meta, vectors, {})
     if text_count is not None:
-        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, mmap)
-        rows = _read_array(folder / TEXT_ROWS, folder)
-        if rows.shape != (text_count, 2) or rows.dtype.kind not in "iu" or (len(rows) and (
-            rows[:, 0].min() < 0 or rows[:, 0].max() >= count)):
-            raise _damaged(folder, f"{TEXT_ROWS} does not match {text_count} captions of {count} images")
-        contents.text_rows = rows.astype(np.int64)
+        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, records, mmap)
+        contents.text_rows = _read_text_rows(folder / TEXT_ROWS, text_count, count, folder, records)
     for m in dims:
         lists = on_disk.get(("image", m))
         contents.image_indexes[m] = (
-            _read_index(folder / image_index_name(m), m, count, folder, lists) if indexes else None
+            _read_index(folder / image_index_name(m), m, count, folder, records, lists) if indexes else None
         )
         if text_count is not None:
             lists = on_disk.get(("text", m))
             contents.text_indexes[m] = (
-                _read_index(folder / text_index_name(m), m, text_count, folder, lists) if indexes else None
+                _read_index(folder / text_index_name(m), m, text_count, folder, records, lists) if indexes else None
             )
-    for budget in budgets if indexes else ():
-        contents.codes[budget] = _read_codes(folder / code_name(budget), dim, count, folder)
-    for budget in text_budgets if indexes else ():
-        contents.text_codes[budget] = _read_codes(folder / code_name(budget, "text"), dim, text_count, folder)
+    if indexes:
+        contents.codes = _lazy_codes(manifest, budgets, "image", count, dim, folder, records)
+        contents.text_codes = _lazy_codes(manifest, text_budgets, "text", text_count, dim, folder, records)
     return contents
+
+
+def _lazy_codes(manifest: dict, budgets: list[int], kind: str, count: int, dim: int, folder: Path,
+                records: dict | None) -> LazyCodes:
+    """The ``kind`` ("image" / "text") codes of ``budgets``, opened now, read and checked on first use."""
+    files = {}
+    for budget in budgets:
+        entry = manifest["budgets"][str(budget)]
+        entry = entry if kind == "image" else entry["text"]
+        files[budget] = CodeFile(folder / code_name(budget, kind), entry.get("spec"), count, dim, folder, records)
+    return LazyCodes(files)
 
 
 def _check_budgets(manifest: dict, has_text: bool, folder: Path) -> tuple[list[int], list[int]]:
@@ -393,24 +416,6 @@ def _check_budgets(manifest: dict, has_text: bool, folder: Path) -> tuple[list[i
     return sorted(int(b) for b in entry), sorted(int(b) for b, v in entry.items() if v.get("text") is not None)
 
 
-def _read_codes(file: Path, dim: int, count: int, folder: Path):
-    """The codes of one budget (``triclip.codecs``), checked to hold ``count`` vectors of width ``dim``."""
-    from triclip import codecs
-
-    if not file.is_file():
-        raise FileNotFoundError(file)
-    try:
-        codec = codecs.load(file, dim)
-    except UserError:
-        raise _damaged(folder, f"{file.name} is not a readable codec file") from None
-    if len(codec) != count or codec.dim != dim:
-        raise _damaged(folder, f"{file.name} holds {len(codec)} vectors of width {codec.dim}, expected {count} of {dim}")
-    lists = fi.on_disk_lists(codec.index) if hasattr(codec, "filled_on_disk") else None
-    if lists is not None and (folder / lists.filename).stat().st_size < lists.totsize:  # mapped past its end: SIGBUS
-        raise _damaged(folder, f"{lists.filename} is truncated")
-    return codec
-
-
 def _check_on_disk(manifest: dict, dims: list[int], has_text: bool, folder: Path) -> dict[tuple[str, int], Path]:
     """``{(kind, m): lists file}`` from the manifest's ``on_disk`` (each file checked to exist)."""
     entry = manifest.get("on_disk") or {}
@@ -425,7 +430,7 @@ def _check_on_disk(manifest: dict, dims: list[int], has_text: bool, folder: Path
     if not ok:
         raise _damaged(folder, f"{MANIFEST} garbles on_disk (the lists files of on-disk indexes)")
     for file in found.values():
-        if not file.is_file():
+        if not os.path.lexists(file):  # anything else there is named by _read_index
             raise FileNotFoundError(file)
     return found
 
@@ -459,9 +464,9 @@ def _check_manifest(manifest: dict, folder: Path) -> tuple[int, list[int], int, 
     return dim, dims, count, text_count
 
 
-def _read_meta(file: Path, folder: Path) -> list[dict]:
-    if not file.is_file():
-        raise FileNotFoundError(file)
+def _read_meta(file: Path, folder: Path, records: dict | None) -> tuple[list[dict], str | None]:
+    """The image rows, and why the file is not the one recorded (None: it is; the caller checks the count first)."""
+    why = filecheck.check_file(file, folder, records)
     rows = []
     try:
         with open(file, encoding="utf-8") as fh:
@@ -473,37 +478,56 @@ def _read_meta(file: Path, folder: Path) -> list[dict]:
                     raise ValueError(f"line {n} is not an image row")
                 rows.append(row)
     except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise _damaged(folder, f"cannot read {META} ({str(err).splitlines()[0]})") from None
-    return rows
+        raise _refused_or_damaged(folder, why, f"cannot read {META} ({str(err).splitlines()[0]})") from None
+    return rows, why
 
 
-def _read_array(file: Path, folder: Path, mmap: bool = False) -> np.ndarray:
-    if not file.is_file():
-        raise FileNotFoundError(file)
+def _refused_or_damaged(folder: Path, why: str | None, what: str) -> UserError:
+    """A file that did not read as it should: not the file the manifest records (``why``), else damaged."""
+    return filecheck.refused(folder, why) if why is not None else _damaged(folder, what)
+
+
+def _read_array(file: Path, folder: Path, records: dict | None, mmap: bool = False) -> tuple[np.ndarray, str | None]:
+    """The array and why the file is not the one recorded (None: it is; the caller checks the shape first)."""
+    why = filecheck.check_file(file, folder, records)
     try:
-        return np.load(file, allow_pickle=False, mmap_mode="r" if mmap else None)
+        return np.load(file, allow_pickle=False, mmap_mode="r" if mmap else None), why
     except (OSError, ValueError, EOFError) as err:
-        raise _damaged(folder, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
+        raise _refused_or_damaged(folder, why, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
 
 
-def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, mmap: bool = False) -> np.ndarray:
+def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, records: dict | None, mmap: bool = False) -> np.ndarray:
     """The float32 vectors; ``mmap``: memory-mapped read-only, values not scanned (only shape and dtype)."""
-    arr = _read_array(file, folder, mmap)
+    arr, why = _read_array(file, folder, records, mmap)
     if arr.dtype != np.float32 or arr.shape != shape:
         raise _damaged(folder, f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 {shape}")
     if not mmap and not np.isfinite(arr).all():
         raise _damaged(folder, f"{file.name} holds NaN or infinity")
+    if why is not None:
+        raise filecheck.refused(folder, why)
     return arr
 
 
-def _read_index(file: Path, m: int, count: int, folder: Path, lists: Path | None = None) -> faiss.Index:
+def _read_text_rows(file: Path, text_count: int, count: int, folder: Path, records: dict | None) -> np.ndarray:
+    """(T, 2) image row and caption number of each caption vector."""
+    rows, why = _read_array(file, folder, records)
+    if rows.shape != (text_count, 2) or rows.dtype.kind not in "iu" or (len(rows) and (
+        rows[:, 0].min() < 0 or rows[:, 0].max() >= count)):
+        raise _damaged(folder, f"{TEXT_ROWS} does not match {text_count} captions of {count} images")
+    if why is not None:
+        raise filecheck.refused(folder, why)
+    return rows.astype(np.int64)
+
+
+def _read_index(file: Path, m: int, count: int, folder: Path, records: dict | None,
+                lists: Path | None = None) -> faiss.Index:
     """One FAISS index; ``lists``: its on-disk lists file (memory-mapped, checked to be whole)."""
-    if not file.is_file():
-        raise FileNotFoundError(file)
+    why = filecheck.check_file(file, folder, records)
+    lists_why = None if lists is None else filecheck.check_file(lists, folder, records)
     try:
         index = fi.load(file, on_disk=lists is not None)
     except ValueError:
-        raise _damaged(folder, f"{file.name} is not a readable FAISS index") from None
+        raise _refused_or_damaged(folder, why, f"{file.name} is not a readable FAISS index") from None
     if index.d != m or index.ntotal != count:
         raise _damaged(folder, f"{file.name} holds {index.ntotal} vectors of dimension {index.d}, expected {count} of {m}")
     if lists is not None:
@@ -512,4 +536,6 @@ def _read_index(file: Path, m: int, count: int, folder: Path, lists: Path | None
             raise _damaged(folder, f"{file.name} is not an on-disk index, yet the manifest names {lists.name}")
         if lists.stat().st_size < od.totsize:  # reading past the end of a mapped file kills the process (SIGBUS)
             raise _damaged(folder, f"{lists.name} is truncated ({lists.stat().st_size} of {od.totsize} bytes)")
+    if why is not None or lists_why is not None:
+        raise filecheck.refused(folder, why or lists_why)
     return index
