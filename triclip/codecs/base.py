@@ -36,10 +36,13 @@ class Codec:
 
     # ------------------------------------------------------------------ the kind of code
 
+    label_format: str = "{codec} m={m}"  # the short name: fields codec, m, bytes and the spec's params
+
     @classmethod
     def label(cls, spec: CodecSpec) -> str:
-        """Short name, e.g. ``int8 m=64``."""
-        return f"{spec.codec} m={spec.m}"
+        """Short name, e.g. ``int8 m=64`` (:attr:`label_format`; a missing nprobe reads ``?``)."""
+        return cls.label_format.format(**{"nprobe": "?", **spec.params}, codec=spec.codec, m=spec.m,
+                                       bytes=spec.bytes_per_vector)
 
     @classmethod
     def describe(cls, spec: CodecSpec) -> str:

@@ -27,10 +27,7 @@ class BinaryIVFCodec(BinaryCodec):
     title = "binary top-m, inverted lists"
     family = "binary IVF"
     file_head = FILE_HEAD
-
-    @classmethod
-    def label(cls, spec):
-        return f"binary_ivf{spec.params['nlist']}/{spec.params.get('nprobe', '?')} m={spec.m}"
+    label_format = "binary_ivf{nlist}/{nprobe} m={m}"
 
     @classmethod
     def describe(cls, spec):

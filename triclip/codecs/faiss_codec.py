@@ -139,10 +139,7 @@ class CodebookCodec(FaissCodec):
     """
 
     spans_all: bool = False  # each codebook spans all m dimensions (rq), not m / M of them (pq)
-
-    @classmethod
-    def label(cls, spec):
-        return f"{spec.codec}{spec.params['M']}x{spec.params['nbits']} m={spec.m}"
+    label_format = "{codec}{M}x{nbits} m={m}"
 
     @classmethod
     def spec_of(cls, inner, chain):

@@ -38,6 +38,7 @@ class MixedCodec(Codec):
 
     title = "mixed precision (S-aware)"
     family = "mixed"
+    label_format = "mixed {bytes}B m={m}"
 
     def __init__(self, spec: CodecSpec, lo: np.ndarray, hi: np.ndarray, dim: int, codes: np.ndarray | None = None):
         self.spec, self.dim = spec, dim
@@ -50,10 +51,6 @@ class MixedCodec(Codec):
         self.index.is_trained = True
         if codes is not None and len(codes):
             self.index.add_sa_codes(np.ascontiguousarray(codes, dtype=np.uint8))
-
-    @classmethod
-    def label(cls, spec):
-        return f"mixed {spec.bytes_per_vector}B m={spec.m}"
 
     @classmethod
     def describe(cls, spec):

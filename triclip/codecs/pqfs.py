@@ -28,10 +28,7 @@ class PQFastScanCodec(PQBooks, CodebookCodec):
     title = "PQ 4-bit fast scan"
     family = "PQ fast scan"
     exact_scan = False
-
-    @classmethod
-    def label(cls, spec):
-        return f"pq{spec.params['M']}x{FAST_BITS}fs m={spec.m}"
+    label_format = "pq{M}x4fs m={m}"
 
     @classmethod
     def describe(cls, spec):

@@ -32,10 +32,7 @@ class RQFastScanCodec(RQBooks, CodebookCodec):
     spans_all = True
     exact_scan = False
     fit_cost = 2
-
-    @classmethod
-    def label(cls, spec):
-        return f"rq{spec.params['M']}x{FAST_BITS}fs m={spec.m}"
+    label_format = "rq{M}x4fs m={m}"
 
     @classmethod
     def describe(cls, spec):
