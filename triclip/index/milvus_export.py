@@ -41,7 +41,7 @@ from triclip.core.progress import progress
 from triclip.index import filecheck
 from triclip.index import milvus as mv
 from triclip.index.config import ExportConfig
-from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, current_version
+from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, read_live
 from triclip.index.versions import VERSION_RE
 from triclip.index.vectors import prefix
 
@@ -56,7 +56,6 @@ INDEX_FOR_CODEC = {  # the code of a budget -> (the Milvus index on a server, on
 }
 NO_BUDGET = ("HNSW", "FLAT")  # no --bytes: the float vectors at D
 HNSW_PARAMS = {"M": 16, "efConstruction": 200}
-READ_TRIES = 5  # the version is opened again when a writer replaced it while it was being opened
 LOAD_TRIES = 3  # Milvus Lite may still be writing a segment's index file when the collection loads
 
 
@@ -154,18 +153,7 @@ def _check(cfg: ExportConfig) -> None:
 
 def open_source(index: str) -> Source:
     """The live version of ``index`` with its files open; UserError when there is none or a part is damaged."""
-    root = Path(index)
-    if not root.is_dir():
-        raise UserError(f"{root} is not a triclip index (no such folder)")
-    for attempt in range(READ_TRIES):
-        version = current_version(root)
-        try:
-            return _open_version(root, version)
-        except FileNotFoundError as err:
-            if attempt + 1 < READ_TRIES and current_version(root) != version:
-                continue  # a writer replaced the version while it was being opened
-            raise UserError(f"index {root / version} is damaged: {Path(err.filename or '?').name} is missing") from None
-    raise AssertionError("unreachable")
+    return read_live(index, lambda folder: _open_version(folder.parent, folder.name))[1]
 
 
 def _open_version(root: Path, version: str) -> Source:

@@ -51,7 +51,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 import faiss
 import numpy as np
@@ -78,6 +78,7 @@ TEXT_VECTORS = "text_vectors.npy"
 TEXT_ROWS = "text_rows.npy"
 FORMAT = 2  # manifest["format"]; 1 was one m per folder, manifest at the top
 OLD_FILES = ("manifest.json", "index.faiss", "text.faiss", "text_rows.npy", "meta.jsonl")  # format 1
+T = TypeVar("T")  # what a read of the live version returns
 READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
 
 
@@ -332,21 +333,27 @@ def load_contents(path: str | os.PathLike, indexes: bool = True) -> IndexContent
     Raises:
         UserError: no index, the old format, or a damaged part (named in the message).
     """
+    name, contents = read_live(path, lambda folder: _load_version(folder, indexes))
+    contents.version = name
+    return contents
+
+
+def read_live(path: str | os.PathLike, read: Callable[[Path], T]) -> tuple[str, T]:
+    """The live version's name and ``read(its folder)``, read again from the new live version where a writer
+    swapped versions meanwhile; UserError (one line) for no index or a damaged or missing part."""
     root = Path(path)
     if not root.is_dir():
         raise UserError(f"{root} is not a triclip index (no such folder)")
     for attempt in range(READ_TRIES):
         name = current_version(root)
         try:
-            contents = _load_version(root / name, indexes)
+            return name, read(root / name)
         except (FileNotFoundError, UserError) as err:
             if attempt + 1 < READ_TRIES and (not (root / name).is_dir() or current_version(root) != name):
                 continue  # a writer swapped versions while we read: read the new one
             if isinstance(err, FileNotFoundError):
                 raise _damaged(root / name, f"{Path(err.filename or str(err)).name} is missing") from None
             raise
-        contents.version = name
-        return contents
     raise AssertionError("unreachable")
 
 
