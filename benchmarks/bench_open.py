@@ -58,7 +58,7 @@ print(json.dumps(out))
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--index", required=True, help="an index folder (read only)")
     parser.add_argument("--old", default=OLD_REF, help=f"the git commit to compare with (default {OLD_REF})")
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds of each side")
