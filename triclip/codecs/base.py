@@ -44,10 +44,20 @@ class Codec:
         return cls.label_format.format(**{"nprobe": "?", **spec.params}, codec=spec.codec, m=spec.m,
                                        bytes=spec.bytes_per_vector)
 
+    words: str = ""  # the code in plain words after its label: a format of the fields of describe_fields
+
     @classmethod
     def describe(cls, spec: CodecSpec) -> str:
-        """The code in plain words for a newcomer, starting with its label."""
-        raise NotImplementedError
+        """The code in plain words for a newcomer, starting with its label (:attr:`words` filled in)."""
+        return f"{spec.label()}: " + cls.words.format(**cls.describe_fields(spec))
+
+    @classmethod
+    def describe_fields(cls, spec: CodecSpec) -> dict:
+        """What :attr:`words` may name: the spec's params, m, bytes, first ('the first 64 dimensions'), note
+        ('8 bytes per vector'), size (m / M where M is a param) and nprobe ('?' where unset)."""
+        groups = spec.params.get("M")
+        return {"nprobe": "?", **spec.params, "m": spec.m, "bytes": spec.bytes_per_vector,
+                "first": first(spec.m), "note": bytes_note(spec), "size": spec.m // groups if groups else None}
 
     @classmethod
     def candidates(cls, budget: int, dim: int, n: int | None = None) -> list[CodecSpec]:

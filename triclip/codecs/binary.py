@@ -15,7 +15,7 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
-from triclip.codecs.base import Codec, bytes_note, first, prefix_candidates
+from triclip.codecs.base import Codec, prefix_candidates
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
 
@@ -29,15 +29,12 @@ class BinaryCodec(Codec):
     title = "binary top-m"
     family = "binary"
     file_head = FILE_HEAD  # how its FAISS file starts
+    words = ("the sign of each of {first}, one bit each; the query's signs are compared with them (Hamming"
+             " distance); {note}")
     symmetric = True
 
     def __init__(self, spec: CodecSpec, index: faiss.IndexBinaryFlat, dim: int):
         self.spec, self.index, self.dim = spec, index, dim
-
-    @classmethod
-    def describe(cls, spec):
-        return (f"{spec.label()}: the sign of each of {first(spec.m)}, one bit each; the query's"
-                f" signs are compared with them (Hamming distance); {bytes_note(spec)}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

@@ -28,13 +28,8 @@ class BinaryIVFCodec(BinaryCodec):
     family = "binary IVF"
     file_head = FILE_HEAD
     label_format = "binary_ivf{nlist}/{nprobe} m={m}"
-
-    @classmethod
-    def describe(cls, spec):
-        return (f"{spec.label()}: the sign of each of the first {spec.m} dimensions, one bit each, in"
-                f" {spec.params['nlist']} lists by Hamming k-means; a binarised query scans the"
-                f" {spec.params.get('nprobe', '?')} nearest lists (plus an 8-byte id per vector);"
-                f" {spec.bytes_per_vector} bytes per vector")
+    words = ("the sign of each of the first {m} dimensions, one bit each, in {nlist} lists by Hamming k-means; a"
+             " binarised query scans the {nprobe} nearest lists (plus an 8-byte id per vector); {bytes} bytes per vector")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

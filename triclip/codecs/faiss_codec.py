@@ -165,6 +165,10 @@ class CodebookCodec(FaissCodec):
         return replace(spec, bytes_per_vector=math.ceil(sub * nbits / 8), params={"M": sub, "nbits": nbits})
 
     @classmethod
+    def describe_fields(cls, spec: CodecSpec) -> dict:
+        return {**super().describe_fields(spec), "entries": cls.entries(spec)}
+
+    @classmethod
     def entries(cls, spec: CodecSpec) -> str:
         """'256 entries, one byte each' (nbits < 8: 'of 32 entries, 5 bits each') for :meth:`describe`."""
         nbits = spec.params["nbits"]

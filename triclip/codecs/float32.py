@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import faiss
 
-from triclip.codecs.base import bytes_note, first, prefix_candidates
+from triclip.codecs.base import prefix_candidates
 from triclip.codecs.faiss_codec import FaissCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -16,10 +16,7 @@ class Float32Codec(FaissCodec):
 
     title = "float32 top-m"
     family = "float32 (codec)"  # "float32 top-m (today)" is the uncoded row beside it
-
-    @classmethod
-    def describe(cls, spec):
-        return f"{spec.label()}: {first(spec.m)} as 32-bit floats, 4 bytes each, searched exactly; {bytes_note(spec)}"
+    words = ("{first} as 32-bit floats, 4 bytes each, searched exactly; {note}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import faiss
 
-from triclip.codecs.base import METRIC, bytes_note, first, prefix_candidates
+from triclip.codecs.base import METRIC, prefix_candidates
 from triclip.codecs.faiss_codec import FaissCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -19,11 +19,7 @@ class Int8Codec(FaissCodec):
 
     title = "int8 top-m"
     family = "int8"
-
-    @classmethod
-    def describe(cls, spec):
-        return (f"{spec.label()}: {first(spec.m)}, one byte each (256 steps between a low and a high"
-                f" value learnt per dimension); {bytes_note(spec)}")
+    words = ("{first}, one byte each (256 steps between a low and a high value learnt per dimension); {note}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

@@ -5,7 +5,6 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import bytes_note, first
 from triclip.codecs.pq import PQCodec
 from triclip.codecs.registry import register_codec
 
@@ -19,15 +18,10 @@ class OPQCodec(PQCodec):
 
     title = "OPQ + PQ"
     family = "OPQ+PQ"
+    words = ("{first} turned by a learnt rotation, then cut into {M} groups of {size}, each stored as the nearest"
+             " entry of its own learnt codebook of {entries}; {note}")
     dims_per_code = OPQ_DIMS_PER_CODE
     halves = False  # the largest m only
-
-    @classmethod
-    def describe(cls, spec):
-        groups = spec.params["M"]
-        return (f"{spec.label()}: {first(spec.m)} turned by a learnt rotation, then cut into {groups}"
-                f" groups of {spec.m // groups}, each stored as the nearest entry of its own learnt codebook of"
-                f" {cls.entries(spec)}; {bytes_note(spec)}")
 
     @classmethod
     def faiss_parts(cls, spec, n):

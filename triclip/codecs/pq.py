@@ -5,7 +5,7 @@ from __future__ import annotations
 import faiss
 import numpy as np
 
-from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.base import METRIC
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -31,15 +31,11 @@ class PQCodec(PQBooks, CodebookCodec):
 
     title = "PQ"
     family = "PQ"
+    words = ("{first} cut into {M} groups of {size}, each stored as the nearest entry of its own learnt codebook of"
+             " {entries}; {note}")
     dims_per_code = PQ_DIMS_PER_CODE  # fewest dimensions per sub-quantiser among the candidates
     halves = True  # the candidates: on the largest multiple of M up to D, and half of it
     fit_cost = 1
-
-    @classmethod
-    def describe(cls, spec):
-        groups = spec.params["M"]
-        return (f"{spec.label()}: {first(spec.m)} cut into {groups} groups of {spec.m // groups}, each"
-                f" stored as the nearest entry of its own learnt codebook of {cls.entries(spec)}; {bytes_note(spec)}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.base import METRIC
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.pq import PQBooks
 from triclip.codecs.registry import register_codec
@@ -27,15 +27,10 @@ class PQFastScanCodec(PQBooks, CodebookCodec):
 
     title = "PQ 4-bit fast scan"
     family = "PQ fast scan"
+    words = ("{first} cut into {M} groups of {size}, each stored as the nearest of 16 learnt centroids (4 bits),"
+             " scanned 32 codes at a time from 8-bit lookup tables; {note}")
     exact_scan = False
     label_format = "pq{M}x4fs m={m}"
-
-    @classmethod
-    def describe(cls, spec):
-        groups = spec.params["M"]
-        return (f"{spec.label()}: {first(spec.m)} cut into {groups} groups of {spec.m // groups}, each stored as"
-                f" the nearest of 16 learnt centroids (4 bits), scanned 32 codes at a time from 8-bit lookup tables;"
-                f" {bytes_note(spec)}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import faiss
 
-from triclip.codecs.base import METRIC, bytes_note, first
+from triclip.codecs.base import METRIC
 from triclip.codecs.faiss_codec import FaissCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -25,18 +25,16 @@ class RaBitQCodec(FaissCodec):
 
     title = "RaBitQ"
     family = "RaBitQ"
+    scan = ""  # how its codes are scanned, in words (the fast-scan twin says)
+    words = ("{first} centred and randomly rotated, one bit each, and two numbers per vector from which the"
+             " inner product is estimated{scan}; {note}")
     exact_scan = False
     factory = "RaBitQ"  # FAISS's factory string
     kind = faiss.IndexRaBitQ  # the FAISS index it builds
 
     @classmethod
-    def describe(cls, spec):
-        return (f"{spec.label()}: {first(spec.m)} centred and randomly rotated, one bit each, and two numbers per"
-                f" vector from which the inner product is estimated{cls.scan_words()}; {bytes_note(spec)}")
-
-    @classmethod
-    def scan_words(cls) -> str:
-        return ""
+    def describe_fields(cls, spec):
+        return {**super().describe_fields(spec), "scan": cls.scan}
 
     @classmethod
     def candidates(cls, budget, dim, n=None):
@@ -63,9 +61,7 @@ class RaBitQFastScanCodec(RaBitQCodec):
 
     title = "RaBitQ fast scan"
     family = "RaBitQ fast scan"
+    scan = ", scanned 32 codes at a time"
     factory = "RaBitQfs"
     kind = faiss.IndexRaBitQFastScan
 
-    @classmethod
-    def scan_words(cls) -> str:
-        return ", scanned 32 codes at a time"

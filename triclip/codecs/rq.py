@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import METRIC, bytes_note
+from triclip.codecs.base import METRIC
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -44,13 +44,10 @@ class RQCodec(RQBooks, CodebookCodec):
 
     title = "RQ"
     family = "RQ"
+    words = ("{M} codebooks of {entries}, over all {m} dimensions kept, each coding what the ones before it left;"
+             " {note}")
     spans_all = True
     fit_cost = 2
-
-    @classmethod
-    def describe(cls, spec):
-        return (f"{spec.label()}: {spec.params['M']} codebooks of {cls.entries(spec)}, over all {spec.m} dimensions"
-                f" kept, each coding what the ones before it left; {bytes_note(spec)}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import METRIC, bytes_note
+from triclip.codecs.base import METRIC
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.pqfs import FAST_BITS
 from triclip.codecs.registry import register_codec
@@ -29,16 +29,12 @@ class RQFastScanCodec(RQBooks, CodebookCodec):
 
     title = "RQ 4-bit fast scan"
     family = "RQ fast scan"
+    words = ("{M} codebooks of 16 entries (4 bits each) over all {m} dimensions, each coding what the ones before"
+             " it left, scanned 32 codes at a time from 8-bit lookup tables; {note}")
     spans_all = True
     exact_scan = False
     fit_cost = 2
     label_format = "rq{M}x4fs m={m}"
-
-    @classmethod
-    def describe(cls, spec):
-        return (f"{spec.label()}: {spec.params['M']} codebooks of 16 entries (4 bits each) over all {spec.m}"
-                f" dimensions, each coding what the ones before it left, scanned 32 codes at a time from 8-bit"
-                f" lookup tables; {bytes_note(spec)}")
 
     @classmethod
     def candidates(cls, budget, dim, n=None):
