@@ -51,6 +51,7 @@ from typing import Iterator
 ROOT = Path(__file__).resolve().parents[1]
 OUT = "out"  # the output folder's name inside each case's own folder (the watched one)
 DISK_BYTES = 5 << 20
+KILL_TRIES = 3  # runs of a case before its step counts as never come (a SKIP)
 TINY = ["--model", "tiny", "--batch-size", "16"]
 
 
@@ -332,17 +333,30 @@ def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps |
     for n, step in enumerate(fresh.order, 1):
         for overwrite in (False, True) if replace is not None else (False,):
             parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
-            killed = watched(with_out(spec, parent / OUT), parent, work, step)[0]
+            killed = killed_at(spec, parent, work, step)
             why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
             yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
     for n, step in enumerate(replace.order if replace is not None else [], 1):
         parent = case_folder(work, f"{slug}-{n}-replace")
-        shutil.copytree(reference, parent / OUT, symlinks=True)
-        killed = watched(with_out(spec, parent / OUT, "--overwrite"), parent, work, step)[0]
+        killed = killed_at(spec, parent, work, step, "--overwrite", copy=reference)
         why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
         why = why or rerun(spec, parent / OUT, work, overwrite=True)
         yield (f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
                why if killed else "skip: it exited before the step came")  # fmt: skip
+
+
+def killed_at(spec: dict, parent: Path, work: Path, step: tuple, *extra: str, copy: Path | None = None) -> bool:
+    """Run the command into ``parent``/OUT (a copy of ``copy`` first, where given) and kill it at ``step``; tried
+    up to ``KILL_TRIES`` times, since a step can pass unseen (a file written in a folder renamed away before its
+    watch was in place). True once killed there."""
+    for _ in range(KILL_TRIES):
+        shutil.rmtree(parent, ignore_errors=True)
+        parent.mkdir(parents=True)
+        if copy is not None:
+            shutil.copytree(copy, parent / OUT, symlinks=True)
+        if watched(with_out(spec, parent / OUT, *extra), parent, work, step)[0]:
+            return True
+    return False
 
 
 def all_cases(name: str, spec: dict, work: Path, refs: tuple, disk: bool) -> Iterator[tuple[str, str | None]]:
