@@ -53,39 +53,50 @@ def rows_of(db: str) -> dict:
 
 
 def test_a_killed_export_runs_again_to_the_same_collection(random_index, tmp_path):
-    db = str(tmp_path / "killed.db")
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
-    child = subprocess.Popen([sys.executable, "-m", "triclip", "index", "export", "--index", str(random_index), "--to", db,
-                              "--chunk", "50"], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    seen = []
-    try:
-        for line in child.stderr:  # the progress lines: "export to triclip: 350/3000 image (12%), ..."
-            seen.append(line)
-            if re.search(r"export to triclip: [1-9]\d*/", line):
-                child.send_signal(signal.SIGKILL)
-                break
-    finally:
-        child.kill()
-        child.wait(timeout=60)
-    assert child.returncode == -signal.SIGKILL, "".join(seen)  # killed, not finished
+    for chunk in (10, 2):  # a progress line comes at most once a second: smaller chunks when 10 left none mid-way
+        db = str(tmp_path / f"killed-{chunk}.db")
+        if _killed_mid_way(random_index, db, chunk):
+            break
     client = mv.connect(db)
     try:
         props = mv.read_properties(client, "triclip")
     finally:
         mv.close(client)
     done = int(props["done"])
-    assert 0 < done < ROWS and done % 50 == 0 and props["complete"] == ""  # a watermark mid-way, chunk by chunk
+    assert 0 < done < ROWS and done % chunk == 0 and props["complete"] == ""  # a watermark mid-way, chunk by chunk
 
-    resumed = export(ExportConfig(index=str(random_index), to=db, chunk=50))
+    resumed = export(ExportConfig(index=str(random_index), to=db, chunk=chunk))
     assert resumed["resumed_from"] == done and resumed["rows_written"] == ROWS - done
     whole = str(tmp_path / "whole.db")
-    export(ExportConfig(index=str(random_index), to=whole, chunk=50))
+    export(ExportConfig(index=str(random_index), to=whole, chunk=chunk))
     after_kill, uninterrupted = rows_of(db), rows_of(whole)
     for name in ("triclip", "triclip_captions"):
         assert len(after_kill[name]) == ROWS
         assert after_kill[name] == uninterrupted[name], name
     assert after_kill["props"]["complete"] == uninterrupted["props"]["complete"] != ""
     assert after_kill["props"]["ids_sha256"] == uninterrupted["props"]["ids_sha256"]
+
+
+def _killed_mid_way(index: Path, db: str, chunk: int) -> bool:
+    """``index export`` in a child, SIGKILLed at its first progress line with rows still to send; False when
+    none came before the rows were all sent (the child is killed then too)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(Path(__file__).resolve().parents[2]))
+    child = subprocess.Popen([sys.executable, "-m", "triclip", "index", "export", "--index", str(index), "--to", db,
+                              "--chunk", str(chunk)], env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    seen, mid_way = [], False
+    try:
+        for line in child.stderr:  # the progress lines: "export to triclip: 350/3000 image (12%), ..."
+            seen.append(line)
+            sent = re.search(r"export to triclip: (\d+)/", line)
+            if sent:
+                mid_way = 0 < int(sent.group(1)) < ROWS
+                child.send_signal(signal.SIGKILL)
+                break
+    finally:
+        child.kill()
+        child.wait(timeout=60)
+    assert child.returncode == -signal.SIGKILL, "".join(seen)  # killed, not finished
+    return mid_way
 
 
 def test_an_export_killed_after_its_rows_finishes_its_index_on_the_next_run(random_index, tmp_path):
