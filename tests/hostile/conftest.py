@@ -12,6 +12,7 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # FAISS on a busy CPU (see tests/index/conftest.py)
 
 import shutil  # noqa: E402
+import subprocess  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -127,3 +128,23 @@ def run_triclip(args, tmp_path: Path, unprivileged: bool = False, stdout=None, t
     cmd = [*(unprivileged_prefix() if unprivileged else []), sys.executable, "-m", "triclip", *map(str, args)]
     return subprocess.run(cmd, env=env, text=True, stdout=stdout or subprocess.PIPE, stderr=subprocess.PIPE,
                           timeout=timeout)  # fmt: skip
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 5 MB tmpfs (root only; skipped where mount is not permitted), filled to ``fill(leave)`` bytes free."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)],
+                                           capture_output=True).returncode != 0:  # fmt: skip
+        pytest.skip("a small filesystem needs root and mount (tmpfs)")
+
+    def fill(leave: int) -> Path:
+        st = os.statvfs(mount)
+        (mount / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
+        return mount
+
+    try:
+        yield fill
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -92,26 +92,6 @@ def test_a_collection_written_by_someone_else_is_refused(cli, tmp_path, built_in
     assert "holds no collection written by triclip" in one_line_error(status, err)
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 5 MB tmpfs (root only; skipped where mount is not permitted), filled to ``fill(leave)`` bytes free."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:  # fmt: skip
-        pytest.skip("a small filesystem needs root and mount (tmpfs)")
-
-    def fill(leave: int) -> Path:
-        st = os.statvfs(mount)
-        (mount / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-        return mount
-
-    try:
-        yield fill
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 @pytest.mark.parametrize("leave", [8 << 10, 64 << 10])
 def test_a_full_disk_is_one_line_and_a_rerun_finishes(cli, built_index, small_disk, leave):
     disk = small_disk(leave=leave)

@@ -355,28 +355,6 @@ def test_an_hf_name_offline_is_one_line_without_a_request(cli, tmp_path, monkeyp
 # ---------------------------------------------------------------------------- a full disk and permissions
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 5 MB tmpfs (root only; skipped where mount is not permitted), filled to ``fill(leave)`` bytes free."""
-    import subprocess
-
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=5m", "tmpfs", str(mount)],
-                                           capture_output=True).returncode != 0:  # fmt: skip
-        pytest.skip("a small filesystem needs root and mount (tmpfs)")
-
-    def fill(leave: int) -> Path:
-        st = os.statvfs(mount)
-        (mount / "filler").write_bytes(b"\0" * max(0, st.f_bavail * st.f_frsize - leave))
-        return mount
-
-    try:
-        yield fill
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
 @pytest.mark.parametrize("command", ["train", "solve --run", "index build", "index build --overwrite", "embed"])
 def test_a_full_disk_is_one_true_line(cli, tmp_path, shapes, tiny_run, built_index, small_disk, command):
     disk = small_disk(leave=1 << 30)  # nothing filled yet

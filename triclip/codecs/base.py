@@ -36,27 +36,26 @@ class Codec:
 
     # ------------------------------------------------------------------ the kind of code
 
-    label_format: str = "{codec} m={m}"  # the short name: fields codec, m, bytes and the spec's params
+    label_format: str = "{codec} m={m}"  # the short name: a format of the fields of :meth:`fields`
+    words: str = ""  # the code in plain words after its label: a format of the fields of :meth:`fields`
 
     @classmethod
     def label(cls, spec: CodecSpec) -> str:
-        """Short name, e.g. ``int8 m=64`` (:attr:`label_format`; a missing nprobe reads ``?``)."""
-        return cls.label_format.format(**{"nprobe": "?", **spec.params}, codec=spec.codec, m=spec.m,
-                                       bytes=spec.bytes_per_vector)
-
-    words: str = ""  # the code in plain words after its label: a format of the fields of describe_fields
+        """Short name, e.g. ``int8 m=64`` (:attr:`label_format` filled in)."""
+        return cls.label_format.format(**cls.fields(spec))
 
     @classmethod
     def describe(cls, spec: CodecSpec) -> str:
         """The code in plain words for a newcomer, starting with its label (:attr:`words` filled in)."""
-        return f"{spec.label()}: " + cls.words.format(**cls.describe_fields(spec))
+        return f"{spec.label()}: " + cls.words.format(**cls.fields(spec))
 
     @classmethod
-    def describe_fields(cls, spec: CodecSpec) -> dict:
-        """What :attr:`words` may name: the spec's params, m, bytes, first ('the first 64 dimensions'), note
-        ('8 bytes per vector'), size (m / M where M is a param) and nprobe ('?' where unset)."""
+    def fields(cls, spec: CodecSpec) -> dict:
+        """What :attr:`label_format` and :attr:`words` may name: the spec's params, codec, m, bytes, first ('the
+        first 64 dimensions'), note ('8 bytes per vector'), size (m / M where M is a param) and nprobe ('?' where
+        unset)."""
         groups = spec.params.get("M")
-        return {"nprobe": "?", **spec.params, "m": spec.m, "bytes": spec.bytes_per_vector,
+        return {"nprobe": "?", **spec.params, "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector,
                 "first": first(spec.m), "note": bytes_note(spec), "size": spec.m // groups if groups else None}
 
     @classmethod

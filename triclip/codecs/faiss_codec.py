@@ -165,8 +165,8 @@ class CodebookCodec(FaissCodec):
         return replace(spec, bytes_per_vector=math.ceil(sub * nbits / 8), params={"M": sub, "nbits": nbits})
 
     @classmethod
-    def describe_fields(cls, spec: CodecSpec) -> dict:
-        return {**super().describe_fields(spec), "entries": cls.entries(spec)}
+    def fields(cls, spec: CodecSpec) -> dict:
+        return {**super().fields(spec), "entries": cls.entries(spec)}
 
     @classmethod
     def entries(cls, spec: CodecSpec) -> str:

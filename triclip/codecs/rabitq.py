@@ -33,8 +33,8 @@ class RaBitQCodec(FaissCodec):
     kind = faiss.IndexRaBitQ  # the FAISS index it builds
 
     @classmethod
-    def describe_fields(cls, spec):
-        return {**super().describe_fields(spec), "scan": cls.scan}
+    def fields(cls, spec):
+        return {**super().fields(spec), "scan": cls.scan}
 
     @classmethod
     def candidates(cls, budget, dim, n=None):
