@@ -31,7 +31,7 @@ the second, since its cells are wide and clipped), so a greedy bit-by-bit water-
 the optimum. :func:`allocate` therefore solves the integer problem exactly, by dynamic programming
 over (dimension, bits used) - a multiple-choice knapsack of at most ``D * B * (MAX_BITS + 1)``
 steps - on ``d_j(b)`` MEASURED on the training collection (:func:`quantiser_table`, of which the
-high-resolution formula is the asymptote), not on the formula. ``tests/index/test_codecs.py``
+high-resolution formula is the asymptote), not on the formula. ``tests/codecs/test_codecs.py``
 checks it against brute force over every integer allocation on small cases.
 
 The quantiser: for each dimension and bit width, the range ``[lo, hi]`` is the collection's
