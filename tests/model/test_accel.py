@@ -223,3 +223,29 @@ def test_frozen_tower_bottom_fast_path_matches_eager(model, images, backend, mon
         assert all(p.requires_grad for p in model.image_tower.parameters())  # and its trainable flags
     eager = accel.image_module_features(bottom, images, key="x")  # autograd on: the module itself
     assert torch.equal(eager.detach(), bottom(images)["x"].detach())
+
+
+def test_text_batches_cap_padded_tokens_and_cover_every_row_once(model, monkeypatch):
+    """Sorted by token length; no batch over batch_size rows or MAX_TOKENS padded tokens (one long text alone)."""
+    monkeypatch.setattr(accel, "MAX_TOKENS", 64)
+    texts = ["word " * n for n in (40, 1, 3, 90, 2, 12, 30, 5, 7, 200)] + CAPTIONS
+    lengths = [int(model.tokenize([t])["attention_mask"].sum()) for t in texts]
+    batches = accel.text_batches(model, texts, batch_size=4)
+    assert sorted(i for rows in batches for i in rows) == list(range(len(texts)))
+    flat = [lengths[i] for rows in batches for i in rows]
+    assert flat == sorted(flat)
+    for rows in batches:
+        assert len(rows) <= 4
+        assert len(rows) == 1 or max(lengths[i] for i in rows) * len(rows) <= 64
+    assert [len(rows) for rows in batches if max(lengths[i] for i in rows) > 64] == [1, 1]  # 90 and 200 words
+    assert max(len(rows) for rows in batches) == 4  # short texts still fill batches
+
+
+def test_token_budget_batches_embed_like_one_text_at_a_time(model, monkeypatch):
+    """The optimised batching (small batches for long texts) against the reference: each text alone."""
+    monkeypatch.setattr(accel, "MAX_TOKENS", 48)
+    texts = ["tree " * n + f"number {n}" for n in (1, 60, 3, 25, 0, 9)] + CAPTIONS
+    batched = embed_texts(model, texts, "cpu", batch_size=3)
+    single = torch.cat([embed_texts(model, [t], "cpu") for t in texts])
+    assert batched.shape == single.shape == (len(texts), model.embed_dim)
+    assert _min_cos(batched, single) >= MIN_COS

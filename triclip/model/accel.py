@@ -34,7 +34,7 @@ import threading
 import warnings
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
 import torch.nn as nn
@@ -82,6 +82,44 @@ def text_features(model, texts) -> torch.Tensor:
     if isinstance(tokens, Mapping):
         return model.text_features({k: v.to(device) for k, v in tokens.items()})
     return model.text_features(tokens.to(device))
+
+
+MAX_TOKENS = 2048  # padded tokens in one text batch (rows x its longest): long captions go in small batches
+
+
+def text_batches(model, texts: Sequence[str], batch_size: int) -> list[list[int]]:
+    """Row numbers of ``texts`` in batches of similar token length, shortest first.
+
+    A batch holds at most ``batch_size`` rows and, where the tokenizer pads to the longest
+    text (an attention mask), at most :data:`MAX_TOKENS` padded tokens: a batch of 256
+    captions of 256 tokens holds a 0.8 GB attention matrix per layer and runs 3x slower
+    than the same captions in batches of 8 (docs/benchmarks.md, "Tower inference").
+    Fixed-length tokenizers keep batches of ``batch_size`` in character-length order.
+    """
+    lengths = _token_lengths(model, texts)
+    if lengths is None:
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        return [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    order = sorted(range(len(texts)), key=lambda i: lengths[i])
+    batches, start = [], 0
+    while start < len(order):
+        stop = start + 1  # ascending: the row at stop - 1 is the batch's longest
+        while stop < len(order) and stop - start < batch_size and lengths[order[stop]] * (stop - start + 1) <= MAX_TOKENS:
+            stop += 1
+        batches.append(order[start:stop])
+        start = stop
+    return batches
+
+
+def _token_lengths(model, texts: Sequence[str], chunk: int = 1024) -> list[int] | None:
+    """Tokens of each text after truncation, or None when the tokenizer pads to a fixed length."""
+    lengths = []
+    for s in range(0, len(texts), chunk):
+        tokens = model.tokenize(list(texts[s : s + chunk]))
+        if not isinstance(tokens, Mapping) or "attention_mask" not in tokens:
+            return None
+        lengths += tokens["attention_mask"].sum(1).tolist()
+    return lengths
 
 
 def image_module_features(module: nn.Module, images: torch.Tensor, key: str | None = None) -> torch.Tensor:

@@ -94,7 +94,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
-    from triclip.model.accel import text_features
+    from triclip.model.accel import text_batches, text_features
 
     path = text_cache_path(model, pairs)
     if path.exists():
@@ -103,10 +103,8 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     counts = torch.tensor([len(r.captions) for r in pairs.records])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     model.text_tower.eval()
-    order = sorted(range(len(captions)), key=lambda i: len(captions[i]))  # similar lengths: little padding
     feats = None
-    for start in progress(range(0, len(captions), batch_size), desc="caching locked text tower", unit="batch"):
-        rows = order[start : start + batch_size]
+    for rows in progress(text_batches(model, captions, batch_size), desc="caching locked text tower", unit="batch"):
         tokens = model.tokenize([captions[i] for i in rows])
         tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
         out = text_features(model, tokens).float().cpu()  # (b, F), fast path on the CPU

@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 import torch
 from triclip.core.progress import progress
 
-from triclip.model.accel import image_features, text_features
+from triclip.model.accel import image_features, text_batches, text_features
 from triclip.model.cache import nothing_decoded, skipped_images
 from triclip.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, collate_pairs, decode_image
 from triclip.core.errors import UserError
@@ -102,12 +102,12 @@ def embed_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> t
     """Embed captions or text queries. Shape: (M, D)."""
     if not texts:
         return torch.zeros(0, model.embed_dim)
-    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths: little padding
-    starts = range(0, len(texts), batch_size)
+    batches = text_batches(model, texts, batch_size)  # similar lengths: little padding
     out = [
-        model.project_text(text_features(model, [texts[i] for i in order[s : s + batch_size]])).float().cpu()  # (B, D)
-        for s in progress(starts, desc="embedding texts", unit="batch", disable=len(starts) < 2)
+        model.project_text(text_features(model, [texts[i] for i in rows])).float().cpu()  # (B, D)
+        for rows in progress(batches, desc="embedding texts", unit="batch", disable=len(batches) < 2)
     ]
+    order = [i for rows in batches for i in rows]
     return torch.cat(out)[torch.tensor(order).argsort()]  # back to the input order
 
 
