@@ -101,7 +101,7 @@ def make_thumbnail(job: tuple[str, str, int]) -> Thumb:
         return Thumb(bad.reason)
     image.thumbnail((MAX_SIDE, MAX_SIDE), Image.Resampling.LANCZOS, reducing_gap=3.0)
     encoded = io.BytesIO()
-    image.save(encoded, format="PNG")
+    image.save(encoded, format="PNG", compress_level=1)  # zlib level 1: half the encode time of 6, files 6% larger
     with atomic_path(destination) as tmp:
         tmp.write_bytes(encoded.getvalue())
     return Thumb(None, content_hash(data), content_hash(encoded.getvalue()), destination)
