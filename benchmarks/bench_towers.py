@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--text-batch", type=int, default=128, help="captions per forward")
     parser.add_argument("--data", default=DEFAULT_DATA, help="a prepared data set (jsonl) for real images and captions")
     parser.add_argument("--skip-text", action="store_true", help="image tower only")
+    parser.add_argument("--longest", action="store_true", help="the data's longest captions, not its first")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> dict:
         for workers, rate in result["pipeline_img_s"].items():
             print(f"embed_records (decode + fast tower + head), workers={workers}: {rate:.1f} img/s")
     if not args.skip_text:
-        result["texts"] = bench_texts(pairs, args.texts, args.text_batch, args.rounds)
+        result["texts"] = bench_texts(pairs, args.texts, args.text_batch, args.rounds, args.longest)
     result["load_after"] = _load()
     print(f"load average after: {result['load_after']}")
     if args.json:
@@ -139,40 +140,44 @@ def _image_batch(pairs, tower, batch: int) -> torch.Tensor:
 # ---------------------------------------------------------------------------- text tower
 
 
-def bench_texts(pairs, count: int, batch: int, rounds: int) -> list[dict]:
-    """Rows like ``bench_images``' for eager and onnxruntime, data order and sorted by length."""
+def bench_texts(pairs, count: int, batch: int, rounds: int, longest: bool = False) -> list[dict]:
+    """Rows like ``bench_images``' for eager and onnxruntime: data order, sorted by length, and (onnxruntime)
+    the batches of ``triclip.model.accel.text_batches`` (at most ``accel.MAX_TOKENS`` padded tokens each)."""
     tower = TextTower().eval()
-    texts = _captions(pairs, count)
+    texts = _captions(pairs, count, longest)
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+    plain = [list(range(s, min(s + batch, len(texts)))) for s in range(0, len(texts), batch)]
+    by_length = [order[s : s + batch] for s in range(0, len(texts), batch)]
 
-    def embed(forward, sort: bool) -> Callable:
+    def embed(forward, batches: list[list[int]]) -> Callable:
         def run(_):
-            rows = order if sort else list(range(len(texts)))
             out = torch.zeros(len(texts), tower.output_dim)
-            for s in range(0, len(rows), batch):
-                chunk = rows[s : s + batch]
+            for chunk in batches:
                 out[chunk] = forward(tower.tokenize([texts[i] for i in chunk]))
             return out
 
         return run
 
-    methods = {"eager": (embed(tower, False), 0.0), "eager sorted": (embed(tower, True), 0.0)}
+    methods = {"eager": (embed(tower, plain), 0.0), "eager sorted": (embed(tower, by_length), 0.0)}
     if accel.onnxruntime_available():
         start = time.perf_counter()
         fast = accel.inference_module(tower, "onnxruntime")
         prepare = time.perf_counter() - start
-        methods["onnxruntime"] = (embed(fast, False), prepare)
-        methods["onnxruntime sorted"] = (embed(fast, True), prepare)
+        methods["onnxruntime"] = (embed(fast, plain), prepare)
+        methods["onnxruntime sorted"] = (embed(fast, by_length), prepare)
+        capped = accel.text_batches(tower, texts, batch)
+        methods["onnxruntime capped"] = (embed(fast, capped), prepare)
     reference = methods["eager"][0](None)  # (N, 384)
     rows = _race(methods, None, reference, rounds, len(texts))
     _print_table(f"text tower ({len(texts)} captions, batch {batch})", "texts/s", rows)
     return rows
 
 
-def _captions(pairs, count: int) -> list[str]:
-    """The first ``count`` captions of the data, else varied synthetic ones."""
+def _captions(pairs, count: int, longest: bool = False) -> list[str]:
+    """The first (or the longest) ``count`` captions of the data, else varied synthetic ones."""
     if pairs is not None:
-        texts = [c for r in pairs.records for c in r.captions][:count]
+        texts = [c for r in pairs.records for c in r.captions]
+        texts = sorted(texts, key=len)[-count:] if longest else texts[:count]
         if texts:
             return texts
     words = "red blue small large cat dog house tree car boat flower star person music icon".split()
