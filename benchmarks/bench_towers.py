@@ -19,7 +19,9 @@ shared machine hits them all alike; a method's speed is its best round and its
 ratio is to ``eager``'s best round of the same run. ``min cos`` is the lowest
 cosine between a method's output rows and eager's. Text tower (all-MiniLM-L6-v2):
 ``--texts`` captions in batches of ``--text-batch``, in data order and sorted by
-length (less padding), eager and ``onnxruntime``. Input pipeline: decode + eval
+length (less padding), eager and ``onnxruntime``, and ``onnxruntime capped``: the batches of
+``triclip.model.accel.text_batches`` (at most 2,048 padded tokens each; ``--longest`` takes the data's longest
+captions, where the cap matters). Input pipeline: decode + eval
 transform in one process (images/s, no model), and ``triclip.model.embed.embed_records``
 end to end (decode, fast tower, head) with DataLoader ``workers`` 0 and 1. The
 header prints threads and the load average.
