@@ -28,6 +28,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,19 +41,29 @@ def run_build(emb: str, out: str, options: list[str], kill_when=None) -> dict:
     """One ``triclip index build`` child: wall seconds, peak RSS (MiB), exit status; ``kill_when()`` true: SIGKILL."""
     cmd = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", emb, "--out", out, *options]
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if kill_when is not None:
-        while proc.poll() is None and not kill_when():
+    with tempfile.TemporaryFile("w+") as log:  # a file, not a pipe: a full pipe would stop the build
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=log, text=True)
+        while kill_when is not None and not _ended(proc.pid) and not kill_when():
             time.sleep(0.05)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-    err = proc.stderr.read()
-    _, status, usage = os.wait4(proc.pid, 0)
+        if kill_when is not None:
+            os.kill(proc.pid, signal.SIGKILL)  # a zombie (ended, not reaped) ignores it; Popen.send_signal would reap
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = 0  # reaped here (wait4 gives its rusage); Popen must not wait for it again
+        log.seek(0)
+        err = log.read()
     seconds = time.perf_counter() - started
     code = os.waitstatus_to_exitcode(status)
     lines = [line for line in err.splitlines() if line.startswith(("resuming", "kept the", "triclip: error"))]
     return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "exit": code,
             "lines": lines}
+
+
+def _ended(pid: int) -> bool:
+    """Whether the child ``pid`` has ended, without reaping it (its rusage is read by ``wait4``)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
 
 def digests(index: str) -> dict[str, str]:
