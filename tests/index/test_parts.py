@@ -8,12 +8,16 @@ import os
 from dataclasses import replace
 
 import faiss
+import numpy as np
 import pytest
 
 from triclip.codecs import threads
 from triclip.core.errors import UserError
+from triclip.index import faiss_index as fi
+from triclip.index.build import ShardedBuilder, add_shard
 from triclip.index.config import IndexBuildConfig
 from triclip.index.parts import OWNER, PLAN, build_key, open_parts, parts_folder
+from triclip.index.vectors import prefix
 
 
 @pytest.fixture
@@ -93,3 +97,20 @@ def test_the_builder_adds_on_every_core_whatever_the_serving_count(monkeypatch):
         assert faiss.omp_get_max_threads() == 1
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def test_a_merge_killed_half_way_is_done_again_from_the_kept_parts(synthetic, tmp_path):
+    """A build killed while it merged the parts into the lists file: the trained index and the parts are kept,
+    the half-written lists file is replaced; the result is the uninterrupted build's."""
+    clean = ShardedBuilder(seed=0).build(synthetic, 16, "IVF16,PQ8")  # in memory, never on disk
+    builder = ShardedBuilder(seed=0, work=tmp_path, on_disk="always")
+    trained = builder._trained(synthetic, 16, fi.new_index(16, "IVF16,PQ8"), tmp_path / "image.m16.trained.faiss")
+    for s in range(len(synthetic.parts)):  # every part finished, then the merge was killed half-way
+        part = add_shard(trained, synthetic.shard(s, 16), int(synthetic.offsets[s]))
+        fi.save(part, tmp_path / f"image.m16.part{s:05d}.faiss")
+    (tmp_path / "image.m16.ivfdata").write_bytes(b"\x07" * 100_000)  # the lists file the killed merge left
+    resumed = builder.build(synthetic, 16, "IVF16,PQ8", tag="image.m16")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.m16.ivfdata", "image.m16.merged.faiss"]
+    queries = prefix(np.concatenate(synthetic.parts)[::41], 16)
+    params = fi.SearchParams(nprobe=16)
+    np.testing.assert_array_equal(fi.search(resumed, queries, 10, params)[1], fi.search(clean, queries, 10, params)[1])
