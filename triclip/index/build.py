@@ -346,7 +346,9 @@ def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budge
 
 
 def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: Path) -> IndexContents:
-    """The version to write; with an index on disk, its lists and the vectors are files in ``work``."""
+    """The version to write; with an index on disk, its lists are files in ``work``; the vectors too, written
+    shard by shard and memory-mapped, with an index on disk or when they come from shard files (embeddings):
+    never an (N, D) float matrix in memory."""
     contents = IndexContents({}, coll.meta, None, image_indexes)
     if coll.text is not None:
         contents.text_rows = np.asarray(coll.text_rows, np.int64).reshape(-1, 2)
@@ -356,7 +358,7 @@ def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: P
         for m, index in table.items():
             if fi.is_on_disk(index):
                 files[ivfdata_name(kind, m)] = Path(fi.on_disk_lists(index).filename)
-    if files:  # too big for memory: the vectors go to their file shard by shard
+    if files or coll.origin.embeddings is not None:  # the vectors go to their file shard by shard
         files[VECTORS] = work / VECTORS
         contents.vectors = stack_to_file(coll.image, files[VECTORS])  # (N, D) memory-mapped
         if coll.text is not None:
