@@ -603,17 +603,21 @@ def tune_nprobe(index, base: ShardVectors, queries_from: ShardVectors, m: int, c
 
 def stack_to_file(vectors: ShardVectors, file: Path) -> np.ndarray:
     """Write every shard's vectors, float32, into one ``.npy`` file, a shard at a time (atomic: a file there is
-    whole, and an earlier run's is reused). Returns it mapped read-only."""
+    whole, and an earlier run's is reused). Returns it mapped read-only.
+
+    Plain writes, not a writable memory map: the pages of a map written through count as the process's
+    resident memory until it is closed (the whole file at the end), plain writes only pass through the page
+    cache."""
     if file.exists():
         return np.load(file, mmap_mode="r")
     rows = progress(desc=f"writing {file.name}", total=vectors.count, unit="row", disable=None)
-    with atomic_path(file) as tmp:
-        out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float32, shape=(vectors.count, vectors.dim))
-        for s, part in enumerate(vectors.parts):
+    with atomic_path(file) as tmp, open(tmp, "wb") as out:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+                  "shape": (vectors.count, vectors.dim)}
+        np.lib.format.write_array_header_1_0(out, header)
+        for part in vectors.parts:
             if len(part):
-                out[vectors.offsets[s] : vectors.offsets[s + 1]] = np.asarray(part[:], np.float32)
+                out.write(np.ascontiguousarray(part[:], dtype=np.float32).tobytes())  # (n_s, D)
             rows.update(len(part))
-        out.flush()
-        del out
     rows.close()
     return np.load(file, mmap_mode="r")
