@@ -114,3 +114,16 @@ def test_a_merge_killed_half_way_is_done_again_from_the_kept_parts(synthetic, tm
     queries = prefix(np.concatenate(synthetic.parts)[::41], 16)
     params = fi.SearchParams(nprobe=16)
     np.testing.assert_array_equal(fi.search(resumed, queries, 10, params)[1], fi.search(clean, queries, 10, params)[1])
+
+
+def test_the_vectors_file_is_the_shards_in_order_as_float32_and_a_finished_one_is_reused(synthetic, tmp_path):
+    from triclip.index.build import stack_to_file
+
+    file = tmp_path / "vectors.npy"
+    mapped = stack_to_file(synthetic, file)  # (3000, 32), shards of float16, one empty
+    assert isinstance(mapped, np.memmap) and mapped.dtype == np.float32
+    np.testing.assert_array_equal(mapped, np.concatenate(synthetic.parts).astype(np.float32))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vectors.npy"]  # no temporary file left
+    before = file.stat().st_mtime_ns
+    np.testing.assert_array_equal(stack_to_file(synthetic, file), mapped)
+    assert file.stat().st_mtime_ns == before  # an earlier run's file: read, not written again
