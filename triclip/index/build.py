@@ -29,14 +29,12 @@ there are some):
   one ``OnDiskInvertedLists`` file (``triclip.index.faiss_index.merge_on_disk``,
   ``faiss.contrib.ondisk``) that becomes ``{kind}.m{m}.ivfdata`` of the new version; the
   full-D vectors are then written to ``vectors.npy`` shard by shard, never held whole.
-  Memory is bounded by one shard, the trained index and the page cache. The parts and
-  lists are written in ``.{out}.*.shard-parts`` (``.{out}.shard-parts`` under torchrun)
-  beside the output folder (same filesystem: the lists file is renamed into the version,
-  not copied), removed at the end. The build holds an ``fcntl.flock`` on ``owner.lock``
-  in that folder (its pid and host written inside) for as long as it runs; the kernel
-  drops it when the process dies, however it dies. The next build of the same output
-  removes the parts folders whose lock nobody holds, i.e. those of killed builds
-  (:func:`remove_stale_parts`), and keeps those of live builds.
+  Memory is bounded by one shard, the trained index, the meta rows and the page cache. The parts, lists and
+  vectors files are written in the parts folder beside the output folder (same filesystem: the lists file is
+  renamed into the version, not copied; ``.{out}.shard-parts`` under torchrun), removed when the version is
+  written. A build from embedding shards in one process resumes from it after a kill: its name is a hash of
+  the shards and the options, and everything finished in it is reused (``triclip.index.parts``: the owner's
+  flock, a second build refused, dead builds' folders removed).
 
 ``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
 index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
