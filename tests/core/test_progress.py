@@ -77,3 +77,16 @@ def test_the_packages_show_progress_only_through_this_helper():
         if path != ROOT / "triclip" / "core" / "progress.py" and ("from tqdm" in path.read_text() or "import tqdm" in path.read_text())
     ]
     assert offenders == []
+
+
+def test_plain_lines_show_the_time_left_from_the_rate_of_this_run_only():
+    log = io.StringIO()
+    bar = progress(desc="adding", total=100, unit="row", initial=40, file=log)
+    bar.start -= 10.0  # 10 s ago: 20 rows in 10 s, 40 rows left
+    bar.last -= 10.0
+    bar.update(20)
+    bar.update(40)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("adding: 60/100 row (60%), 10.0 s, 2 row/s, ETA 20 s"), lines  # not 6 row/s
+    assert "ETA" not in lines[-1]  # nothing left at the end

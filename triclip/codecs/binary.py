@@ -8,13 +8,13 @@ The query is binarised too, as sentence-transformers' and FAISS's binary search 
 from __future__ import annotations
 
 import math
-import os
 
 import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
+from triclip.codecs import ondisk
 from triclip.codecs.base import Codec, prefix_candidates
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -82,7 +82,7 @@ class BinaryCodec(Codec):
 
     def save(self, path):
         with atomic_path(path) as tmp:
-            faiss.write_index_binary(self.index, os.fspath(tmp))
+            ondisk.write_index(self.index, tmp, binary=True)  # a failed write raises (FAISS's own can truncate)
 
     def empty_copy(self):
         return BinaryCodec(self.spec, faiss.IndexBinaryFlat(self.spec.m), self.dim)

@@ -8,7 +8,6 @@ index (and rotation) it builds (:meth:`FaissCodec.faiss_parts`) and recognises i
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import replace
 
 import faiss
@@ -16,6 +15,7 @@ import numpy as np
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
+from triclip.codecs import ondisk
 from triclip.codecs.base import Codec, CodecFile, unit_prefix
 from triclip.codecs.spec import CodecSpec
 
@@ -114,7 +114,7 @@ class FaissCodec(Codec):
 
     def save(self, path):
         with atomic_path(path) as tmp:
-            faiss.write_index(self.index, os.fspath(tmp))
+            ondisk.write_index(self.index, tmp)  # a failed write raises (FAISS's own writer can truncate)
 
     def empty_copy(self):
         try:

@@ -40,6 +40,7 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
+from triclip.core.progress import progress
 from triclip.codecs import ondisk
 from triclip.codecs.base import METRIC, unit_prefix
 from triclip.codecs.faiss_codec import FaissCodec
@@ -252,19 +253,26 @@ class IVFCodec(FaissCodec):
     def filled_on_disk(self, vectors, lists: Path) -> "IVFCodec":
         """A copy of this trained code holding every row of ``vectors`` (``ShardVectors``), its lists merged into
         the file ``lists`` (FAISS's on-disk lists, ``triclip.codecs.ondisk.merge_on_disk``; recorded by its bare
-        name, read beside the code file). One shard in memory at a time. Fast-scan lists (FAISS's blocked lists)
+        name, read beside the code file). One shard in memory at a time; a shard's part already saved beside
+        ``lists`` (by an earlier, killed run of the same build) is kept. Fast-scan lists (FAISS's blocked lists)
         have no on-disk form: UserError."""
         if isinstance(faiss.downcast_InvertedLists(self.ivf.invlists), faiss.BlockInvertedLists):
             raise UserError(f"{self.spec.label()}: fast-scan lists cannot be kept on disk")
         files, counts = [], []
+        rows = progress(desc=f"encoding {self.spec.label()}", total=vectors.count, unit="row", disable=None)
         for s, part in enumerate(vectors.parts):
-            if len(part):
-                x = unit_prefix(self._check(np.asarray(part, np.float32), "vectors"), self.spec.m)
-                copy = self.empty_copy()
-                copy.index.add_with_ids(x, np.arange(vectors.offsets[s], vectors.offsets[s] + len(x), dtype=np.int64))
-                files.append(lists.parent / f"{lists.stem}.part{s:05d}.faiss")
-                ondisk.save(copy.index, files[-1])
-                counts.append(len(x))
+            rows.update(len(part))
+            if not len(part):
+                continue
+            files.append(lists.parent / f"{lists.stem}.part{s:05d}.faiss")
+            counts.append(len(part))
+            if files[-1].exists():  # saved whole (atomic) by an earlier run of the same build: kept
+                continue
+            x = unit_prefix(self._check(np.asarray(part, np.float32), "vectors"), self.spec.m)
+            copy = self.empty_copy()
+            copy.index.add_with_ids(x, np.arange(vectors.offsets[s], vectors.offsets[s] + len(x), dtype=np.int64))
+            ondisk.save(copy.index, files[-1])
+        rows.close()
         merged = ondisk.merge_on_disk(self.index, files, counts, lists)
         for file in files:
             file.unlink(missing_ok=True)

@@ -24,12 +24,21 @@ def save(index: faiss.Index, path: str | os.PathLike) -> None:
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".faiss", dir=folder)
     os.close(fd)
     try:
-        faiss.write_index(index, tmp)
+        write_index(index, tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_index(index, path: str | os.PathLike, binary: bool = False) -> None:
+    """``faiss.write_index`` (``write_index_binary``) through a Python file, so that a write that fails (a full
+    disk) raises OSError: FAISS's own file writer ignores a failed final flush and leaves a truncated file."""
+    with open(path, "wb") as f:
+        writer = faiss.PyCallbackIOWriter(f.write)
+        (faiss.write_index_binary if binary else faiss.write_index)(index, writer)
+        del writer
 
 
 def ivf_or_none(index: faiss.Index):

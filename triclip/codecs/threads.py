@@ -10,9 +10,14 @@ cost 30.6 ms of CPU per query against 0.22 ms with one thread each (docs/benchma
 :func:`in_search_thread` is called at every search entry (``triclip.index.faiss_index.search``,
 ``triclip.codecs.Codec.search``, ``triclip.index.search.Searcher.search_vectors``) and applies it to the
 calling thread when that thread's count differs (one call to OpenMP, ~1 µs; nothing when it already matches).
+:func:`all_cores` is the builder's: adds and encodes in its block run with the process default (every core
+unless ``OMP_NUM_THREADS`` says otherwise), whatever a server set for its searches.
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import faiss
 
@@ -38,3 +43,15 @@ def in_search_thread() -> None:
     """Give the calling thread the serving count of OpenMP threads (a no-op when it has it already)."""
     if faiss.omp_get_max_threads() != _threads:
         faiss.omp_set_num_threads(_threads)
+
+
+@contextlib.contextmanager
+def all_cores() -> Iterator[None]:
+    """FAISS work of the calling thread in this block (adds, encodes, training) runs with the process default of
+    OpenMP threads, not the serving count; the thread's count is restored after."""
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(_DEFAULT)
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)

@@ -76,7 +76,7 @@ class PlainProgress:
                 total = None
         self.total = total
         self.unit = (unit or "it").strip()
-        self.n = initial
+        self.n = self.initial = initial  # initial: done before this bar (a resumed job): not in its rate
         self.leave = leave
         self.stream = stream
         self.silent = silent
@@ -137,10 +137,12 @@ class PlainProgress:
         elapsed = now - self.start
         count = f"{self.n:g}/{self.total:g}" if self.total else f"{self.n:g}"
         share = f" ({100 * self.n / self.total:.0f}%)" if self.total else ""
-        rate = f", {self.n / elapsed:.3g} {self.unit}/s" if elapsed > 0 and self.n else ""
+        done = self.n - self.initial
+        rate = f", {done / elapsed:.3g} {self.unit}/s" if elapsed > 0 and done > 0 else ""
+        eta = f", ETA {_duration((self.total - self.n) * elapsed / done)}" if rate and self.total and self.n < self.total else ""
         post = f", {self.postfix}" if self.postfix else ""
         head = f"{self.desc}: " if self.desc else ""
-        print(f"{head}{count} {self.unit}{share}, {elapsed:.1f} s{rate}{post}", file=self.stream, flush=True)
+        print(f"{head}{count} {self.unit}{share}, {elapsed:.1f} s{rate}{eta}{post}", file=self.stream, flush=True)
         self.last = now
         if self.total:
             self.step = int(self.n / self.total / EVERY_FRACTION)
@@ -163,3 +165,13 @@ def quiet_library_bars():
     finally:
         if was:
             hf_logging.enable_progress_bar()
+
+
+def _duration(seconds: float) -> str:
+    """``42 s``, ``7 min 5 s``, ``3 h 12 min``: the time left, as a line shows it."""
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"

@@ -389,9 +389,12 @@ def choose_all(budgets: list[int], vectors, evaluation: EvalSet, force: str | No
 def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
     """A copy of the trained ``codec`` holding every row of ``vectors`` (shards), in order."""
     full = codec.empty_copy()
+    rows = progress(desc=f"encoding {codec.spec.label()}", total=vectors.count, unit="row", disable=None)
     for part in vectors.parts:
         if len(part):
             full.add(np.asarray(part, np.float32))
+        rows.update(len(part))
+    rows.close()
     return full
 
 

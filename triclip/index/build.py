@@ -29,14 +29,12 @@ there are some):
   one ``OnDiskInvertedLists`` file (``triclip.index.faiss_index.merge_on_disk``,
   ``faiss.contrib.ondisk``) that becomes ``{kind}.m{m}.ivfdata`` of the new version; the
   full-D vectors are then written to ``vectors.npy`` shard by shard, never held whole.
-  Memory is bounded by one shard, the trained index and the page cache. The parts and
-  lists are written in ``.{out}.*.shard-parts`` (``.{out}.shard-parts`` under torchrun)
-  beside the output folder (same filesystem: the lists file is renamed into the version,
-  not copied), removed at the end. The build holds an ``fcntl.flock`` on ``owner.lock``
-  in that folder (its pid and host written inside) for as long as it runs; the kernel
-  drops it when the process dies, however it dies. The next build of the same output
-  removes the parts folders whose lock nobody holds, i.e. those of killed builds
-  (:func:`remove_stale_parts`), and keeps those of live builds.
+  Memory is bounded by one shard, the trained index, the meta rows and the page cache. The parts, lists and
+  vectors files are written in the parts folder beside the output folder (same filesystem: the lists file is
+  renamed into the version, not copied; ``.{out}.shard-parts`` under torchrun), removed when the version is
+  written. A build from embedding shards in one process resumes from it after a kill: its name is a hash of
+  the shards and the options, and everything finished in it is reused (``triclip.index.parts``: the owner's
+  flock, a second build refused, dead builds' folders removed).
 
 ``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
 index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
@@ -49,12 +47,10 @@ manifest by ``triclip.index.manifest``.
 
 from __future__ import annotations
 
-import fcntl
 import os
+import pickle
 import shutil
-import socket
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,17 +59,27 @@ from pathlib import Path
 import faiss
 import numpy as np
 
+from triclip.codecs.threads import all_cores
 from triclip.index import faiss_index as fi
+from triclip.index.parts import (  # noqa: F401 (OWNER, PARTS_SUFFIX, claim_parts, remove_stale_parts: re-exported)
+    OWNER,
+    PARTS_SUFFIX,
+    build_key,
+    claim_parts,
+    fresh_parts,
+    open_parts,
+    remove_stale_parts,
+    resuming_line,
+)
 from triclip.index.manifest import Origin, attach_curves, make_manifest, summary
 from triclip.index.store import TEXT_VECTORS, VECTORS, IndexContents, ivfdata_name, write_version, writer_lock
 from triclip.index.vectors import ShardVectors, exact_topk
 from triclip.core.errors import UserError
+from triclip.core.io import atomic_path, write_errors
 from triclip.core.progress import progress
 from triclip.model.shards import barrier, init_distributed
 
 TUNE_K = 10  # recall@k that nprobe is tuned for
-PARTS_SUFFIX = ".shard-parts"  # the parts folder of a build of OUT: .{OUT name}.*.shard-parts beside OUT
-OWNER = "owner.lock"  # in a parts folder: flock-ed by the build that owns it while it runs
 
 
 @dataclass
@@ -104,26 +110,21 @@ def build_and_write(
     rank, world, owned = init_distributed() if coll.distributed else (0, 1, False)
     work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}{PARTS_SUFFIX}"  # torchrun: one for all ranks
     work.parent.mkdir(parents=True, exist_ok=True)
-    owner = None  # fd of the flock-ed owner file of our parts folder (rank 0)
+    owner, resumable, finished = None, False, False  # fd of the flock-ed owner file of our parts folder (rank 0)
     try:
-        if rank == 0:
-            remove_stale_parts(cfg.out)
         budget = cfg.memory_budget if cfg.memory_budget is not None else fi.available_memory() // 2
         factories = {m: choose_factory(coll.image.count, m, budget, cfg.factory) for m in dims}
         text_factories = {m: choose_factory(coll.text.count, m, budget, cfg.factory) for m in dims} if coll.text else {}
-        if world == 1:  # a folder of its own: another build of the same index may be running
-            work = Path(tempfile.mkdtemp(prefix=f".{Path(cfg.out).name}.", suffix=PARTS_SUFFIX, dir=work.parent))
-        elif rank == 0:  # ranks share the name; parts of an earlier, killed build are gone (remove_stale_parts)
-            if (work / OWNER).exists():  # still there after remove_stale_parts: its build is alive
-                raise UserError(f"another build of {cfg.out} is running (its parts are in {work}); wait for it")
-            shutil.rmtree(work, ignore_errors=True)  # an older triclip's, without an owner file
-            work.mkdir(parents=True)
-        if rank == 0:
-            owner = claim_parts(work)
+        builder = ShardedBuilder(cfg.seed, rank, world, None, on_disk=cfg.on_disk, budget=budget)
+        if world == 1:  # a folder of its own: the same build's, resumed, or a fresh one
+            work, owner, resumable = _claim_work(cfg, coll, builder, factories, text_factories)
+        elif rank == 0:
+            owner = _claim_shared(cfg.out, work)
         barrier(world)
-        builder = ShardedBuilder(cfg.seed, rank, world, work, on_disk=cfg.on_disk, budget=budget)
-        image_indexes = builder.build_all(coll.image, factories, "image")
-        text_indexes = builder.build_all(coll.text, text_factories, "text") if coll.text else {}
+        builder.work = work
+        with all_cores():  # FAISS adds and encodes on every core, whatever a server set for its searches
+            image_indexes = builder.build_all(coll.image, factories, "image")
+            text_indexes = builder.build_all(coll.text, text_factories, "text") if coll.text else {}
         if rank != 0:
             return {"rank": rank, "world": world, "seconds": round(time.perf_counter() - started, 2)}
         tuning = {
@@ -134,22 +135,65 @@ def build_and_write(
         kept = curves(contents.dims) if curves is not None else None
         decided = _decisions(factories, text_factories if coll.text else None, tuning, budget, cfg.recall_target)
         if cfg.bytes:
-            decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation, work, budget)
+            with all_cores():
+                decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation, work, budget)
         with writer_lock(cfg.out, cfg.lock_timeout):
             contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
             attach_curves(cfg.out, contents, kept)
             write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
+        finished = True
         out = summary(contents.manifest, cfg.out, started, added=len(coll.meta), rank=rank, world=world)
         return _with_candidates(out, kept)
     finally:
         if rank == 0:
-            shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
-            if owner is not None:
-                os.close(owner)  # releases the flock
+            _release(work, owner, keep=resumable and not finished)
         if owned:
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+def _claim_work(cfg, coll: Collection, builder: "ShardedBuilder", factories: dict, text_factories: dict):
+    """The parts folder of a one-process build: ``(folder, owner fd, resumable)``. A build from embedding shards
+    gets the folder of its key (``triclip.index.parts``: resumed when a dead build of the same key left one);
+    vectors held in memory get a fresh one."""
+    if coll.origin.embeddings is None:
+        return (*fresh_parts(cfg.out), False)
+    emb = Path(coll.origin.embeddings)
+    folders = sorted({Path(p.path).parent for v in (coll.image, coll.text) if v is not None for p in v.parts})
+    files = [emb / "manifest.json"] + [f for d in folders for f in sorted(d.iterdir()) if f.is_file()]
+    disk = {kind: {str(m): builder.wants_disk(_new(m, f), v.count, m, f) for m, f in table.items()}
+            for kind, table, v in (("image", factories, coll.image), ("text", text_factories, coll.text)) if v}
+    decided = {"factories": factories, "text_factories": text_factories, "disk": disk}
+    key, plan = build_key(cfg, files, decided)
+    work, fd, resumed = open_parts(cfg.out, key, plan)
+    if resumed:
+        print(f"resuming the build of {cfg.out} from {work}", file=sys.stderr, flush=True)
+    return work, fd, True
+
+
+def _claim_shared(out: str, work: Path) -> int:
+    """torchrun: the ranks share the folder ``work``; parts of an earlier, killed build are removed."""
+    remove_stale_parts(out)
+    if (work / OWNER).exists():  # still there after remove_stale_parts: its build is alive
+        raise UserError(f"another build of {out} is running (its parts are in {work}); wait for it")
+    shutil.rmtree(work, ignore_errors=True)  # an older triclip's, without an owner file
+    work.mkdir(parents=True)
+    return claim_parts(work)
+
+
+def _release(work: Path, owner: int | None, keep: bool) -> None:
+    """The parts folder at the end of a build: removed (done, or not resumable), or kept for the same command
+    to resume (one line says so); the flock released."""
+    try:
+        if keep and work.is_dir():
+            print(f"kept the finished parts in {work}: the same command resumes from them", file=sys.stderr,
+                  flush=True)
+        else:
+            shutil.rmtree(work, ignore_errors=True)  # parts, and lists / vectors files a failed build left
+    finally:
+        if owner is not None:
+            os.close(owner)  # releases the flock
 
 
 def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, evaluation, work: Path,
@@ -171,7 +215,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     budgets = bud.parse_budgets(cfg.bytes)
     rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore)
     entries = {}
-    choices = bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules)
+    choices = kept_in(work / "codes.image.choices.pkl",
+                      lambda: bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image.dim)
     for choice in choices:
         file = code_name(choice.budget)
         contents.codes[choice.budget] = stored = fill_codes(choice.codec, coll.image, cfg.on_disk, memory, work, file,
@@ -183,7 +228,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     curves["bytes"] = bud.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
-        text_choices = bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed, rules)
+        text_choices = kept_in(work / "codes.text.choices.pkl",
+                               lambda: bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed, rules), coll.text.dim)
         for choice in text_choices:
             file = code_name(choice.budget, "text")
             contents.text_codes[choice.budget] = stored = fill_codes(choice.codec, coll.text, cfg.on_disk, memory,
@@ -203,11 +249,71 @@ def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Pa
     lists = fi.ivf_list_bytes(codec.index, vectors.count) if hasattr(codec, "filled_on_disk") else None
     blocked = lists is not None and isinstance(
         faiss.downcast_InvertedLists(faiss.extract_index_ivf(codec.index).invlists), faiss.BlockInvertedLists)
-    if lists is None or blocked or on_disk == "never" or (on_disk == "auto" and lists <= memory):
-        return bud.fill(codec, vectors)
-    name = f"{file}.ivfdata"
-    contents.files[name] = work / name
-    return codec.filled_on_disk(vectors, work / name)
+    with all_cores():  # a search of the choice may have set the serving count in this thread
+        if lists is None or blocked or on_disk == "never" or (on_disk == "auto" and lists <= memory):
+            return _filled(codec, vectors, work / f"{file}.filled")
+        name = f"{file}.ivfdata"
+        contents.files[name] = work / name
+        with write_errors(work / name):
+            return codec.filled_on_disk(vectors, work / name)
+
+
+def _filled(codec, vectors: ShardVectors, file: Path):
+    """``bud.fill`` of ``codec``, saved to ``file`` in the parts folder; an earlier run's file read back."""
+    from triclip import codecs
+    from triclip.index import budgets as bud
+
+    if file.exists():
+        return codecs.load(file, vectors.dim)
+    full = bud.fill(codec, vectors)
+    with write_errors(file):
+        full.save(file)
+    return full
+
+
+def kept_in(file: Path, make: Callable, dim: int):
+    """``make()``, pickled to ``file`` in the parts folder (atomic), every codec in it saved beside it with
+    ``Codec.save``; an earlier run's value read back (``dim``: D, for the codecs' files)."""
+    if file.exists():
+        with open(file, "rb") as f:
+            return _CodecUnpickler(f, file.parent, dim).load()
+    value = make()
+    with atomic_path(file) as tmp, open(tmp, "wb") as f:
+        _CodecPickler(f, file).dump(value)  # the codecs' files first: a pickle there has all of its codecs
+    return value
+
+
+class _CodecPickler(pickle.Pickler):
+    """Pickles codecs (FAISS objects do not pickle) as files ``{file}.{n}`` written by ``Codec.save``."""
+
+    def __init__(self, f, file: Path):
+        super().__init__(f)
+        self.file, self.saved = file, {}
+
+    def persistent_id(self, obj):
+        from triclip import codecs
+
+        if not isinstance(obj, codecs.Codec):
+            return None
+        if id(obj) not in self.saved:
+            name = f"{self.file.name}.{len(self.saved)}"
+            with write_errors(self.file.parent / name):
+                obj.save(self.file.parent / name)
+            self.saved[id(obj)] = name
+        return self.saved[id(obj)]
+
+
+class _CodecUnpickler(pickle.Unpickler):
+    def __init__(self, f, folder: Path, dim: int):
+        super().__init__(f)
+        self.folder, self.dim, self.read = folder, dim, {}
+
+    def persistent_load(self, name):
+        from triclip import codecs
+
+        if name not in self.read:
+            self.read[name] = codecs.load(self.folder / name, self.dim)
+        return self.read[name]
 
 
 def _with_candidates(out: dict, curves: dict | None) -> dict:
@@ -238,7 +344,9 @@ def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budge
 
 
 def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: Path) -> IndexContents:
-    """The version to write; with an index on disk, its lists and the vectors are files in ``work``."""
+    """The version to write; with an index on disk, its lists are files in ``work``; the vectors too, written
+    shard by shard and memory-mapped, with an index on disk or when they come from shard files (embeddings):
+    never an (N, D) float matrix in memory."""
     contents = IndexContents({}, coll.meta, None, image_indexes)
     if coll.text is not None:
         contents.text_rows = np.asarray(coll.text_rows, np.int64).reshape(-1, 2)
@@ -248,7 +356,7 @@ def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: P
         for m, index in table.items():
             if fi.is_on_disk(index):
                 files[ivfdata_name(kind, m)] = Path(fi.on_disk_lists(index).filename)
-    if files:  # too big for memory: the vectors go to their file shard by shard
+    if files or coll.origin.embeddings is not None:  # the vectors go to their file shard by shard
         files[VECTORS] = work / VECTORS
         contents.vectors = stack_to_file(coll.image, files[VECTORS])  # (N, D) memory-mapped
         if coll.text is not None:
@@ -268,68 +376,6 @@ def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: P
 def choose_factory(n: int, m: int, budget: int, factory: str = "auto") -> str:
     """``factory`` itself, or for ``auto`` the one policy (``triclip.index.faiss_index.auto_factory``) within ``budget`` bytes."""
     return factory if factory != "auto" else fi.auto_factory(n, m, budget=budget)
-
-
-# ---------------------------------------------------------------------------- parts folders
-
-
-def claim_parts(work: Path) -> int:
-    """Mark the parts folder ``work`` as this build's: an flock on ``work/owner.lock``; returns its fd (keep open)."""
-    fd = os.open(work / OWNER, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a folder just made: nobody else holds it
-    except OSError:  # a filesystem without flock: nobody can take it either, so the folder is never removed
-        pass
-    os.write(fd, f"pid {os.getpid()} host {socket.gethostname()}\n".encode())
-    return fd
-
-
-def remove_stale_parts(out: str | os.PathLike) -> list[Path]:
-    """Remove the parts folders that killed builds of ``out`` left beside it; returns them.
-
-    A folder goes only when its ``owner.lock`` exists and nobody holds its flock (the
-    build that made it is dead); a live build's folder, one without an owner file (an
-    older triclip's, or a build in its first instant: one line says so) and one we may
-    not open are kept. Each removal is one line on stderr.
-    """
-    out = Path(out).absolute()
-    prefix = f".{out.name}."
-    try:
-        names = [p for p in out.parent.iterdir() if p.name.startswith(prefix) and p.name.endswith(PARTS_SUFFIX)]
-    except OSError:
-        return []
-    removed = []
-    for folder in names:
-        try:
-            fd = os.open(folder / OWNER, os.O_RDONLY)
-        except FileNotFoundError:
-            if _age(folder) > 60:  # not a build in its first instant
-                print(f"kept {folder}: it has no owner record (an older triclip made it); remove it by hand"
-                      f" if no build of {out} is running", file=sys.stderr, flush=True)
-            continue
-        except OSError:  # not a folder, or not ours to open
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # a live build holds it
-            os.close(fd)
-            continue
-        try:
-            shutil.rmtree(folder, ignore_errors=True)
-        finally:
-            os.close(fd)
-        if not folder.exists():
-            removed.append(folder)
-            print(f"removed {folder}: parts of a killed index build", file=sys.stderr, flush=True)
-    return removed
-
-
-def _age(path: Path) -> float:
-    """Seconds since ``path`` was last modified (0 when it is gone)."""
-    try:
-        return time.time() - path.stat().st_mtime
-    except OSError:
-        return 0.0
 
 
 def is_ivf(index: faiss.Index) -> bool:
@@ -368,7 +414,7 @@ class ShardedBuilder:
             if self.rank != 0:
                 return None
             return build_in_memory(vectors, m, empty, self.seed)
-        if self.world == 1 and not disk:
+        if self.world == 1 and not disk and self.work is None:
             trained = train_once(vectors, m, empty, self.seed)
             shards = progress(range(len(vectors.parts)), desc=f"adding shards (m={m})", unit="shard", disable=None)
             parts = (add_shard(trained, vectors.shard(s, m)) for s in shards)
@@ -392,37 +438,66 @@ class ShardedBuilder:
         """Train on rank 0, add shards as saved parts (rank r: shards r, r + W, ...), merge on rank 0.
 
         ``disk``: parts carry their global ids and are merged into ``work/{tag}.ivfdata``;
-        otherwise parts are numbered from 0 and merged in memory with id offsets.
+        otherwise parts are numbered from 0 and merged in memory with id offsets. In one process every
+        file is kept until the merged index is saved: a build run again after a kill reuses the trained
+        index, the finished parts and the merged index (``triclip.index.parts``).
         """
         work = self.work
         if work is None:
             raise ValueError("ShardedBuilder needs a work folder for parts and on-disk lists")
+        merged_file = work / f"{tag}.merged.faiss"
+        what = tag.replace(".m", " m=")
+        if self.world == 1 and merged_file.exists():
+            resuming_line(len(vectors.parts), len(vectors.parts), what)
+            return faiss.read_index(str(merged_file))
         trained_file = work / f"{tag}.trained.faiss"
-        if self.world == 1:
-            trained = train_once(vectors, m, empty, self.seed)
-        else:
-            if self.rank == 0:
-                fi.save(train_once(vectors, m, empty, self.seed), trained_file)
-            barrier(self.world)
-            trained = faiss.read_index(str(trained_file))
+        trained = self._trained(vectors, m, empty, trained_file)
         counts = np.diff(vectors.offsets)
         files = [work / f"{tag}.part{s:05d}.faiss" for s in range(len(vectors.parts))]
         mine = range(self.rank, len(vectors.parts), self.world)
+        todo = [s for s in mine if self.world > 1 or not files[s].exists()]
+        resuming_line(len(mine) - len(todo), len(mine), what)
         who = f"rank {self.rank} " if self.world > 1 else ""
-        for s in progress(mine, desc=f"{who}adding shards (m={m})", unit="shard", disable=None):
+        rows = progress(desc=f"{who}adding {what}", total=int(counts[list(mine)].sum()), unit="row", disable=None,
+                        initial=int(counts[list(mine)].sum() - counts[todo].sum()))
+        for s in todo:
             first = int(vectors.offsets[s]) if disk else None
-            fi.save(add_shard(trained, vectors.shard(s, m), first), files[s])
+            save_index(add_shard(trained, vectors.shard(s, m), first), files[s])
+            rows.update(int(counts[s]))
+        rows.close()
         barrier(self.world)
         if self.rank != 0:
             return None
         if disk:
             full = [s for s in range(len(files)) if counts[s]]
-            merged = fi.merge_on_disk(trained, [files[s] for s in full], counts[full].tolist(), work / f"{tag}.ivfdata")
+            with write_errors(work / f"{tag}.ivfdata"):
+                merged = fi.merge_on_disk(trained, [files[s] for s in full], counts[full].tolist(), work / f"{tag}.ivfdata")
         else:
             merged = merge_parts(trained, (faiss.read_index(str(f)) for f in files), vectors.offsets)
+        if self.world == 1:
+            save_index(merged, merged_file)  # the parts' work done: a resume starts from here
         for f in files + [trained_file]:
             f.unlink(missing_ok=True)
         return merged
+
+    def _trained(self, vectors: ShardVectors, m: int, empty: faiss.Index, file: Path) -> faiss.Index:
+        """The empty index trained once (rank 0), saved to ``file``; read back when an earlier run saved it."""
+        if self.world == 1:
+            if file.exists():
+                return faiss.read_index(str(file))
+            trained = train_once(vectors, m, empty, self.seed)
+            save_index(trained, file)
+            return trained
+        if self.rank == 0:
+            fi.save(train_once(vectors, m, empty, self.seed), file)
+        barrier(self.world)
+        return faiss.read_index(str(file))
+
+
+def save_index(index: faiss.Index, file: Path) -> None:
+    """``fi.save`` (atomic); a full disk or a refused write is one line (UserError)."""
+    with write_errors(file):
+        fi.save(index, file)
 
 
 def _new(m: int, factory: str) -> faiss.Index:
@@ -444,9 +519,12 @@ def build_in_memory(vectors: ShardVectors, m: int, index: faiss.Index, seed: int
     """Flat / HNSW (and any index that is not IVF): train on the sample if needed, add shards in order."""
     if not index.is_trained:
         index = train_once(vectors, m, index, seed)
-    for s in progress(range(len(vectors.parts)), desc=f"indexing shards (m={m})", unit="shard", disable=None):
+    rows = progress(desc=f"indexing m={m}", total=vectors.count, unit="row", disable=None)
+    for s in range(len(vectors.parts)):
         if len(vectors.parts[s]):
             fi.add_vectors(index, vectors.shard(s, m))
+        rows.update(len(vectors.parts[s]))
+    rows.close()
     return index
 
 
@@ -522,13 +600,22 @@ def tune_nprobe(index, base: ShardVectors, queries_from: ShardVectors, m: int, c
 
 
 def stack_to_file(vectors: ShardVectors, file: Path) -> np.ndarray:
-    """Write every shard's vectors, float32, into one ``.npy`` file, a shard at a time. Returns it mapped read-only."""
-    out = np.lib.format.open_memmap(file, mode="w+", dtype=np.float32, shape=(vectors.count, vectors.dim))
-    for s, part in enumerate(vectors.parts):
-        if len(part):
-            out[vectors.offsets[s] : vectors.offsets[s + 1]] = np.asarray(part[:], np.float32)
-    out.flush()
-    del out
+    """Write every shard's vectors, float32, into one ``.npy`` file, a shard at a time (atomic: a file there is
+    whole, and an earlier run's is reused). Returns it mapped read-only.
+
+    Plain writes, not a writable memory map: the pages of a map written through count as the process's
+    resident memory until it is closed (the whole file at the end), plain writes only pass through the page
+    cache."""
+    if file.exists():
+        return np.load(file, mmap_mode="r")
+    rows = progress(desc=f"writing {file.name}", total=vectors.count, unit="row", disable=None)
+    with atomic_path(file) as tmp, open(tmp, "wb") as out:
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+                  "shape": (vectors.count, vectors.dim)}
+        np.lib.format.write_array_header_1_0(out, header)
+        for part in vectors.parts:
+            if len(part):
+                out.write(np.ascontiguousarray(part[:], dtype=np.float32).tobytes())  # (n_s, D)
+            rows.update(len(part))
+    rows.close()
     return np.load(file, mmap_mode="r")
-
-

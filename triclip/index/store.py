@@ -56,6 +56,7 @@ from typing import Callable, Iterator, TypeVar
 import faiss
 import numpy as np
 
+from triclip.codecs import ondisk
 from triclip.index import faiss_index as fi
 from triclip.index import filecheck
 from triclip.index.lazy_codes import CodeFile, LazyCodes
@@ -254,12 +255,12 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
 def _write_files(folder: Path, c: IndexContents) -> None:
     on_disk = _move_in(folder, c)
     for m, index in c.image_indexes.items():
-        faiss.write_index(fi.to_cpu(index), str(folder / image_index_name(m)))
+        ondisk.write_index(fi.to_cpu(index), folder / image_index_name(m))
     if VECTORS not in c.files:
         np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=np.float32))
     if c.text_vectors is not None:
         for m, index in c.text_indexes.items():
-            faiss.write_index(fi.to_cpu(index), str(folder / text_index_name(m)))
+            ondisk.write_index(fi.to_cpu(index), folder / text_index_name(m))
         if TEXT_VECTORS not in c.files:
             np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
