@@ -143,20 +143,21 @@ def threads(emb: str, rows: int, factory: str) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_stream", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_stream", description=__doc__.split("\n")[0],
+                                     allow_abbrev=False)
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build")
-    k = sub.add_parser("killed")
+    b = sub.add_parser("build", allow_abbrev=False)
+    k = sub.add_parser("killed", allow_abbrev=False)
     for p in (b, k):
         p.add_argument("emb")
         p.add_argument("--out", required=True)
     k.add_argument("--reference", required=True)
     k.add_argument("--at", type=float, default=0.5)
-    s = sub.add_parser("subset")
+    s = sub.add_parser("subset", allow_abbrev=False)
     s.add_argument("emb")
     s.add_argument("--shards", type=int, required=True)
     s.add_argument("--out", required=True)
-    t = sub.add_parser("threads")
+    t = sub.add_parser("threads", allow_abbrev=False)
     t.add_argument("emb")
     t.add_argument("--rows", type=int, default=1_000_000)
     t.add_argument("--factory", default="IVF1024,PQ64")
