@@ -12,8 +12,10 @@ train captions. Nothing of the test split is fitted or calibrated on.
 ``build`` writes OUT: ``embeddings/`` in the ``triclip embed`` format (docs/CONTRACT.md "Embeddings"; rows
 0..T-1 the test images with their captions, then n - T distractors, meta id ``haystack-000000123``, with
 --text each carrying caption distractors), ``queries.npy`` (Q, D) the distinct test captions,
-``queries.jsonl`` ({"text", "targets": rows of embeddings}), ``image_model.npz`` (and ``text_model.npz``) and
-``haystack.json``. ``triclip index build --embeddings OUT/embeddings --out HINDEX`` indexes it.
+``queries.jsonl`` ({"text", "targets": rows of embeddings}), ``val-embeddings/`` (the val split's real rows, one
+shard in the same format), ``image_model.npz`` (and ``text_model.npz``) and ``haystack.json``.
+``triclip index build --embeddings OUT/embeddings --out HINDEX`` indexes it; with ``--bytes B``, add
+``--val-embeddings OUT/val-embeddings`` so the codes are chosen on the val split, not on the test rows.
 
 ``validate`` compares, at the real size, the real collection (test rows + every non-test row) with the test
 rows + as many distractors: recall@10 of float full D and of each code (fitted per seed on the gallery),
@@ -233,6 +235,7 @@ def build(cfg: BuildConfig, sp: Split | None = None) -> dict:
     (stage / "queries.jsonl").write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     per_image = len(t2i_set(sp, sp.rows["train"])[1]) / len(sp.rows["train"])  # distinct captions per image
     write_shards(cfg, sp, models, per_image, stage / "embeddings")
+    write_val(cfg, sp, stage / "val-embeddings")
     summary = {"config": asdict(cfg), "targets": len(targets), "queries": len(texts),
                "distractors": cfg.n - len(targets), "captions_per_distractor": per_image if cfg.text else 0,
                **{f"{s}_calibration": m.calibration for s, m in models.items() if m is not None},
@@ -247,17 +250,39 @@ def write_shards(cfg: BuildConfig, sp: Split, models: dict, per_image: float, em
     emb.mkdir()
     write_mark(emb, "embeddings", done=False)
     num_shards = -(-cfg.n // cfg.shard_size)
-    m = sp.manifest
-    write_json_atomic(emb / "manifest.json", {
-        "format": FORMAT, "run": m["run"], "fingerprint": m["fingerprint"], "model": m.get("model"),
-        "data": f"haystack of {cfg.index} ({cfg.data}), seed {cfg.seed}", "data_fingerprint": f"haystack-{cfg.seed}",
-        "records": cfg.n, "shard_size": cfg.shard_size, "num_shards": num_shards, "dim": int(sp.image.shape[1]),
-        "dtype": cfg.dtype, "text": cfg.text, "importance": m["importance"], "transform": m["transform"],
-        "anchor_rows": 0, "skipped": {}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")})
+    write_json_atomic(emb / "manifest.json", _manifest(cfg, sp, f"haystack of {cfg.index} ({cfg.data}), seed {cfg.seed}",
+                                                       f"haystack-{cfg.seed}", cfg.n, cfg.shard_size, num_shards))
     for s in progress(range(num_shards), desc="haystack shards", unit="shard"):
         lo, hi = s * cfg.shard_size, min(cfg.n, (s + 1) * cfg.shard_size)
         _write_shard(emb, s, lo, hi, _shard_rows(cfg, sp, models, per_image, lo, hi), cfg.dtype)
     write_mark(emb, "embeddings", done=True)
+
+
+def write_val(cfg: BuildConfig, sp: Split, emb: Path) -> None:
+    """The val split's real rows as one ``triclip embed`` shard in the haystack's vector space: what
+    ``index build --embeddings OUT/embeddings --bytes B --val-embeddings OUT/val-embeddings`` chooses codes on
+    (without it the choice is measured on the haystack's first rows, the test images)."""
+    rows = sp.rows["val"]
+    t_rows = [np.flatnonzero(sp.text_rows[:, 0] == r) for r in rows]
+    text_rows = [np.stack([np.full(len(t), j), sp.text_rows[t, 1]], 1) for j, t in enumerate(t_rows)]
+    shard = {"image": sp.image[rows], "meta": [sp.meta[r] for r in rows], "has_text": True,
+             "text": sp.text[np.concatenate(t_rows)], "text_rows": np.concatenate(text_rows).astype(np.int64)}
+    emb.mkdir()
+    write_mark(emb, "embeddings", done=False)
+    write_json_atomic(emb / "manifest.json", _manifest(cfg, sp, f"val split of {cfg.data}", "val", len(rows), len(rows), 1))
+    _write_shard(emb, 0, 0, len(rows), shard, cfg.dtype)
+    write_mark(emb, "embeddings", done=True)
+
+
+def _manifest(cfg: BuildConfig, sp: Split, data: str, fingerprint: str, records: int, shard_size: int,
+              num_shards: int) -> dict:
+    """An embeddings manifest (docs/CONTRACT.md "Embeddings") for rows in the index's own vector space."""
+    m = sp.manifest
+    return {"format": FORMAT, "run": m["run"], "fingerprint": m["fingerprint"], "model": m.get("model"), "data": data,
+            "data_fingerprint": fingerprint, "records": records, "shard_size": shard_size, "num_shards": num_shards,
+            "dim": int(sp.image.shape[1]), "dtype": cfg.dtype, "text": cfg.text or fingerprint == "val",
+            "importance": m["importance"], "transform": m["transform"], "anchor_rows": 0, "skipped": {},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
 def _shard_rows(cfg: BuildConfig, sp: Split, models: dict, per_image: float, lo: int, hi: int) -> dict:

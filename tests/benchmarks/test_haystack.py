@@ -7,6 +7,7 @@ import pytest
 
 from benchmarks import haystack as hs
 from benchmarks import haystack_density as hd
+from triclip.index.val_embeddings import validation_set
 from triclip.index.vectors import ShardVectors
 from triclip.model.shards import check_complete, load_shard
 
@@ -26,7 +27,7 @@ def collection(n=300, seed=0) -> hs.Split:
     meta = [{"id": str(i), "image": f"/d/{i}.png", "captions": [f"caption {i}"], "label": None} for i in range(n)]
     cut = [0, int(0.6 * n), int(0.8 * n), n]
     rows = {s: np.arange(cut[j], cut[j + 1]) for j, s in enumerate(hs.SPLITS)}
-    manifest = {"run": "r", "fingerprint": "f", "importance": list(range(D)), "transform": {}}
+    manifest = {"run": "r", "fingerprint": "f", "importance": list(range(D)), "transform": {"ordering": "importance", "dim": D, "m": D, "signs": None}}
     return hs.Split(image, text, np.stack([np.arange(n), np.zeros(n, int)], 1), meta, rows, manifest)
 
 
@@ -104,6 +105,20 @@ def test_the_test_rows_and_their_queries_land_where_queries_jsonl_says(built):
         assert line["text"] in shard["meta"][row % 70]["captions"]
         assert np.array_equal(shard["image"][row % 70], sp.image[sp.rows["test"][row]])
         assert np.allclose(q, sp.text[sp.rows["test"][row]])
+
+
+def test_the_val_rows_are_an_evaluation_set_in_the_haystacks_space(built):
+    """``val-embeddings/``: the val split's real rows, read by ``index build --val-embeddings`` as its evaluation
+    set (the same run and transform as the haystack's shards: no sign to change)."""
+    sp, cfg, _, out = built
+    val = sp.rows["val"]
+    manifest = check_complete(out / "val-embeddings")
+    shard = load_shard(out / "val-embeddings", 0)
+    assert manifest["records"] == len(val) and np.array_equal(shard["image"], sp.image[val])
+    evaluation = validation_set(str(out / "val-embeddings"), check_complete(out / "embeddings"))
+    assert evaluation.split == "validation" and len(evaluation.gallery) == len(val)
+    np.testing.assert_allclose(evaluation.queries, sp.text[val], atol=0)  # one distinct caption per image, in order
+    assert evaluation.positives == [{j} for j in range(len(val))]
 
 
 def test_distractor_rows_are_the_streams_rows_with_their_captions(built, monkeypatch):

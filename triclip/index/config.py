@@ -53,6 +53,7 @@ class IndexBuildConfig:
     workers: int = bounded(0, low=0)  # DataLoader worker processes decoding images
     lock_timeout: float = bounded(600.0, low=0)  # seconds to wait for another writer of the same index before giving up
     embeddings: str | None = None  # build from `triclip embed` shards instead of --run + --data
+    val_embeddings: str | None = None  # with --embeddings and --bytes: the validation split embedded by `triclip embed --split val` with the same run; the codes are chosen on it (None: on the shards' first 5,000 images)
     memory_budget: int | None = bounded(None, above=0)  # bytes one index may take in memory, e.g. 8G (None: half the available)
     on_disk: Literal["auto", "always", "never"] = "auto"  # IVF lists in a mapped file (auto: beyond --memory-budget)
     recall_target: float = bounded(0.95, above=0, high=1)  # IVF nprobe: the smallest reaching this recall@10 against exact search (codes of --bytes: against the code's own exhaustive scan; their float re-rank's shortlist: against exact float32 search)
@@ -148,6 +149,9 @@ def check_build(cfg: IndexBuildConfig) -> None:
     if cfg.embeddings is not None and (cfg.val_data or cfg.weights != "best"):
         raise UserError("--embeddings: the shards were embedded with their run's weights and no curves are measured"
                         " from them; --val-data and --weights do not apply")
+    if cfg.val_embeddings is not None and (cfg.embeddings is None or not cfg.bytes):
+        raise UserError("--val-embeddings is what the codes of --bytes are chosen on in a build from --embeddings:"
+                        " give --embeddings and --bytes, or leave it out (with --run, --val-data does that)")
     if cfg.add and (cfg.bytes or cfg.codec):
         raise UserError("--add extends the index's own byte budgets with the same codes: leave out --bytes and --codec"
                         " (a new budget needs a new index: --overwrite)")

@@ -48,6 +48,7 @@ from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_
     text_rows,
     unique_ids,
 )
+from triclip.index.val_embeddings import validation_set
 from triclip.index.store import IndexContents, is_index_dir, load_contents, write_version, writer_lock
 from triclip.index.vectors import ShardVectors, prefix
 from triclip.model.cache import locked_tower_outputs
@@ -58,7 +59,7 @@ from triclip.model.embed import embed_pairs, pick_device
 from triclip.core.errors import UserError
 from triclip.core.io import claim_output_dir
 from triclip.model.run import load_run, run_fingerprint
-from triclip.model.shards import check_complete, load_shard
+from triclip.model.shards import check_complete, load_shard, read_manifest
 
 CURVE_MAX_IMAGES = 5000  # curves on the indexed data (no --val-data) use at most its first this many images
 
@@ -70,7 +71,8 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     if cfg.embeddings is not None:
         coll = open_embeddings(cfg)
         all_dims = _check_new_index(cfg, dims, coll.image.dim, coll.image.count)
-        return build_and_write(cfg, coll, all_dims)
+        evaluation = validation_set(cfg.val_embeddings, read_manifest(cfg.embeddings)) if cfg.val_embeddings else None
+        return build_and_write(cfg, coll, all_dims, evaluation=evaluation)
     cfg = replace(cfg, val_data=cfg.val_data or split_val(cfg.data))  # a split folder's curves: on its validation split
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     if base is not None and (base.manifest.get("on_disk") or _codes_on_disk(base.manifest)):
