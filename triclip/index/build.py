@@ -161,6 +161,9 @@ def _claim_work(cfg, coll: Collection, builder: "ShardedBuilder", factories: dic
         return (*fresh_parts(cfg.out), False)
     emb = Path(coll.origin.embeddings)
     folders = sorted({Path(p.path).parent for v in (coll.image, coll.text) if v is not None for p in v.parts})
+    if cfg.val_embeddings:  # what the codes are chosen on: a rewritten VAL changes the key too
+        val = Path(cfg.val_embeddings)
+        folders += sorted(d for d in val.iterdir() if d.is_dir() and d.name.startswith("shard-"))
     files = [emb / "manifest.json"] + [f for d in folders for f in sorted(d.iterdir()) if f.is_file()]
     disk = {kind: {str(m): builder.wants_disk(_new(m, f), v.count, m, f) for m, f in table.items()}
             for kind, table, v in (("image", factories, coll.image), ("text", text_factories, coll.text)) if v}
