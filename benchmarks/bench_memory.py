@@ -1,0 +1,148 @@
+"""Where an index build's memory goes: resident memory per stage, anonymous apart from file-backed.
+
+    python -m benchmarks.bench_memory build EMB --out INDEX [--every 0.1] [--tracemalloc] [--option VALUE ...]
+        ``triclip index build --embeddings EMB --out INDEX ...`` in this process, with a thread that reads
+        ``/proc/self/status`` every ``--every`` seconds. The build's stages are wrapped (open the shards, add
+        each kind's shards, tune nprobe, write the vectors files, the evaluation set, choose the codes, fill
+        them, write the version); for each stage it prints the peak of ``RssAnon`` (anonymous memory: what
+        counts against the machine), ``RssFile`` at that moment (pages of memory-mapped files, which the
+        kernel can take back), the peak ``VmRSS``, and ``RssAnon`` when the stage ended. ``--tracemalloc``
+        adds the peak of memory allocated by Python objects per stage (slower: use a small collection).
+
+Options after the positional arguments go to ``triclip index build`` as they are. Prints one JSON line: the
+stages in the order they started (a nested stage, e.g. ``choose`` inside ``codes``, is its own line), and
+``VmHWM`` (the peak resident memory the kernel recorded, what ``/usr/bin/time -v`` reports).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import functools
+import json
+import threading
+import time
+import tracemalloc
+
+MIB = 1024 * 1024
+FIELDS = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
+
+
+def status() -> dict[str, int]:
+    """The memory lines of ``/proc/self/status``, in bytes."""
+    out = {}
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            key, _, value = line.partition(":")
+            if key in FIELDS:
+                out[key] = int(value.split()[0]) * 1024
+    return out
+
+
+class Stages:
+    """The stage now running (innermost) and the peaks seen in each; a thread samples ``/proc/self/status``."""
+
+    def __init__(self, every: float, traced: bool):
+        self.every, self.traced = every, traced
+        self.stack: list[str] = ["start"]
+        self.peaks: dict[str, dict] = {}
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+
+    def sample(self) -> None:
+        s = status()
+        with self.lock:
+            name = self.stack[-1]
+            p = self.peaks.setdefault(name, {"anon_peak": 0, "file_at_anon_peak": 0, "rss_peak": 0})
+            if s["RssAnon"] > p["anon_peak"]:
+                p["anon_peak"], p["file_at_anon_peak"] = s["RssAnon"], s["RssFile"]
+            p["rss_peak"] = max(p["rss_peak"], s["VmRSS"])
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every):
+            self.sample()
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        self.sample()
+        with self.lock:
+            name = name if name not in self.peaks else f"{name}#{sum(k.startswith(name) for k in self.peaks) + 1}"
+            self.stack.append(name)
+            self.peaks[name] = {"anon_peak": 0, "file_at_anon_peak": 0, "rss_peak": 0}
+        if self.traced:
+            tracemalloc.reset_peak()
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.sample()
+            with self.lock:
+                p = self.peaks[name]
+                p["anon_end"], p["seconds"] = status()["RssAnon"], round(time.perf_counter() - started, 1)
+                if self.traced:
+                    p["python_peak"] = tracemalloc.get_traced_memory()[1]
+                self.stack.pop()
+
+    def wrap(self, owner, attr: str, name) -> None:
+        """Replace ``owner.attr`` by itself inside a stage (``name(*args)``: the stage's name, or a string)."""
+        original = getattr(owner, attr)
+
+        @functools.wraps(original)
+        def wrapped(*args, **kwargs):
+            with self.stage(name(*args, **kwargs) if callable(name) else name):
+                return original(*args, **kwargs)
+
+        setattr(owner, attr, wrapped)
+
+
+def instrument(stages: Stages) -> None:
+    """Wrap the build's stages (module attributes looked up at call time)."""
+    from triclip.index import budgets, build, sources
+
+    stages.wrap(sources, "open_embeddings", "open shards")
+    stages.wrap(build.ShardedBuilder, "build_all", lambda self, vectors, factories, kind: f"index {kind}")
+    stages.wrap(build, "tune_nprobe", "tune nprobe")
+    stages.wrap(build, "_contents", "vectors files")
+    stages.wrap(build, "_codes", "codes")
+    stages.wrap(budgets, "indexed_evaluation", "evaluation set")
+    stages.wrap(budgets, "choose_all", "choose codes")
+    stages.wrap(build, "fill_codes", "fill codes")
+    stages.wrap(build, "write_version", "write version")
+
+
+def measure(emb: str, out: str, options: list[str], every: float, traced: bool) -> dict:
+    from triclip.app.cli import main as triclip
+
+    stages = Stages(every, traced)
+    instrument(stages)
+    if traced:
+        tracemalloc.start()
+    sampler = threading.Thread(target=stages.run, daemon=True)
+    sampler.start()
+    started = time.perf_counter()
+    code = triclip(["index", "build", "--embeddings", emb, "--out", out, *options])
+    stages.stopped.set()
+    sampler.join()
+    final = status()
+    table = {name: {k: (round(v / MIB, 1) if k not in ("seconds",) else v) for k, v in p.items()}
+             for name, p in stages.peaks.items()}
+    return {"exit": code, "seconds": round(time.perf_counter() - started, 1), "vm_hwm_mib": round(final["VmHWM"] / MIB, 1),
+            "anon_peak_mib": max(p["anon_peak"] for p in table.values()), "stages_mib": table}
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0],
+                                     allow_abbrev=False)
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build", allow_abbrev=False)
+    b.add_argument("emb")
+    b.add_argument("--out", required=True)
+    b.add_argument("--every", type=float, default=0.1)  # seconds between two reads of /proc/self/status
+    b.add_argument("--tracemalloc", action="store_true")  # also Python's allocations per stage (slower)
+    args, options = parser.parse_known_args(argv)
+    result = measure(args.emb, args.out, options, args.every, args.tracemalloc)
+    print(json.dumps({"command": args.command, **result}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
