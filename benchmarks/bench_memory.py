@@ -9,6 +9,12 @@
         kernel can take back), the peak ``VmRSS``, and ``RssAnon`` when the stage ended. ``--tracemalloc``
         adds the peak of memory allocated by Python objects per stage (slower: use a small collection).
 
+    python -m benchmarks.bench_memory meta EMB --how list|stream
+        The shards' meta rows as the build had them (``--how list``: every row in one list, then ``unique_ids``)
+        or as it has them now (``stream``: ``triclip.index.metarows.MetaRows``, its unique ids found, every row
+        read once in order): seconds, and the peak ``RssAnon`` above what the process held before. Run each in
+        its own process.
+
 Options after the positional arguments go to ``triclip index build`` as they are. Prints one JSON line: the
 stages in the order they started (a nested stage, e.g. ``choose`` inside ``codes``, is its own line), and
 ``VmHWM`` (the peak resident memory the kernel recorded, what ``/usr/bin/time -v`` reports).
@@ -130,6 +136,33 @@ def measure(emb: str, out: str, options: list[str], every: float, traced: bool) 
             "anon_peak_mib": max(p["anon_peak"] for p in table.values()), "stages_mib": table}
 
 
+def meta(emb: str, how: str) -> dict:
+    """Peak anonymous memory and seconds of the meta rows held as a list or streamed (see the module's doc)."""
+    from triclip.index.manifest import unique_ids
+    from triclip.index.metarows import MetaRows, shard_meta_files
+    from triclip.model.shards import check_complete, load_shard
+
+    manifest = check_complete(emb)
+    stages = Stages(0.05, False)
+    sampler = threading.Thread(target=stages.run, daemon=True)
+    before = status()["RssAnon"]
+    sampler.start()
+    started = time.perf_counter()
+    with stages.stage(how):
+        if how == "list":
+            rows = unique_ids([r for s in range(manifest["num_shards"]) for r in load_shard(emb, s, text=False)["meta"]])
+            n, renamed = len(rows), sum("#" in r["id"] for r in rows)
+        else:
+            counts = [int(load_shard(emb, s, text=False, meta=False)["info"]["count"]) for s in range(manifest["num_shards"])]
+            rows = MetaRows(shard_meta_files(emb, manifest["num_shards"]), counts)
+            n, renamed = sum(1 for _ in rows), len(rows.renames)
+    stages.stopped.set()
+    sampler.join()
+    peak = stages.peaks[how]["anon_peak"]
+    return {"how": how, "rows": n, "renamed": renamed, "seconds": round(time.perf_counter() - started, 1),
+            "anon_before_mib": round(before / MIB, 1), "anon_peak_above_mib": round((peak - before) / MIB, 1)}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0],
                                      allow_abbrev=False)
@@ -139,8 +172,16 @@ def main(argv=None) -> None:
     b.add_argument("--out", required=True)
     b.add_argument("--every", type=float, default=0.1)  # seconds between two reads of /proc/self/status
     b.add_argument("--tracemalloc", action="store_true")  # also Python's allocations per stage (slower)
+    m = sub.add_parser("meta", allow_abbrev=False)
+    m.add_argument("emb")
+    m.add_argument("--how", choices=("list", "stream"), required=True)
     args, options = parser.parse_known_args(argv)
-    result = measure(args.emb, args.out, options, args.every, args.tracemalloc)
+    if args.command == "meta":
+        if options:
+            parser.error(f"unrecognized arguments: {' '.join(options)}")
+        result = meta(args.emb, args.how)
+    else:
+        result = measure(args.emb, args.out, options, args.every, args.tracemalloc)
     print(json.dumps({"command": args.command, **result}), flush=True)
 
 

@@ -73,6 +73,14 @@ def test_unique_ids_read_only_hashes_and_renames_are_kept_for_a_resume(tmp_path,
     assert unique.renames == {} and [r["id"] for r in unique] == ["s", "t", "u"]
 
 
+def test_the_id_read_alone_is_the_id_of_the_whole_line():
+    rows = [{"id": 'q"uote\\ \u00e9\u6f22 \U0001f600', "image": "x"}, {"image": "x", "id": "later"}, {"id": 7, "n": 1},
+            {"id": "a", "captions": ["{\"id\": \"b\"}"]}]
+    for row in rows:
+        for line in (json.dumps(row), json.dumps(row, ensure_ascii=False)):
+            assert metarows.line_id(line + "\n") == json.loads(line)["id"] == row["id"]
+
+
 def test_a_meta_file_that_disagrees_with_its_count_is_one_line(tmp_path):
     streamed = _write_shards(tmp_path, [_rows(["a", "b"])])
     short = MetaRows(streamed.files, [3])
