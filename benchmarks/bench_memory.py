@@ -16,7 +16,8 @@
         its own process.
 
 Options after the positional arguments go to ``triclip index build`` as they are. Prints one JSON line: the
-stages in the order they started (a nested stage, e.g. ``choose`` inside ``codes``, is its own line), and
+stages in the order they started (a nested stage, e.g. ``choose`` inside ``codes``, is its own line; a stage run
+twice is ``name#2``; ``outside the stages``: imports, the moments between stages and after the last), and
 ``VmHWM`` (the peak resident memory the kernel recorded, what ``/usr/bin/time -v`` reports).
 """
 
@@ -50,7 +51,7 @@ class Stages:
 
     def __init__(self, every: float, traced: bool):
         self.every, self.traced = every, traced
-        self.stack: list[str] = ["start"]
+        self.stack: list[str] = ["outside the stages"]  # imports, between stages, after the last
         self.peaks: dict[str, dict] = {}
         self.lock = threading.Lock()
         self.stopped = threading.Event()
