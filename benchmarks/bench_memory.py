@@ -15,6 +15,12 @@
         read once in order): seconds, and the peak ``RssAnon`` above what the process held before. Run each in
         its own process.
 
+    python -m benchmarks.bench_memory fill EMB [--kind text] [--shards 2] [--m 256] [--chunk 16384]
+        A PQ16x8 code at m (fitted on 20,000 rows) filled with the first shards of ``kind`` as the build filled it
+        before (a shard at once) and as it does now (``--chunk`` rows at once,
+        ``triclip.index.vectors.ShardVectors.chunked``): the peak ``RssAnon`` above the start of each fill, its
+        seconds, and whether the two codes are the same bytes.
+
 Options after the positional arguments go to ``triclip index build`` as they are. Prints one JSON line: the
 stages in the order they started (a nested stage, e.g. ``choose`` inside ``codes``, is its own line; a stage run
 twice is ``name#2``; ``outside the stages``: imports, the moments between stages and after the last), and
@@ -27,9 +33,14 @@ import argparse
 import contextlib
 import functools
 import json
+import shutil
+import tempfile
 import threading
 import time
 import tracemalloc
+from pathlib import Path
+
+import numpy as np
 
 MIB = 1024 * 1024
 FIELDS = ("VmRSS", "RssAnon", "RssFile", "VmHWM")
@@ -164,6 +175,37 @@ def meta(emb: str, how: str) -> dict:
             "anon_before_mib": round(before / MIB, 1), "anon_peak_above_mib": round((peak - before) / MIB, 1)}
 
 
+def fill(emb: str, kind: str, shards: int, m: int, chunk: int) -> dict:
+    """One code filled a shard at once and ``chunk`` rows at once: peak anonymous memory, seconds, same bytes."""
+    from triclip import codecs
+    from triclip.codecs.spec import CodecSpec
+    from triclip.index import budgets
+    from triclip.index.vectors import ShardVectors
+
+    vectors = ShardVectors.open(emb, shards, kind)
+    rows = np.sort(np.random.default_rng(0).choice(vectors.count, size=min(20_000, vectors.count), replace=False))
+    codec = codecs.fit(CodecSpec("pq", m, 16, {"M": 16, "nbits": 8}), vectors.rows(rows, vectors.dim))
+    out, codes = {}, {}
+    for how, source in (("whole shards", vectors), (f"{chunk} rows", vectors.chunked(chunk))):
+        stages = Stages(0.02, False)
+        sampler = threading.Thread(target=stages.run, daemon=True)
+        before = status()["RssAnon"]
+        sampler.start()
+        started = time.perf_counter()
+        with stages.stage(how):
+            full = budgets.fill(codec, source)
+        stages.stopped.set()
+        sampler.join()
+        out[how] = {"anon_peak_above_mib": round((stages.peaks[how]["anon_peak"] - before) / MIB, 1),
+                    "seconds": round(time.perf_counter() - started, 1)}
+        path = Path(tempfile.mkdtemp()) / "codes"
+        full.save(path)
+        codes[how] = path.read_bytes()
+        shutil.rmtree(path.parent)
+    return {"kind": kind, "rows": vectors.count, "code": f"PQ16x8 at m={m}", "fills": out,
+            "same_bytes": len(set(codes.values())) == 1}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.bench_memory", description=__doc__.split("\n")[0],
                                      allow_abbrev=False)
@@ -176,8 +218,18 @@ def main(argv=None) -> None:
     m = sub.add_parser("meta", allow_abbrev=False)
     m.add_argument("emb")
     m.add_argument("--how", choices=("list", "stream"), required=True)
+    f = sub.add_parser("fill", allow_abbrev=False)
+    f.add_argument("emb")
+    f.add_argument("--kind", choices=("image", "text"), default="text")
+    f.add_argument("--shards", type=int, default=2)
+    f.add_argument("--m", type=int, default=256)
+    f.add_argument("--chunk", type=int, default=16384)
     args, options = parser.parse_known_args(argv)
-    if args.command == "meta":
+    if args.command == "fill":
+        if options:
+            parser.error(f"unrecognized arguments: {' '.join(options)}")
+        result = fill(args.emb, args.kind, args.shards, args.m, args.chunk)
+    elif args.command == "meta":
         if options:
             parser.error(f"unrecognized arguments: {' '.join(options)}")
         result = meta(args.emb, args.how)

@@ -82,6 +82,7 @@ from triclip.core.progress import progress
 from triclip.model.shards import barrier, init_distributed
 
 TUNE_K = 10  # recall@k that nprobe is tuned for
+FILL_ROWS = 16384  # rows encoded at once: FAISS's PQ encoder holds ksub x M floats per row (PQ16x8: 16 KiB, 256 MiB here)
 
 
 @dataclass
@@ -269,7 +270,7 @@ def _filled(codec, vectors: ShardVectors, file: Path):
 
     if file.exists():
         return codecs.load(file, vectors.dim)
-    full = bud.fill(codec, vectors)
+    full = bud.fill(codec, vectors.chunked(FILL_ROWS))
     with write_errors(file):
         full.save(file)
     return full
