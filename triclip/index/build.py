@@ -29,7 +29,8 @@ there are some):
   one ``OnDiskInvertedLists`` file (``triclip.index.faiss_index.merge_on_disk``,
   ``faiss.contrib.ondisk``) that becomes ``{kind}.m{m}.ivfdata`` of the new version; the
   full-D vectors are then written to ``vectors.npy`` shard by shard, never held whole.
-  Memory is bounded by one shard, the trained index, the meta rows and the page cache. The parts, lists and
+  Memory is bounded by one shard, the trained index, the codes and the page cache; the meta rows are read
+  from the shards when needed (``triclip.index.metarows``), never held whole. The parts, lists and
   vectors files are written in the parts folder beside the output folder (same filesystem: the lists file is
   renamed into the version, not copied; ``.{out}.shard-parts`` under torchrun), removed when the version is
   written. A build from embedding shards in one process resumes from it after a kill: its name is a hash of
@@ -52,7 +53,7 @@ import pickle
 import shutil
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,6 +72,7 @@ from triclip.index.parts import (  # noqa: F401 (OWNER, PARTS_SUFFIX, claim_part
     remove_stale_parts,
     resuming_line,
 )
+from triclip.index.metarows import RENAMES, MetaRows
 from triclip.index.manifest import Origin, attach_curves, make_manifest, summary
 from triclip.index.store import TEXT_VECTORS, VECTORS, IndexContents, ivfdata_name, write_version, writer_lock
 from triclip.index.vectors import ShardVectors, exact_topk
@@ -80,6 +82,7 @@ from triclip.core.progress import progress
 from triclip.model.shards import barrier, init_distributed
 
 TUNE_K = 10  # recall@k that nprobe is tuned for
+FILL_ROWS = 16384  # rows encoded at once: FAISS's PQ encoder holds ksub x M floats per row (PQ16x8: 16 KiB, 256 MiB here)
 
 
 @dataclass
@@ -88,7 +91,7 @@ class Collection:
 
     image: ShardVectors  # (N, D) full-D compact image vectors
     text: ShardVectors | None  # (T, D) caption vectors, or None (no caption index)
-    meta: list[dict]  # one row per image: {"id", "image", "captions", "label", "file"}
+    meta: Sequence[dict]  # one row per image: {"id", "image", "captions", "label", "file"} (a list, or MetaRows)
     text_rows: np.ndarray | None  # (T, 2) image row and caption number of each caption vector
     origin: Origin  # run, transform, source: what the manifest records
     distributed: bool = False  # the shards may be shared between torchrun ranks
@@ -122,6 +125,8 @@ def build_and_write(
             owner = _claim_shared(cfg.out, work)
         barrier(world)
         builder.work = work
+        if rank == 0 and isinstance(coll.meta, MetaRows):
+            coll.meta.kept = work / RENAMES  # the unique ids' renames, found once: a resumed build reads them back
         with all_cores():  # FAISS adds and encodes on every core, whatever a server set for its searches
             image_indexes = builder.build_all(coll.image, factories, "image")
             text_indexes = builder.build_all(coll.text, text_factories, "text") if coll.text else {}
@@ -268,7 +273,7 @@ def _filled(codec, vectors: ShardVectors, file: Path):
 
     if file.exists():
         return codecs.load(file, vectors.dim)
-    full = bud.fill(codec, vectors)
+    full = bud.fill(codec, vectors.chunked(FILL_ROWS))
     with write_errors(file):
         full.save(file)
     return full

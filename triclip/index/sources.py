@@ -49,6 +49,7 @@ from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_
     unique_ids,
 )
 from triclip.index.val_embeddings import validation_set
+from triclip.index.metarows import MetaRows, shard_meta_files
 from triclip.index.store import IndexContents, is_index_dir, load_contents, write_version, writer_lock
 from triclip.index.vectors import ShardVectors, prefix
 from triclip.model.cache import locked_tower_outputs
@@ -128,15 +129,15 @@ def open_embeddings(cfg: IndexBuildConfig) -> Collection:
     emb = check_complete(cfg.embeddings)
     image = ShardVectors.open(cfg.embeddings, emb["num_shards"], "image")
     text = ShardVectors.open(cfg.embeddings, emb["num_shards"], "text") if cfg.text_index and emb.get("text") else None
-    metas, rows = [], []
+    counts, rows = [], []
     skipped = Counter(emb.get("skipped", {}))
     for s in range(emb["num_shards"]):
-        shard = load_shard(cfg.embeddings, s, text=text is not None)
+        shard = load_shard(cfg.embeddings, s, text=text is not None, meta=False)
         if text is not None:
             rows.append(shard["text_rows"] + np.array([image.offsets[s], 0]))
-        metas.append(shard["meta"])
+        counts.append(int(shard["info"]["count"]))
         skipped.update(shard["info"].get("skipped", {}))
-    meta = unique_ids([row for part in metas for row in part])
+    meta = MetaRows(shard_meta_files(cfg.embeddings, emb["num_shards"]), counts)  # read when needed, never whole
     source = {"embeddings": os.path.abspath(cfg.embeddings), "data": emb.get("data"),
               "fingerprint": emb.get("data_fingerprint"), "added": len(meta)}
     origin = Origin(emb["run"], emb["fingerprint"], emb.get("model"), emb["transform"], emb["importance"], source,

@@ -51,7 +51,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, Sequence, TypeVar
 
 import faiss
 import numpy as np
@@ -106,7 +106,7 @@ class IndexContents:
     """One version of an index folder, in memory."""
 
     manifest: dict  # see triclip/index/sources.py for the keys
-    meta: list[dict]  # {"id", "image", "captions", "label"} per image row
+    meta: Sequence[dict]  # {"id", "image", "captions", "label"} per image row (a build may stream them: MetaRows)
     vectors: np.ndarray  # (N, D) float32 full-D compact vectors, unit rows
     image_indexes: dict[int, faiss.Index]  # m -> index over normalize(vectors[:, :m]), row i = meta[i]
     text_vectors: np.ndarray | None = None  # (T, D) caption vectors, or None without a caption index

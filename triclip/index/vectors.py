@@ -61,6 +61,11 @@ class ShardVectors:
         """Top-m embeddings of shard ``s``. Shape: (n_s, m)."""
         return prefix(self.parts[s], m)
 
+    def chunked(self, rows: int) -> "ShardVectors":
+        """The same rows in parts of at most ``rows`` (each read only when used: :class:`ShardSlice`)."""
+        return ShardVectors.of([ShardSlice(p, lo, min(lo + rows, len(p))) for p in self.parts
+                                for lo in range(0, len(p), rows)])
+
     def full(self) -> np.ndarray:
         """Every row at full D, float32, in memory. Shape: (N, D)."""
         return np.concatenate([np.asarray(p, np.float32) for p in self.parts])
@@ -86,6 +91,24 @@ class ShardFile:
 
     def __array__(self, dtype=None, copy=None) -> np.ndarray:
         arr = np.load(self.path)
+        return arr if dtype is None else arr.astype(dtype, copy=False)
+
+
+class ShardSlice:
+    """Rows ``lo:hi`` of one part (a :class:`ShardFile` or an array), copied out only when used as an array."""
+
+    def __init__(self, part, lo: int, hi: int):
+        self.part, self.lo, self.hi = part, lo, hi
+        self.shape, self.dtype = (hi - lo, *part.shape[1:]), part.dtype
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, key) -> np.ndarray:
+        return np.asarray(self.part[self.lo : self.hi])[key]
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        arr = np.asarray(self.part[self.lo : self.hi])  # (hi - lo, D)
         return arr if dtype is None else arr.astype(dtype, copy=False)
 
 

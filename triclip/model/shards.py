@@ -246,10 +246,11 @@ def check_complete(emb: str | os.PathLike, verify: bool = False) -> dict:
     return manifest
 
 
-def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool = True) -> dict:
+def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool = True, meta: bool = True) -> dict:
     """One shard: ``{"image" (n, D), "text" (T, D) | None, "text_rows" (T, 2) | None, "meta", "info"}``.
 
-    Vectors are memory-mapped (``mmap``) in the dtype they were written in.
+    Vectors are memory-mapped (``mmap``) in the dtype they were written in. ``meta=False``: ``"meta"`` is None
+    (the rows are not read: ``triclip.index.metarows`` reads them when needed).
     """
     folder = Path(emb) / shard_name(index)
     info_path = folder / SHARD_INFO
@@ -258,14 +259,16 @@ def load_shard(emb: str | os.PathLike, index: int, text: bool = True, mmap: bool
     mode = "r" if mmap else None
     try:
         info = json.loads(info_path.read_text(encoding="utf-8"))
-        with open(folder / META, encoding="utf-8") as fh:
-            meta = [json.loads(line) for line in fh if line.strip()]
+        rows = None
+        if meta:
+            with open(folder / META, encoding="utf-8") as fh:
+                rows = [json.loads(line) for line in fh if line.strip()]
         has_text = text and info.get("text_count") is not None
         return {
             "image": np.load(folder / IMAGE, mmap_mode=mode, allow_pickle=False),
             "text": np.load(folder / TEXT, mmap_mode=mode, allow_pickle=False) if has_text else None,
             "text_rows": np.load(folder / TEXT_ROWS, allow_pickle=False) if has_text else None,
-            "meta": meta,
+            "meta": rows,
             "info": info,
         }
     except (OSError, UnicodeDecodeError, ValueError, EOFError) as err:  # json.JSONDecodeError is a ValueError
