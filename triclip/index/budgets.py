@@ -2,13 +2,16 @@
 
 For each budget B (bytes per vector, codes only) every codec and m that fits
 (``triclip.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
-``FIT_ROWS``), then measured on an evaluation set: the validation split's served vectors
+``FIT_ROWS``; the slowest fits, RQ's and OPQ's, on ``triclip.codecs.base.SLOW_FIT_ROWS`` of it), then measured
+on an evaluation set: the validation split's served vectors
 (``--val-data``), else the indexed data's first images. The image codes are measured by
 text->image recall@10 over distinct caption texts (a text's positives are every image
 carrying it); the caption codes, when the index holds captions, by image->text recall@10
 over the same distinct texts (:meth:`EvalSet.reverse`). Either is searched through the
 code itself (float queries against the codes; binary codes binarise the query, as their
-users do). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
+users do); inverted lists are measured scanning every list, answered by exact search over their decoded codes
+where their scores are those (:func:`exhaustive_ids`: no per-list work for every query), and tuned to scan at
+most a quarter of their lists (:func:`max_nprobe`). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
 the very codec that was measured is filled with the collection and stored, so the recall
 the manifest records is the measured recall of the codes actually stored. Every
 candidate's recall goes to ``curves.json`` (``bytes``; ``text_bytes`` for the captions),
@@ -291,7 +294,8 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
     re-rank, each with its recall on the evaluation set and its latency at N.
 
     Inverted lists get the fewest lists (a power of two) that keep ``rules.recall_target`` of their own
-    exhaustive top 10 on the sample (:func:`tune_nprobe`), set on ``codec``; the re-rank gets the shortest
+    exhaustive top 10 on the sample, at most :func:`max_nprobe` (:func:`tune_nprobe`; at the cap the share kept
+    may be lower: ``keeps`` says it), set on ``codec``; the re-rank gets the shortest
     shortlist whose re-ranked top 10 holds that share of the exact float top 10 (:func:`tune_shortlist`),
     scaled to N when the sample is smaller. Recall on the evaluation set is measured scanning every list,
     times the share kept at the tuned nprobe (``keeps``), with the shortlist the same share of its gallery as at N.
