@@ -109,3 +109,16 @@ def test_random_filling_of_lists_adds_that_many_codes_after_the_real_ones(cluste
     ids = codec.search(q[:20], 4500, params=codec.exhaustive())[1]
     assert sorted(ids[0].tolist()) == list(range(4500))  # every id once
     np.testing.assert_array_equal(codec.reconstruct(np.arange(500)), before)
+
+
+@pytest.mark.parametrize("inner", ["pq", "opq", "rq", "int8"])
+def test_the_nprobe_ladder_by_decoding_is_faiss_at_each_nprobe(clustered, inner):
+    """The decoded lists a query scans at nprobe p, searched exactly, give FAISS's top 10 at p (p = 1 .. nlist);
+    so tune_nprobe picks what FAISS's own searches would."""
+    x, q = clustered
+    codec = _ivf(inner, x)
+    search = bud._probed_by_decoding(codec, q[:200])
+    for nprobe in (1, 2, 4, 8, 32):
+        assert overlap(search(nprobe), codec.search(q[:200], 10, params={"nprobe": nprobe})[1]) >= 0.995
+    ranks, lists = codec.list_ranks(q[:5])
+    assert ranks.shape == (5, 32) and (np.sort(ranks, axis=1) == np.arange(32)).all() and lists.shape == (3000,)

@@ -207,6 +207,17 @@ class IVFCodec(FaissCodec):
         the decoded residual, i.e. with :meth:`reconstruct`'s vector; fast-scan lists estimate it."""
         return not isinstance(faiss.downcast_InvertedLists(self.ivf.invlists), faiss.BlockInvertedLists)
 
+    def list_ranks(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each query ranks each list (0: the first FAISS scans) and each stored vector's list: a search at
+        nprobe p scans the vectors whose list ranks below p. Shapes: (Q, D) -> (Q, nlist) and (n,)."""
+        x = self._check(queries, "queries")
+        for i in range(self.index.chain.size()):  # the remap to m (and OPQ's rotation), as a search applies them
+            x = self.index.chain.at(i).apply(x)
+        order = self.ivf.quantizer.search(np.ascontiguousarray(x, np.float32), self.ivf.nlist)[1]  # (Q, nlist)
+        ranks = np.empty_like(order)
+        np.put_along_axis(ranks, order, np.arange(order.shape[1])[None, :], axis=1)
+        return ranks, self._where()[:, 0]
+
     def set_nprobe(self, nprobe: int) -> None:
         """Make ``nprobe`` the code's own (saved with it; the spec records it). Before serving only."""
         self.ivf.nprobe = int(max(1, min(nprobe, self.ivf.nlist)))

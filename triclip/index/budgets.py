@@ -330,13 +330,32 @@ def tune_nprobe(copy: codecs.Codec, queries: np.ndarray, target: float) -> tuple
     exhaustive top 10 on ``copy`` (inverted lists holding the sample); and the share it keeps (below ``target``
     when even the cap does not keep it: that share is what the candidate's recall is multiplied by)."""
     nlist = copy.exhaustive()["nprobe"]
-    whole = exhaustive_ids(copy, queries, K)
+    search = _probed_by_decoding(copy, queries) if copy.scores_decoded() and len(copy) else (
+        lambda p: copy.search(queries, K, params={"nprobe": p})[1])
+    whole = search(nlist)
     cap, nprobe = max_nprobe(nlist), 1
     while True:
-        kept = overlap(copy.search(queries, K, params={"nprobe": nprobe})[1], whole)
+        kept = overlap(search(nprobe), whole)
         if kept >= target or nprobe >= cap:
             return nprobe, kept
         nprobe = min(2 * nprobe, cap)
+
+
+def _probed_by_decoding(copy: codecs.Codec, queries: np.ndarray):
+    """A function nprobe -> the top-K ids (Q, K) of ``copy``'s lists at that nprobe, by exact search over the
+    decoded vectors of the lists a query scans (:meth:`~triclip.codecs.ivf.IVFCodec.list_ranks`): FAISS's answers
+    without its per-list work for every query (tests/index/test_choice_scale.py), -1 where fewer are scanned."""
+    scores = np.asarray(queries, np.float32) @ copy.reconstruct().T  # (Q, n)
+    ranks, lists = copy.list_ranks(queries)
+    rank = ranks[:, lists]  # (Q, n): where each vector's list ranks for each query
+
+    def search(nprobe: int) -> np.ndarray:
+        masked = np.where(rank < nprobe, scores, -np.inf)
+        k = min(K, masked.shape[1])
+        top = np.argpartition(-masked, k - 1, axis=1)[:, :k]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(masked, top, 1), axis=1, kind="stable"), 1)
+        return np.where(np.isfinite(np.take_along_axis(masked, top, 1)), top, -1)
+    return search
 
 
 def max_nprobe(nlist: int) -> int:
