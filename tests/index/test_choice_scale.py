@@ -120,5 +120,7 @@ def test_the_nprobe_ladder_by_decoding_is_faiss_at_each_nprobe(clustered, inner)
     search = bud._probed_by_decoding(codec, q[:200])
     for nprobe in (1, 2, 4, 8, 32):
         assert overlap(search(nprobe), codec.search(q[:200], 10, params={"nprobe": nprobe})[1]) >= 0.995
+    shortlist = codec.search(q[:200], 100, params={"nprobe": 4})[1]  # a shortlist, as tune_shortlist searches it
+    assert overlap(search(4, 100), shortlist) >= 0.995 and search(4, 100).shape == (200, 100)
     ranks, lists = codec.list_ranks(q[:5])
     assert ranks.shape == (5, 32) and (np.sort(ranks, axis=1) == np.arange(32)).all() and lists.shape == (3000,)

@@ -342,16 +342,16 @@ def tune_nprobe(copy: codecs.Codec, queries: np.ndarray, target: float) -> tuple
 
 
 def _probed_by_decoding(copy: codecs.Codec, queries: np.ndarray):
-    """A function nprobe -> the top-K ids (Q, K) of ``copy``'s lists at that nprobe, by exact search over the
+    """A function (nprobe, k=K) -> the top-k ids (Q, k) of ``copy``'s lists at that nprobe, by exact search over the
     decoded vectors of the lists a query scans (:meth:`~triclip.codecs.ivf.IVFCodec.list_ranks`): FAISS's answers
     without its per-list work for every query (tests/index/test_choice_scale.py), -1 where fewer are scanned."""
     scores = np.asarray(queries, np.float32) @ copy.reconstruct().T  # (Q, n)
     ranks, lists = copy.list_ranks(queries)
     rank = ranks[:, lists]  # (Q, n): where each vector's list ranks for each query
 
-    def search(nprobe: int) -> np.ndarray:
+    def search(nprobe: int, k: int = K) -> np.ndarray:
         masked = np.where(rank < nprobe, scores, -np.inf)
-        k = min(K, masked.shape[1])
+        k = min(k, masked.shape[1])
         top = np.argpartition(-masked, k - 1, axis=1)[:, :k]
         top = np.take_along_axis(top, np.argsort(-np.take_along_axis(masked, top, 1), axis=1, kind="stable"), 1)
         return np.where(np.isfinite(np.take_along_axis(masked, top, 1)), top, -1)
@@ -372,10 +372,14 @@ def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[in
     A re-rank by the exact scores keeps every true top-10 row its shortlist holds (they outscore the rest), so
     what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here."""
     lengths = [n for n in SHORTLISTS if n <= len(copy) // 4]
+    search = lambda length: copy.search(tune.queries, length)[1]  # noqa: E731
+    if copy.exhaustive() is not None and copy.scores_decoded() and lengths:  # lists: as FAISS at the code's nprobe
+        probed = _probed_by_decoding(copy, tune.queries)
+        search = lambda length: probed(copy.spec.params["nprobe"], length)  # noqa: E731
     start = 0
     while start < len(lengths):  # search ever longer shortlists: long ones cost a heap per query
         end = min(len(lengths), start + 2)
-        ids = copy.search(tune.queries, lengths[end - 1])[1]  # (Q, L) best first: shorter ones are prefixes
+        ids = search(lengths[end - 1])  # (Q, L) best first: shorter ones are prefixes
         for length in lengths[start:end]:
             if _held(ids[:, :length], tune.truth) >= target:
                 if copy.exhaustive() is None:
