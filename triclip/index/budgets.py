@@ -10,8 +10,9 @@ carrying it); the caption codes, when the index holds captions, by image->text r
 over the same distinct texts (:meth:`EvalSet.reverse`). Either is searched through the
 code itself (float queries against the codes; binary codes binarise the query, as their
 users do); inverted lists are measured scanning every list, answered by exact search over their decoded codes
-where their scores are those (:func:`exhaustive_ids`: no per-list work for every query), and tuned to scan at
-most a quarter of their lists (:func:`max_nprobe`). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
+where their scores are those (:func:`exhaustive_ids`: no per-list work for every query; the nprobe ladder and
+the shortlist likewise, :func:`_probed_by_decoding`), and tuned to scan at most a quarter of their lists
+(:func:`max_nprobe`). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
 the very codec that was measured is filled with the collection and stored, so the recall
 the manifest records is the measured recall of the codes actually stored. Every
 candidate's recall goes to ``curves.json`` (``bytes``; ``text_bytes`` for the captions),
