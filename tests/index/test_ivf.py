@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from triclip import codecs
-from triclip.index.budgets import overlap, tune_nprobe
+from triclip.index.budgets import max_nprobe, overlap, tune_nprobe
 from triclip.codecs import ivf
 from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.store import current_version, load_contents
@@ -63,17 +63,18 @@ def test_every_list_scanned_is_the_flat_scan_of_the_same_codes(clustered, inner)
 
 @pytest.mark.parametrize("inner", ["pq", "pqfs"])
 def test_the_tuned_nprobe_keeps_the_target_on_held_out_queries(clustered, inner):
-    """nprobe tuned on 200 queries (the smallest power of two keeping 90% of the exhaustive top 10) keeps 90% on
-    200 others; and the exhaustive answers are close to exact float32 search for the 8-byte codes."""
+    """nprobe tuned on 200 queries (the smallest power of two keeping 80% of the exhaustive top 10, within a
+    quarter of the lists) keeps 80% on 200 others; and the exhaustive answers are close to exact float32 search
+    for the 8-byte codes."""
     x, q = clustered
     codec = _ivf(inner, x)
-    nprobe, kept = tune_nprobe(codec, q[:200], 0.9)
-    assert kept >= 0.9 and 1 < nprobe < 32
+    nprobe, kept = tune_nprobe(codec, q[:200], 0.8)
+    assert kept >= 0.8 and 1 < nprobe <= max_nprobe(32) == 8
     assert overlap(codec.search(q[:200], 10, params={"nprobe": nprobe // 2})[1],
-                   codec.search(q[:200], 10, params=codec.exhaustive())[1]) < 0.9  # the smallest that does
+                   codec.search(q[:200], 10, params=codec.exhaustive())[1]) < 0.8  # the smallest that does
     held_out = q[200:]
     whole = codec.search(held_out, 10, params=codec.exhaustive())[1]
-    assert overlap(codec.search(held_out, 10, params={"nprobe": nprobe})[1], whole) >= 0.9
+    assert overlap(codec.search(held_out, 10, params={"nprobe": nprobe})[1], whole) >= 0.8
     assert overlap(whole, exact_topk(x, held_out, 10)) >= 0.5  # and the codes themselves find the exact neighbours
 
 

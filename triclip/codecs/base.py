@@ -15,6 +15,9 @@ from triclip.codecs.threads import in_search_thread
 METRIC = faiss.METRIC_INNER_PRODUCT
 
 
+SLOW_FIT_ROWS = 5000  # vectors the slowest fits (RQ's beam search, OPQ's rotation) are fitted on when a budget measures
+# them (their fit grows with the rows; RQ above OPQ from 5,000 rows: triclip.index.budgets.RQ_OVER_OPQ_ROWS)
+
 class Codec:
     """A kind of code (the class, registered by name with ``@register_codec``) and a fitted code holding encoded
     vectors (an instance; ids 0..n-1 in the order added).
@@ -31,6 +34,8 @@ class Codec:
     # scores are estimates: fast scan's 8-bit lookup tables, RaBitQ's estimator)
     fit_cost: ClassVar[int] = 0  # how long its training takes, in ranks (0: seconds at most; 1: k-means of 256
     # centroids per codebook; 2: residual quantisers' beam search): a budget fits cheaper candidates first
+    fit_rows: ClassVar[int | None] = None  # most vectors ``index build --bytes`` fits it on (a seeded subset of its
+    # sample; None: the whole sample): slow fits whose recall a larger sample does not raise
     spec: CodecSpec
     dim: int  # width D of the vectors it takes and reconstructs
 
@@ -77,6 +82,11 @@ class Codec:
         latency bound. None: no twin (the code is cheap to fit, and is timed once fitted)."""
         return None
 
+    @classmethod
+    def fit_rows_of(cls, spec: CodecSpec) -> int | None:
+        """Most vectors ``index build --bytes`` fits ``spec`` on (:attr:`fit_rows`; inverted lists: their inner code's)."""
+        return cls.fit_rows
+
     def add_random(self, n: int, rng: np.random.Generator) -> None:
         """Append ``n`` random unit vectors (a probe's filling: only their number matters), 65,536 at a time."""
         for start in range(0, n, 65_536):
@@ -86,6 +96,12 @@ class Codec:
     def exhaustive(self) -> dict | None:
         """Search parameters that scan every vector (inverted lists: nprobe = nlist); None: a search always does."""
         return None
+
+    def scores_decoded(self) -> bool:
+        """Whether a search scores every vector it scans by the query's inner product with that vector as
+        :meth:`reconstruct` decodes it (so a search scanning every vector is exact search over the
+        reconstruction): :attr:`exact_scan` of a code searched by float queries, unless a codec knows better."""
+        return self.exact_scan and not self.symmetric
 
     @classmethod
     def owns(cls, file: CodecFile) -> bool:

@@ -116,6 +116,12 @@ class IVFCodec(FaissCodec):
         return out
 
     @classmethod
+    def fit_rows_of(cls, spec):
+        """The inner code's: inverted lists of RQ train it on the residuals of every row they are fitted on (the
+        lists then number at most those rows / :data:`TRAIN_PER_LIST`)."""
+        return lookup(spec.params["inner"]).fit_rows
+
+    @classmethod
     def faiss_parts(cls, spec, n):
         params = dict(spec.params)
         inner_spec, _, rotation = lookup(params["inner"]).faiss_parts(
@@ -176,6 +182,41 @@ class IVFCodec(FaissCodec):
 
     def exhaustive(self):
         return {"nprobe": int(self.ivf.nlist)}
+
+    def add_random(self, n, rng):
+        """Random codes straight into lists drawn at random (a timing's filling: a scan's cost depends on how many
+        codes its lists hold, not on what they say), ids after the last; fast-scan lists take random vectors."""
+        ivf = self.ivf
+        if isinstance(faiss.downcast_InvertedLists(ivf.invlists), faiss.BlockInvertedLists) or not n:
+            return super().add_random(n, rng)
+        lists = rng.integers(0, ivf.nlist, n)  # (n,)
+        codes = rng.integers(0, 256, (n, ivf.code_size), dtype=np.uint8)
+        ids = np.arange(ivf.ntotal, ivf.ntotal + n, dtype=np.int64)
+        order = np.argsort(lists, kind="stable")
+        starts = np.searchsorted(lists[order], np.arange(ivf.nlist + 1))
+        for lst in np.flatnonzero(np.diff(starts)):
+            rows = order[starts[lst]:starts[lst + 1]]
+            chunk, chunk_ids = np.ascontiguousarray(codes[rows]), np.ascontiguousarray(ids[rows])
+            ivf.invlists.add_entries(int(lst), len(rows), faiss.swig_ptr(chunk_ids), faiss.swig_ptr(chunk))
+        ivf.ntotal += n
+        self.index.ntotal = ivf.ntotal
+        self._rows = None
+
+    def scores_decoded(self) -> bool:
+        """Lists of pq, opq, rq and int8 codes score a query by its inner product with the list's centroid plus
+        the decoded residual, i.e. with :meth:`reconstruct`'s vector; fast-scan lists estimate it."""
+        return not isinstance(faiss.downcast_InvertedLists(self.ivf.invlists), faiss.BlockInvertedLists)
+
+    def list_ranks(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Where each query ranks each list (0: the first FAISS scans) and each stored vector's list: a search at
+        nprobe p scans the vectors whose list ranks below p. Shapes: (Q, D) -> (Q, nlist) and (n,)."""
+        x = self._check(queries, "queries")
+        for i in range(self.index.chain.size()):  # the remap to m (and OPQ's rotation), as a search applies them
+            x = self.index.chain.at(i).apply(x)
+        order = self.ivf.quantizer.search(np.ascontiguousarray(x, np.float32), self.ivf.nlist)[1]  # (Q, nlist)
+        ranks = np.empty_like(order)
+        np.put_along_axis(ranks, order, np.arange(order.shape[1])[None, :], axis=1)
+        return ranks, self._where()[:, 0]
 
     def set_nprobe(self, nprobe: int) -> None:
         """Make ``nprobe`` the code's own (saved with it; the spec records it). Before serving only."""

@@ -6,6 +6,7 @@ import faiss
 
 from triclip.core.errors import UserError
 from triclip.codecs.pq import PQCodec
+from triclip.codecs.base import SLOW_FIT_ROWS
 from triclip.codecs.registry import register_codec
 
 OPQ_DIMS_PER_CODE = 8  # fewest dimensions per OPQ sub-quantiser (OPQ64 on 5k x 256 vectors: 3.5 min of training at D/4)
@@ -22,6 +23,7 @@ class OPQCodec(PQCodec):
              " entry of its own learnt codebook of {entries}; {note}")
     dims_per_code = OPQ_DIMS_PER_CODE
     halves = False  # the largest m only
+    fit_rows = SLOW_FIT_ROWS
 
     @classmethod
     def faiss_parts(cls, spec, n):

@@ -11,7 +11,7 @@ import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import METRIC
+from triclip.codecs.base import METRIC, SLOW_FIT_ROWS
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -48,6 +48,7 @@ class RQCodec(RQBooks, CodebookCodec):
              " {note}")
     spans_all = True
     fit_cost = 2
+    fit_rows = SLOW_FIT_ROWS
 
     @classmethod
     def candidates(cls, budget, dim, n=None):

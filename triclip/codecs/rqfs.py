@@ -12,7 +12,7 @@ from __future__ import annotations
 import faiss
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import METRIC
+from triclip.codecs.base import METRIC, SLOW_FIT_ROWS
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.pqfs import FAST_BITS
 from triclip.codecs.registry import register_codec
@@ -34,6 +34,7 @@ class RQFastScanCodec(RQBooks, CodebookCodec):
     spans_all = True
     exact_scan = False
     fit_cost = 2
+    fit_rows = SLOW_FIT_ROWS
     label_format = "rq{M}x4fs m={m}"
 
     @classmethod

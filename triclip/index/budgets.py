@@ -2,13 +2,17 @@
 
 For each budget B (bytes per vector, codes only) every codec and m that fits
 (``triclip.codecs.candidates``) is fitted on the collection's vectors (a sample of at most
-``FIT_ROWS``), then measured on an evaluation set: the validation split's served vectors
+``FIT_ROWS``; the slowest fits, RQ's and OPQ's, on ``triclip.codecs.base.SLOW_FIT_ROWS`` of it), then measured
+on an evaluation set: the validation split's served vectors
 (``--val-data``), else the indexed data's first images. The image codes are measured by
 text->image recall@10 over distinct caption texts (a text's positives are every image
 carrying it); the caption codes, when the index holds captions, by image->text recall@10
 over the same distinct texts (:meth:`EvalSet.reverse`). Either is searched through the
 code itself (float queries against the codes; binary codes binarise the query, as their
-users do). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
+users do); inverted lists are measured scanning every list, answered by exact search over their decoded codes
+where their scores are those (:func:`exhaustive_ids`: no per-list work for every query; the nprobe ladder and
+the shortlist likewise, :func:`_probed_by_decoding`), and tuned to scan at most a quarter of their lists
+(:func:`max_nprobe`). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
 the very codec that was measured is filled with the collection and stored, so the recall
 the manifest records is the measured recall of the codes actually stored. Every
 candidate's recall goes to ``curves.json`` (``bytes``; ``text_bytes`` for the captions),
@@ -34,6 +38,8 @@ EVAL_MAX_IMAGES = 5000  # without --val-data: the indexed data's first this many
 K = 10  # recall@K
 TUNE_QUERIES = 200  # evaluation queries that tune nprobe and the shortlist, and time the codes
 SHORTLISTS = (20, 50, 100, 200, 500, 1000, 2000, 5000)  # float re-rank shortlists tried on the sample
+PROBE_SHARE = 0.25  # inverted lists scan at most this share of their lists (tune_nprobe); a re-rank's shortlist
+# is likewise at most a quarter of the sample (tune_shortlist)
 SHORTLIST_MAX = 50_000  # longest shortlist at N (scaled from the sample): 200 MB of float vectors read per query
 
 
@@ -89,9 +95,25 @@ def measure(codec: codecs.Codec, evaluation: EvalSet, shortlist: int | None = No
     gallery = codec.empty_copy()
     gallery.add(evaluation.gallery)
     if shortlist is None:
-        return recall_at_k(gallery.search(evaluation.queries, K, params=gallery.exhaustive())[1], evaluation.positives)
-    return recall_at_k(_two_stage(gallery, evaluation.gallery, evaluation.queries, shortlist, gallery.exhaustive()),
-                       evaluation.positives)
+        return recall_at_k(exhaustive_ids(gallery, evaluation.queries, K), evaluation.positives)
+    return recall_at_k(_two_stage(gallery, evaluation.gallery, evaluation.queries, shortlist), evaluation.positives)
+
+
+def exhaustive_ids(codes: codecs.Codec, queries: np.ndarray, k: int) -> np.ndarray:
+    """Top-k ids of ``codes`` scanning every vector (inverted lists: every list). Shape: (Q, k), -1 for none.
+
+    Lists that score the vectors they decode (:meth:`~triclip.codecs.Codec.scores_decoded`) are answered by exact
+    search over their reconstruction: the same answers as FAISS with nprobe = nlist (tests/index/test_ivf.py),
+    without FAISS's per-list work for every query and list (a residual code's lookup table per list)."""
+    if codes.exhaustive() is None:
+        return codes.search(queries, k)[1]
+    if not codes.scores_decoded():
+        return codes.search(queries, k, params=codes.exhaustive())[1]
+    ids = np.full((len(queries), k), -1, np.int64)
+    if len(codes):
+        found = exact_topk(codes.reconstruct(), queries, min(k, len(codes)))  # (Q, k')
+        ids[:, : found.shape[1]] = found
+    return ids
 
 
 def latency_model() -> LatencyModel:
@@ -189,12 +211,21 @@ def _measure(spec, evaluation: EvalSet, tune: "TuneSet", rules: Rules, found: li
     """Fit ``spec`` on the tuning sample and measure it (its variants appended to ``found``); the entries of
     what was tried (an "error" entry when the code cannot be fitted here, e.g. too few vectors)."""
     try:
-        codec = codecs.fit(spec, tune.gallery)
+        codec = codecs.fit(spec, fit_sample(tune.gallery, spec))
     except UserError as err:
         return [_unmeasured(spec, "error", str(err))]
     variants = evaluate(codec, evaluation, tune, rules)
     found.extend(variants)
     return [v.entry(tune.gallery.shape[1]) for v in variants]
+
+
+def fit_sample(gallery: np.ndarray, spec: codecs.CodecSpec) -> np.ndarray:
+    """The rows of the tuning sample (n, D) that ``spec`` is fitted on: all, or a seeded subset of the codec's
+    ``fit_rows`` (slow fits; the whole sample still tunes nprobe and the shortlist, and fills the timed copy)."""
+    most = codecs.lookup(spec.codec).fit_rows_of(spec)
+    if most is None or len(gallery) <= most:
+        return gallery
+    return gallery[np.sort(np.random.default_rng(0).choice(len(gallery), size=most, replace=False))]
 
 
 def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:
@@ -264,7 +295,8 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
     re-rank, each with its recall on the evaluation set and its latency at N.
 
     Inverted lists get the fewest lists (a power of two) that keep ``rules.recall_target`` of their own
-    exhaustive top 10 on the sample (:func:`tune_nprobe`), set on ``codec``; the re-rank gets the shortest
+    exhaustive top 10 on the sample, at most :func:`max_nprobe` (:func:`tune_nprobe`; at the cap the share kept
+    may be lower: ``keeps`` says it), set on ``codec``; the re-rank gets the shortest
     shortlist whose re-ranked top 10 holds that share of the exact float top 10 (:func:`tune_shortlist`),
     scaled to N when the sample is smaller. Recall on the evaluation set is measured scanning every list,
     times the share kept at the tuned nprobe (``keeps``), with the shortlist the same share of its gallery as at N.
@@ -295,16 +327,42 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
 
 
 def tune_nprobe(copy: codecs.Codec, queries: np.ndarray, target: float) -> tuple[int, float]:
-    """The smallest power of two nprobe (up to nlist) whose top 10 keeps ``target`` of the exhaustive top 10,
-    on ``copy`` (inverted lists holding the sample); and the share it keeps."""
+    """The smallest power of two nprobe, up to :func:`max_nprobe`, whose top 10 keeps ``target`` of the
+    exhaustive top 10 on ``copy`` (inverted lists holding the sample); and the share it keeps (below ``target``
+    when even the cap does not keep it: that share is what the candidate's recall is multiplied by)."""
     nlist = copy.exhaustive()["nprobe"]
-    whole = copy.search(queries, K, params={"nprobe": nlist})[1]
-    nprobe = 1
+    search = _probed_by_decoding(copy, queries) if copy.scores_decoded() and len(copy) else (
+        lambda p: copy.search(queries, K, params={"nprobe": p})[1])
+    whole = search(nlist)
+    cap, nprobe = max_nprobe(nlist), 1
     while True:
-        kept = overlap(copy.search(queries, K, params={"nprobe": nprobe})[1], whole)
-        if kept >= target or nprobe >= nlist:
+        kept = overlap(search(nprobe), whole)
+        if kept >= target or nprobe >= cap:
             return nprobe, kept
-        nprobe = min(2 * nprobe, nlist)
+        nprobe = min(2 * nprobe, cap)
+
+
+def _probed_by_decoding(copy: codecs.Codec, queries: np.ndarray):
+    """A function (nprobe, k=K) -> the top-k ids (Q, k) of ``copy``'s lists at that nprobe, by exact search over the
+    decoded vectors of the lists a query scans (:meth:`~triclip.codecs.ivf.IVFCodec.list_ranks`): FAISS's answers
+    without its per-list work for every query (tests/index/test_choice_scale.py), -1 where fewer are scanned."""
+    scores = np.asarray(queries, np.float32) @ copy.reconstruct().T  # (Q, n)
+    ranks, lists = copy.list_ranks(queries)
+    rank = ranks[:, lists]  # (Q, n): where each vector's list ranks for each query
+
+    def search(nprobe: int, k: int = K) -> np.ndarray:
+        masked = np.where(rank < nprobe, scores, -np.inf)
+        k = min(k, masked.shape[1])
+        top = np.argpartition(-masked, k - 1, axis=1)[:, :k]
+        top = np.take_along_axis(top, np.argsort(-np.take_along_axis(masked, top, 1), axis=1, kind="stable"), 1)
+        return np.where(np.isfinite(np.take_along_axis(masked, top, 1)), top, -1)
+    return search
+
+
+def max_nprobe(nlist: int) -> int:
+    """The most lists a tuned inverted code scans: a :data:`PROBE_SHARE` of ``nlist`` (at least one). Scanning
+    more is no shortcut over the flat code: it reads most codes and pays the coarse search and the per-list work."""
+    return max(1, int(nlist * PROBE_SHARE))
 
 
 def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[int, float] | None:
@@ -315,15 +373,19 @@ def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[in
     A re-rank by the exact scores keeps every true top-10 row its shortlist holds (they outscore the rest), so
     what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here."""
     lengths = [n for n in SHORTLISTS if n <= len(copy) // 4]
+    search = lambda length: copy.search(tune.queries, length)[1]  # noqa: E731
+    if copy.exhaustive() is not None and copy.scores_decoded() and lengths:  # lists: as FAISS at the code's nprobe
+        probed = _probed_by_decoding(copy, tune.queries)
+        search = lambda length: probed(copy.spec.params["nprobe"], length)  # noqa: E731
     start = 0
     while start < len(lengths):  # search ever longer shortlists: long ones cost a heap per query
         end = min(len(lengths), start + 2)
-        ids = copy.search(tune.queries, lengths[end - 1])[1]  # (Q, L) best first: shorter ones are prefixes
+        ids = search(lengths[end - 1])  # (Q, L) best first: shorter ones are prefixes
         for length in lengths[start:end]:
             if _held(ids[:, :length], tune.truth) >= target:
                 if copy.exhaustive() is None:
                     return length, 1.0
-                whole = copy.search(tune.queries, length, params=copy.exhaustive())[1]
+                whole = exhaustive_ids(copy, tune.queries, length)
                 return length, min(1.0, _held(ids[:, :length], tune.truth) / max(_held(whole, tune.truth), 1e-9))
         start = end
     return None
@@ -334,9 +396,9 @@ def _held(shortlists: np.ndarray, truth: np.ndarray) -> float:
     return overlap(shortlists, truth)
 
 
-def _two_stage(codes: codecs.Codec, vectors: np.ndarray, queries: np.ndarray, shortlist: int, params) -> np.ndarray:
-    """Top-K ids: the codes' top ``shortlist``, re-ranked by the float ``vectors`` (N, D). Shape: (Q, K)."""
-    candidates = codes.search(queries, min(shortlist, len(codes)), params=params)[1]
+def _two_stage(codes: codecs.Codec, vectors: np.ndarray, queries: np.ndarray, shortlist: int) -> np.ndarray:
+    """Top-K ids: the codes' exhaustive top ``shortlist``, re-ranked by the float ``vectors`` (N, D). Shape: (Q, K)."""
+    candidates = exhaustive_ids(codes, queries, min(shortlist, len(codes)))
     return rerank(vectors, queries, candidates, K)[1]
 
 

@@ -1,0 +1,126 @@
+"""``index build --bytes B`` at millions of rows: inverted lists measured without scanning every list per query,
+nprobe capped at a share of the lists, slow fits on a subset, random filling of lists for timing.
+
+Latencies come from an injected model (``GivenLatency``): nothing is timed here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from triclip import codecs
+from triclip.index import budgets as bud
+from triclip.index.budgets import EvalSet, Rules, choose, exhaustive_ids, max_nprobe, overlap, tune_nprobe
+from tests.index.conftest import GivenLatency, unit_vectors
+
+D = 32
+
+
+@pytest.fixture(scope="module")
+def clustered():
+    """3,000 loosely clustered unit vectors and 400 queries about the same centres (as tests/index/test_ivf.py)."""
+    rng = np.random.default_rng(0)
+    centres = unit_vectors(rng, 60, D)
+    x = centres[rng.integers(0, 60, 3000)] + 1.5 * unit_vectors(rng, 3000, D)
+    q = centres[rng.integers(0, 60, 400)] + 1.5 * unit_vectors(rng, 400, D)
+    norm = lambda v: (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)  # noqa: E731
+    return norm(x), norm(q)
+
+
+def _ivf(inner: str, x: np.ndarray, nlist: int = 32) -> codecs.Codec:
+    params = {"inner": inner, "nlist": nlist, "nprobe": 1}
+    params.update({"pq": {"M": 8, "nbits": 8}, "opq": {"M": 8, "nbits": 8}, "rq": {"M": 4, "nbits": 8},
+                   "pqfs": {"M": 16, "nbits": 4}, "int8": {}}[inner])
+    codec = codecs.fit(codecs.CodecSpec("ivf", 8 if inner == "int8" else D, 8, params), x)
+    codec.add(x)
+    return codec
+
+
+@pytest.mark.parametrize("inner", ["pq", "opq", "rq", "int8", "pqfs"])
+def test_the_exhaustive_answers_by_decoding_are_faiss_scanning_every_list(clustered, inner):
+    """exhaustive_ids (exact search over the decoded lists where the lists score decoded vectors) gives FAISS's
+    answers at nprobe = nlist, for the top 10 and for a shortlist of 100; fast scan is FAISS's own search."""
+    x, q = clustered
+    codec = _ivf(inner, x)
+    assert codec.scores_decoded() == (inner != "pqfs")
+    for k in (10, 100):
+        faiss_ids = codec.search(q, k, params=codec.exhaustive())[1]
+        ours = exhaustive_ids(codec, q, k)
+        assert ours.shape == (len(q), k)
+        assert overlap(ours, faiss_ids) >= (0.999 if inner != "pqfs" else 1.0)
+    few = codec.empty_copy()
+    few.add(x[:5])
+    assert (exhaustive_ids(few, q[:3], 10)[:, 5:] == -1).all()  # fewer vectors than k: -1 beyond, as FAISS
+
+
+def test_a_target_the_quarter_of_the_lists_misses_is_capped_and_its_share_reported(clustered):
+    """A target only every list meets (1.0 of the exhaustive top 10) stops at a quarter of the lists, and says
+    what that keeps (below the target: the candidate's recall is multiplied by it)."""
+    x, q = clustered
+    codec = _ivf("pq", x)
+    nprobe, kept = tune_nprobe(codec, q[:200], 1.0)
+    assert nprobe == max_nprobe(32) == 8 and 0.5 < kept < 1.0
+    assert kept == overlap(codec.search(q[:200], 10, params={"nprobe": 8})[1], exhaustive_ids(codec, q[:200], 10))
+    assert max_nprobe(2) == 1 and max_nprobe(4096) == 1024
+
+
+def test_the_choice_of_inverted_lists_reports_the_capped_share_in_its_recall(clustered):
+    """At N >= IVF_MIN_N, inverted lists are candidates; with a target the capped nprobe cannot keep, each keeps
+    nprobe <= a quarter of its lists and its recall is its codes' recall times the share kept."""
+    x, q = clustered
+    evaluation = EvalSet.of(x, q[:150], np.arange(150), [f"t{i}" for i in range(150)], "validation", "synthetic")
+    choice = choose(8, x, evaluation, force="ivf",
+                    rules=Rules(n=1_000_000, recall_target=1.0, rescore=False, model=GivenLatency()))
+    measured = [t for t in choice.tried if t["recall"] is not None]
+    assert measured and all(t["codec"] == "ivf" for t in measured)
+    for t in measured:
+        nlist, nprobe = (int(v) for v in t["label"].split(",")[0][3:].split("/"))
+        assert nprobe <= max_nprobe(nlist) and t["keeps"] < 1.0
+        assert t["recall"] == pytest.approx(t["code_recall"] * t["keeps"], abs=1e-4)
+
+
+def test_slow_fits_take_a_subset_of_the_sample_and_the_rest_the_whole():
+    """RQ, RQ fast scan, OPQ and lists of RQ are fitted on SLOW_FIT_ROWS of a larger sample (seeded: the same
+    rows each time); the others, lists of PQ included, on all of it."""
+    sample = np.random.default_rng(0).standard_normal((6000, 8)).astype(np.float32)
+    spec = lambda codec, **p: codecs.CodecSpec(codec, 8, 4, p)  # noqa: E731
+    for slow in (spec("rq", M=4, nbits=8), spec("rqfs", M=8, nbits=4), spec("opq", M=4, nbits=8),
+                 spec("ivf", inner="rq", M=4, nbits=8, nlist=16)):
+        rows = bud.fit_sample(sample, slow)
+        assert len(rows) == codecs.base.SLOW_FIT_ROWS < len(sample)
+        np.testing.assert_array_equal(rows, bud.fit_sample(sample, slow))
+        assert len({r.tobytes() for r in rows} & {r.tobytes() for r in sample}) == len(rows)  # rows of the sample
+    for quick in (spec("pq", M=4, nbits=8), spec("int8"), spec("ivf", inner="pq", M=4, nbits=8, nlist=16)):
+        assert bud.fit_sample(sample, quick) is sample
+
+
+@pytest.mark.parametrize("inner", ["rq", "int8", "pqfs"])
+def test_random_filling_of_lists_adds_that_many_codes_after_the_real_ones(clustered, inner):
+    """add_random (what a timing fills a copy with up to its size) adds n codes with the ids after the real
+    rows, spread over the lists, and leaves the real rows' codes as they were."""
+    x, q = clustered
+    codec = _ivf(inner, x[:500])
+    before = codec.reconstruct()  # (500, D)
+    codec.add_random(4000, np.random.default_rng(1))
+    assert len(codec) == 4500 and codec.ivf.ntotal == 4500
+    lists = codec.ivf.invlists
+    sizes = np.array([lists.list_size(i) for i in range(codec.ivf.nlist)])
+    assert sizes.sum() == 4500 and (sizes > 0).all()
+    ids = codec.search(q[:20], 4500, params=codec.exhaustive())[1]
+    assert sorted(ids[0].tolist()) == list(range(4500))  # every id once
+    np.testing.assert_array_equal(codec.reconstruct(np.arange(500)), before)
+
+
+@pytest.mark.parametrize("inner", ["pq", "opq", "rq", "int8"])
+def test_the_nprobe_ladder_by_decoding_is_faiss_at_each_nprobe(clustered, inner):
+    """The decoded lists a query scans at nprobe p, searched exactly, give FAISS's top 10 at p (p = 1 .. nlist);
+    so tune_nprobe picks what FAISS's own searches would."""
+    x, q = clustered
+    codec = _ivf(inner, x)
+    search = bud._probed_by_decoding(codec, q[:200])
+    for nprobe in (1, 2, 4, 8, 32):
+        assert overlap(search(nprobe), codec.search(q[:200], 10, params={"nprobe": nprobe})[1]) >= 0.995
+    shortlist = codec.search(q[:200], 100, params={"nprobe": 4})[1]  # a shortlist, as tune_shortlist searches it
+    assert overlap(search(4, 100), shortlist) >= 0.995 and search(4, 100).shape == (200, 100)
+    ranks, lists = codec.list_ranks(q[:5])
+    assert ranks.shape == (5, 32) and (np.sort(ranks, axis=1) == np.arange(32)).all() and lists.shape == (3000,)
