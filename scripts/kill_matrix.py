@@ -1,6 +1,7 @@
 """The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
-    python scripts/kill_matrix.py [--only train,solve] [--work DIR] [--no-disk] [--demo] [--list]
+    python scripts/kill_matrix.py [--only train,solve] [--parts kill,replace,disk] [--work DIR] [--no-disk]
+                                  [--demo] [--list]
 
 For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solve --run``, ``embed``,
 ``index build``; ``demo`` with ``--demo``, which needs Debian's openclipart-png and takes minutes):
@@ -53,6 +54,7 @@ OUT = "out"  # the output folder's name inside each case's own folder (the watch
 DISK_BYTES = 5 << 20
 KILL_TRIES = 3  # runs of a case before its step counts as never come (a SKIP)
 TINY = ["--model", "tiny", "--batch-size", "16"]
+PARTS = ("kill", "replace", "disk")  # killed in a new folder; --overwrite of a finished one killed; the 5 MB disk
 
 
 def commands(work: Path) -> dict[str, dict]:
@@ -325,18 +327,18 @@ def said(step: tuple, n: int) -> str:
 
 
 def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps | None,
-               reference: Path) -> Iterator[tuple[str, str | None]]:
+               reference: Path, parts: tuple = PARTS) -> Iterator[tuple[str, str | None]]:
     """Killed at each step of a fresh run (run again as it was, and with ``--overwrite``), and at each step of
     an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again); each case
-    as it ends."""
+    as it ends. ``parts`` says which of the two (``kill``, ``replace``)."""
     slug = name.replace(" ", "_")
-    for n, step in enumerate(fresh.order, 1):
+    for n, step in enumerate(fresh.order if "kill" in parts else [], 1):
         for overwrite in (False, True) if replace is not None else (False,):
             parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
             killed = killed_at(spec, parent, work, step)
             why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
             yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
-    for n, step in enumerate(replace.order if replace is not None else [], 1):
+    for n, step in enumerate(replace.order if replace is not None and "replace" in parts else [], 1):
         parent = case_folder(work, f"{slug}-{n}-replace")
         killed = killed_at(spec, parent, work, step, "--overwrite", copy=reference)
         why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
@@ -359,10 +361,11 @@ def killed_at(spec: dict, parent: Path, work: Path, step: tuple, *extra: str, co
     return False
 
 
-def all_cases(name: str, spec: dict, work: Path, refs: tuple, disk: bool) -> Iterator[tuple[str, str | None]]:
-    """The kill cases, then the 5 MB disk case (with ``disk``), each as it ends (printed at once)."""
-    yield from kill_cases(name, spec, work, *refs)
-    if disk:
+def all_cases(name: str, spec: dict, work: Path, refs: tuple, parts: tuple) -> Iterator[tuple[str, str | None]]:
+    """The kill cases, then the 5 MB disk case, those of ``parts``, each as it ends (printed at once)."""
+    if "kill" in parts or "replace" in parts:
+        yield from kill_cases(name, spec, work, *refs, parts=parts)
+    if "disk" in parts:
         case, why, how = disk_case(name, spec, work)
         yield f"{case} ({how})", why
 
@@ -413,6 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated command names (default: all)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one, removed)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (default: all)")
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")
     parser.add_argument("--demo", action="store_true", help="include the demo (openclipart-png; minutes)")
     parser.add_argument("--list", action="store_true", help="print each command's steps; kill nothing")
@@ -423,17 +427,21 @@ def main(argv: list[str] | None = None) -> int:
     chosen = ns.only.split(",") if ns.only else [n for n in names if n != "demo" or ns.demo]  # in --only's order
     if set(chosen) - set(names):
         parser.error(f"--only: no command {', '.join(sorted(set(chosen) - set(names)))}; choose from {', '.join(names)}")
+    parts = tuple(p for p in ns.parts.split(",") if p != "disk" or not ns.no_disk)
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: no part {', '.join(sorted(set(parts) - set(PARTS)))}; choose from {', '.join(PARTS)}")
     setup(work)
     counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in chosen:
         spec = commands(work)[name]
-        reference, fresh, replace = references(name, spec, work)
+        needed = ns.list or "kill" in parts or "replace" in parts
+        reference, fresh, replace = references(name, spec, work) if needed else (None, Steps(), None)
         if ns.list:
             for title, steps in (("", fresh), (" --overwrite of a finished folder", replace)):
                 for n, step in enumerate(steps.order if steps else [], 1):
                     print(f"{name}{title}: {said(step, n)}", flush=True)
             continue
-        for case, why in all_cases(name, spec, work, (fresh, replace, reference), not ns.no_disk):
+        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts):
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
             counts[verdict] += 1
