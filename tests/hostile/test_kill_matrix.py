@@ -72,6 +72,15 @@ def test_a_command_of_a_second_is_killed_at_the_step_asked_for_and_runs_again(ma
     assert replace is not None and replace.order[-1] == ("moved/", "out")  # the replacement swaps in last
 
 
+def test_a_command_that_fits_in_5_mb_meets_a_disk_of_half_what_it_wrote(matrix, tmp_path, shapes):
+    spec = {"args": ["data", "split", str(shapes / "train.jsonl"), "--out", "{out}"], "kind": "data"}
+    case, why, how, used = matrix.disk_case("data split", spec, tmp_path)
+    assert why.startswith("exit 0 ok: it fits") and used > 0, why
+    case, why, how, _ = matrix.disk_case("data split", spec, tmp_path, used // 2)
+    assert why.startswith("exit 2 ok: triclip: error:") and f"{used // 2:,} bytes" in case, why
+    assert "disk full" in why or "File too large" in why, why  # tmpfs full (ENOSPC), or the RLIMIT_FSIZE fallback
+
+
 @pytest.mark.slow
 def test_the_index_writers_survive_kills_and_a_full_disk(matrix, tmp_path, capsys):
     """The matrix over data split and index build (about 100 cases, each killed at a step of its own): what runs in
