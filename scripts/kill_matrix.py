@@ -1,7 +1,7 @@
 """The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
-    python scripts/kill_matrix.py [--only train,solve] [--parts kill,replace,disk] [--work DIR] [--no-disk]
-                                  [--demo] [--list]
+    python scripts/kill_matrix.py [--only train,solve] [--parts kill,replace,disk] [--steps 1,5-9] [--work DIR]
+                                  [--no-disk] [--demo] [--list]
 
 For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solve --run``, ``embed``,
 ``index build``; ``demo`` with ``--demo``, which needs Debian's openclipart-png and takes minutes):
@@ -329,18 +329,22 @@ def said(step: tuple, n: int) -> str:
 
 
 def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps | None,
-               reference: Path, parts: tuple = PARTS) -> Iterator[tuple[str, str | None]]:
+               reference: Path, parts: tuple = PARTS, only: set | None = None) -> Iterator[tuple[str, str | None]]:
     """Killed at each step of a fresh run (run again as it was, and with ``--overwrite``), and at each step of
     an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again); each case
-    as it ends. ``parts`` says which of the two (``kill``, ``replace``)."""
+    as it ends. ``parts`` says which of the two (``kill``, ``replace``); ``only``, at which step numbers (all)."""
     slug = name.replace(" ", "_")
     for n, step in enumerate(fresh.order if "kill" in parts else [], 1):
+        if only and n not in only:
+            continue
         for overwrite in (False, True) if replace is not None else (False,):
             parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
             killed = killed_at(spec, parent, work, step)
             why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
             yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
     for n, step in enumerate(replace.order if replace is not None and "replace" in parts else [], 1):
+        if only and n not in only:
+            continue
         parent = case_folder(work, f"{slug}-{n}-replace")
         killed = killed_at(spec, parent, work, step, "--overwrite", copy=reference)
         why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
@@ -363,11 +367,12 @@ def killed_at(spec: dict, parent: Path, work: Path, step: tuple, *extra: str, co
     return False
 
 
-def all_cases(name: str, spec: dict, work: Path, refs: tuple, parts: tuple) -> Iterator[tuple[str, str | None]]:
+def all_cases(name: str, spec: dict, work: Path, refs: tuple, parts: tuple,
+              only: set | None = None) -> Iterator[tuple[str, str | None]]:
     """The kill cases, then the disk cases (5 MB; where it fit, half of what it wrote), those of ``parts``, each
     as it ends (printed at once)."""
     if "kill" in parts or "replace" in parts:
-        yield from kill_cases(name, spec, work, *refs, parts=parts)
+        yield from kill_cases(name, spec, work, *refs, parts=parts, only=only)
     if "disk" in parts:
         case, why, how, used = disk_case(name, spec, work)
         yield f"{case} ({how})", why
@@ -428,11 +433,21 @@ def written(folder: Path) -> int:
     return sum(-(-n // 4096) * 4096 for n in sizes)
 
 
+def step_numbers(text: str) -> set[int] | None:
+    """``1,5-9`` as {1, 5, 6, 7, 8, 9}; None for all (an empty text)."""
+    numbers = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        numbers |= set(range(int(first), int(last or first) + 1))
+    return numbers or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated command names (default: all)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one, removed)")
     parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--steps", default="", help="step numbers to kill at, as --list numbers them: 1,5-9 (default: all)")
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")
     parser.add_argument("--demo", action="store_true", help="include the demo (openclipart-png; minutes)")
     parser.add_argument("--list", action="store_true", help="print each command's steps; kill nothing")
@@ -457,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n, step in enumerate(steps.order if steps else [], 1):
                     print(f"{name}{title}: {said(step, n)}", flush=True)
             continue
-        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts):
+        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts, step_numbers(ns.steps)):
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
             counts[verdict] += 1
