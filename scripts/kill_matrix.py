@@ -461,6 +461,10 @@ def main(argv: list[str] | None = None) -> int:
     parts = tuple(p for p in ns.parts.split(",") if p != "disk" or not ns.no_disk)
     if set(parts) - set(PARTS):
         parser.error(f"--parts: no part {', '.join(sorted(set(parts) - set(PARTS)))}; choose from {', '.join(PARTS)}")
+    try:
+        only = step_numbers(ns.steps)
+    except ValueError:
+        parser.error(f"--steps: {ns.steps!r} is not numbers and ranges such as 1,5-9")
     setup(work)
     counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in chosen:
@@ -472,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
                 for n, step in enumerate(steps.order if steps else [], 1):
                     print(f"{name}{title}: {said(step, n)}", flush=True)
             continue
-        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts, step_numbers(ns.steps)):
+        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts, only):
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
             counts[verdict] += 1
