@@ -136,7 +136,8 @@ class Watcher:
 
     Each folder gets its own watch as it appears (and is scanned then, for what came before its
     watch); folders renamed within the tree keep theirs. :meth:`read` returns the new
-    ``(kind, path relative to root)`` pairs, kind ``create`` / ``moved`` (``/`` added for a folder).
+    ``(kind, path relative to root)`` pairs, kind ``create`` / ``moved``, or ``found`` for what a new
+    folder held when its watch began (created or renamed there: which is not known), ``/`` added for a folder.
     """
 
     def __init__(self, root: Path):
@@ -163,7 +164,7 @@ class Watcher:
         for entry in entries:
             folder_too = entry.is_dir(follow_symlinks=False)
             if report:
-                found.append(("create/" if folder_too else "create", self._rel(Path(entry.path))))
+                found.append(("found/" if folder_too else "found", self._rel(Path(entry.path))))
             if folder_too:
                 found += self._watch_tree(Path(entry.path), report)
         return found
@@ -253,7 +254,7 @@ def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = N
             while not killed and proc.poll() is None:
                 for kind, path in watcher.read(0.05):
                     step = steps.add(kind, path)
-                    if kill_at and step == kill_at and proc.poll() is None:
+                    if kill_at and reached(kill_at, step, kind, path) and proc.poll() is None:
                         proc.kill()
                         killed = True
                         break
@@ -266,6 +267,14 @@ def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = N
             proc.wait()
         log.seek(0)
         return killed, steps, proc.returncode, log.read()
+
+
+def reached(kill_at: tuple, step: tuple | None, kind: str, path: str) -> bool:
+    """Whether an event is the step to kill at: its first of its kind, or, for a step the reference saw only as
+    ``found`` (written before its folder's watch began), the first event of any kind at that path."""
+    if step == kill_at:
+        return True
+    return kill_at[0].startswith("found") and kill_at == ("found" + "/" * kind.endswith("/"), normalise(path))
 
 
 def check(result: tuple[int, str], what: str) -> None:

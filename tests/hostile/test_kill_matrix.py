@@ -45,6 +45,24 @@ def test_the_watcher_sees_every_file_in_order_through_new_and_renamed_folders(ma
                     ("create", "out/.stage/b.txt"), ("moved/", "out/done"), ("create", "out/done/c.txt")]
 
 
+def test_a_file_written_before_its_folders_watch_is_found_and_killed_at_by_its_path(matrix, tmp_path):
+    """A folder made and filled before the watcher reads its creation: what it holds is ``found`` (created or renamed
+    there, unknown which), and a run killed at that step stops at the first event of any kind at that path."""
+    watcher = matrix.Watcher(tmp_path)
+    try:
+        (tmp_path / ".stage").mkdir()
+        (tmp_path / ".stage" / "mark.json").write_text("{}")  # before the watch on .stage is in place
+        seen = watcher.read(1.0)
+    finally:
+        watcher.close()
+    assert seen == [("create/", ".stage"), ("found", ".stage/mark.json")]
+    step = ("found", ".stage/mark.json")
+    assert matrix.reached(step, ("moved", ".stage/mark.json"), "moved", ".stage/mark.json")  # the next run: in time
+    assert matrix.reached(step, ("create", ".stage/mark.json"), "create", ".stage/mark.json")
+    assert not matrix.reached(step, ("create", ".stage/.mark.json.*.tmp"), "create", ".stage/.mark.json.ab12cd34.tmp")
+    assert not matrix.reached(step, ("moved/", ".stage/mark.json"), "moved/", ".stage/mark.json")  # a folder there
+
+
 def test_temporary_names_are_one_kind_of_file_and_each_kind_one_step(matrix, tmp_path):
     names = [Path(tempfile.mkstemp(prefix=".model.safetensors.", suffix=".tmp", dir=tmp_path)[1]).name for _ in range(3)]
     names += [Path(tempfile.mkdtemp(prefix=".tmp-", dir=tmp_path)).name for _ in range(2)]
