@@ -270,11 +270,13 @@ def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = N
 
 
 def reached(kill_at: tuple, step: tuple | None, kind: str, path: str) -> bool:
-    """Whether an event is the step to kill at: its first of its kind, or, for a step the reference saw only as
-    ``found`` (written before its folder's watch began), the first event of any kind at that path."""
+    """Whether an event is the step to kill at: its first of its kind, or, where the step or the event is
+    ``found`` (written before its folder's watch began: created or renamed there), the first at that path."""
     if step == kill_at:
         return True
-    return kill_at[0].startswith("found") and kill_at == ("found" + "/" * kind.endswith("/"), normalise(path))
+    kinds = {kill_at[0].rstrip("/"), kind.rstrip("/")}
+    same = kill_at[1] == normalise(path) and kill_at[0].endswith("/") == kind.endswith("/")
+    return same and "found" in kinds
 
 
 def check(result: tuple[int, str], what: str) -> None:

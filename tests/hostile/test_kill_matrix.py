@@ -61,6 +61,9 @@ def test_a_file_written_before_its_folders_watch_is_found_and_killed_at_by_its_p
     assert matrix.reached(step, ("create", ".stage/mark.json"), "create", ".stage/mark.json")
     assert not matrix.reached(step, ("create", ".stage/.mark.json.*.tmp"), "create", ".stage/.mark.json.ab12cd34.tmp")
     assert not matrix.reached(step, ("moved/", ".stage/mark.json"), "moved/", ".stage/mark.json")  # a folder there
+    created = ("create", ".stage/mark.json")  # a step the reference saw in time, found by a later run
+    assert matrix.reached(created, ("found", ".stage/mark.json"), "found", ".stage/mark.json")
+    assert not matrix.reached(created, ("moved", ".stage/mark.json"), "moved", ".stage/mark.json")
 
 
 def test_temporary_names_are_one_kind_of_file_and_each_kind_one_step(matrix, tmp_path):
