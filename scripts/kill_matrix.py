@@ -1,6 +1,7 @@
 """The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
-    python scripts/kill_matrix.py [--only train,solve] [--work DIR] [--no-disk] [--demo] [--list]
+    python scripts/kill_matrix.py [--only train,solve] [--parts kill,replace,disk] [--steps 1,5-9] [--work DIR]
+                                  [--no-disk] [--demo] [--list]
 
 For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solve --run``, ``embed``,
 ``index build``; ``demo`` with ``--demo``, which needs Debian's openclipart-png and takes minutes):
@@ -17,8 +18,10 @@ For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solv
    replacement, an ``--overwrite`` of a finished folder is killed, after which the old folder
    must still be whole (its mark says done), then run again;
 3. on a 5 MB tmpfs (``mount -t tmpfs``, root; where mount is not permitted, RLIMIT_FSIZE of 5 MB,
-   said in the output): exit 0, or exit 2 with one ``triclip: error:`` line (printed: it should say
-   the disk is full, or that the data would not fit), never a traceback; and a rerun behaves the same.
+   said in the output): exit 0 with its folder done, or exit 2 with one ``triclip: error:`` line
+   (printed: it should say the disk is full, or that the data would not fit), never a traceback;
+   and a rerun behaves the same. A command whose output fits in 5 MB is run again on a disk of
+   half the bytes it wrote there, so that every command meets a disk that fills on the way.
 
 A rerun passes when it exits 0, prints no traceback and leaves a folder whose mark
 (``triclip.core.io.MARK``) says done. Kills follow the files, not the clock: a command that
@@ -53,6 +56,7 @@ OUT = "out"  # the output folder's name inside each case's own folder (the watch
 DISK_BYTES = 5 << 20
 KILL_TRIES = 3  # runs of a case before its step counts as never come (a SKIP)
 TINY = ["--model", "tiny", "--batch-size", "16"]
+PARTS = ("kill", "replace", "disk")  # killed in a new folder; --overwrite of a finished one killed; the 5 MB disk
 
 
 def commands(work: Path) -> dict[str, dict]:
@@ -132,7 +136,8 @@ class Watcher:
 
     Each folder gets its own watch as it appears (and is scanned then, for what came before its
     watch); folders renamed within the tree keep theirs. :meth:`read` returns the new
-    ``(kind, path relative to root)`` pairs, kind ``create`` / ``moved`` (``/`` added for a folder).
+    ``(kind, path relative to root)`` pairs, kind ``create`` / ``moved``, or ``found`` for what a new
+    folder held when its watch began (created or renamed there: which is not known), ``/`` added for a folder.
     """
 
     def __init__(self, root: Path):
@@ -159,7 +164,7 @@ class Watcher:
         for entry in entries:
             folder_too = entry.is_dir(follow_symlinks=False)
             if report:
-                found.append(("create/" if folder_too else "create", self._rel(Path(entry.path))))
+                found.append(("found/" if folder_too else "found", self._rel(Path(entry.path))))
             if folder_too:
                 found += self._watch_tree(Path(entry.path), report)
         return found
@@ -249,7 +254,7 @@ def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = N
             while not killed and proc.poll() is None:
                 for kind, path in watcher.read(0.05):
                     step = steps.add(kind, path)
-                    if kill_at and step == kill_at and proc.poll() is None:
+                    if kill_at and reached(kill_at, step, kind, path) and proc.poll() is None:
                         proc.kill()
                         killed = True
                         break
@@ -262,6 +267,16 @@ def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = N
             proc.wait()
         log.seek(0)
         return killed, steps, proc.returncode, log.read()
+
+
+def reached(kill_at: tuple, step: tuple | None, kind: str, path: str) -> bool:
+    """Whether an event is the step to kill at: its first of its kind, or, where the step or the event is
+    ``found`` (written before its folder's watch began: created or renamed there), the first at that path."""
+    if step == kill_at:
+        return True
+    kinds = {kill_at[0].rstrip("/"), kind.rstrip("/")}
+    same = kill_at[1] == normalise(path) and kill_at[0].endswith("/") == kind.endswith("/")
+    return same and "found" in kinds
 
 
 def check(result: tuple[int, str], what: str) -> None:
@@ -325,18 +340,22 @@ def said(step: tuple, n: int) -> str:
 
 
 def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps | None,
-               reference: Path) -> Iterator[tuple[str, str | None]]:
+               reference: Path, parts: tuple = PARTS, only: set | None = None) -> Iterator[tuple[str, str | None]]:
     """Killed at each step of a fresh run (run again as it was, and with ``--overwrite``), and at each step of
     an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again); each case
-    as it ends."""
+    as it ends. ``parts`` says which of the two (``kill``, ``replace``); ``only``, at which step numbers (all)."""
     slug = name.replace(" ", "_")
-    for n, step in enumerate(fresh.order, 1):
+    for n, step in enumerate(fresh.order if "kill" in parts else [], 1):
+        if only and n not in only:
+            continue
         for overwrite in (False, True) if replace is not None else (False,):
             parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
             killed = killed_at(spec, parent, work, step)
             why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
             yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
-    for n, step in enumerate(replace.order if replace is not None else [], 1):
+    for n, step in enumerate(replace.order if replace is not None and "replace" in parts else [], 1):
+        if only and n not in only:
+            continue
         parent = case_folder(work, f"{slug}-{n}-replace")
         killed = killed_at(spec, parent, work, step, "--overwrite", copy=reference)
         why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
@@ -359,12 +378,18 @@ def killed_at(spec: dict, parent: Path, work: Path, step: tuple, *extra: str, co
     return False
 
 
-def all_cases(name: str, spec: dict, work: Path, refs: tuple, disk: bool) -> Iterator[tuple[str, str | None]]:
-    """The kill cases, then the 5 MB disk case (with ``disk``), each as it ends (printed at once)."""
-    yield from kill_cases(name, spec, work, *refs)
-    if disk:
-        case, why, how = disk_case(name, spec, work)
+def all_cases(name: str, spec: dict, work: Path, refs: tuple, parts: tuple,
+              only: set | None = None) -> Iterator[tuple[str, str | None]]:
+    """The kill cases, then the disk cases (5 MB; where it fit, half of what it wrote), those of ``parts``, each
+    as it ends (printed at once)."""
+    if "kill" in parts or "replace" in parts:
+        yield from kill_cases(name, spec, work, *refs, parts=parts, only=only)
+    if "disk" in parts:
+        case, why, how, used = disk_case(name, spec, work)
         yield f"{case} ({how})", why
+        if used:  # it fit in 5 MB: a disk of half what it wrote fills up on the way
+            case, why, how, _ = disk_case(name, spec, work, max(used // 2, 4096))
+            yield f"{case}, half of what it writes ({how})", why
 
 
 def references(name: str, spec: dict, work: Path) -> tuple[Path, Steps, Steps | None]:
@@ -383,36 +408,57 @@ def references(name: str, spec: dict, work: Path) -> tuple[Path, Steps, Steps | 
     return parent / OUT, fresh, replace
 
 
-def disk_case(name: str, spec: dict, work: Path) -> tuple[str, str | None, str]:
-    """The command on a 5 MB disk: exit 0, or one line saying so; ``(case, why not, how the disk was made)``."""
+def disk_case(name: str, spec: dict, work: Path, size: int = DISK_BYTES) -> tuple[str, str | None, str, int]:
+    """The command on a disk of ``size`` bytes: exit 0 with its folder done, or exit 2 with one line, run twice;
+    ``(case, why not, how the disk was made, bytes it wrote where it fit, else 0)``."""
     mount = Path(tempfile.mkdtemp(prefix="disk-", dir=work))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(mount)],
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)],
                              capture_output=True).returncode == 0  # fmt: skip
-    how = "tmpfs of 5 MB" if mounted else "RLIMIT_FSIZE of 5 MB (mount not permitted)"
+    how = f"tmpfs of {size:,} bytes" if mounted else f"RLIMIT_FSIZE of {size:,} bytes (mount not permitted)"
     try:
         out = mount / "out"
         args = [a.replace("{out}", str(out)) for a in spec.get("disk_args", spec["args"])]
-        why = None
+        why, used = None, 0
         for attempt in ("first", "again"):
-            status, err = triclip(args, work, None if mounted else DISK_BYTES)
+            status, err = triclip(args, work, None if mounted else size)
             lines = [line for line in err.splitlines() if line.startswith("triclip: error:")]
             if "Traceback" in err or (status != 0 and (status != 2 or len(lines) != 1)):
                 why = f"{attempt}: exit {status}: {err.strip().splitlines()[-1] if err.strip() else ''}"[:300]
+            elif status == 0 and not done(out, spec["kind"]):
+                why = f"{attempt}: exit 0 but the folder's mark does not say done"
             if why or status == 0:
                 break
         if why is None:  # what it did, for the record
-            why = f"exit {status} ok: {lines[0][:160] if status else 'it fits'}"
-        return f"{name}: on a 5 MB disk", why, how
+            used = written(mount) if status == 0 else 0
+            why = f"exit {status} ok: {lines[0][:160] if status else f'it fits ({used:,} bytes)'}"
+        return f"{name}: on a disk of {size:,} bytes", why, how, used
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(mount)], check=False)
         shutil.rmtree(mount, ignore_errors=True)
 
 
+def written(folder: Path) -> int:
+    """Bytes of the files under ``folder``, each rounded up to whole 4 KiB pages (as tmpfs counts them)."""
+    sizes = [f.stat().st_size for f in folder.rglob("*") if f.is_file() and not f.is_symlink()]
+    return sum(-(-n // 4096) * 4096 for n in sizes)
+
+
+def step_numbers(text: str) -> set[int] | None:
+    """``1,5-9`` as {1, 5, 6, 7, 8, 9}; None for all (an empty text)."""
+    numbers = set()
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        numbers |= set(range(int(first), int(last or first) + 1))
+    return numbers or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(allow_abbrev=False, description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated command names (default: all)")
     parser.add_argument("--work", default=None, help="scratch folder (default: a new temporary one, removed)")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated, of {', '.join(PARTS)} (default: all)")
+    parser.add_argument("--steps", default="", help="step numbers to kill at, as --list numbers them: 1,5-9 (default: all)")
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")
     parser.add_argument("--demo", action="store_true", help="include the demo (openclipart-png; minutes)")
     parser.add_argument("--list", action="store_true", help="print each command's steps; kill nothing")
@@ -423,17 +469,25 @@ def main(argv: list[str] | None = None) -> int:
     chosen = ns.only.split(",") if ns.only else [n for n in names if n != "demo" or ns.demo]  # in --only's order
     if set(chosen) - set(names):
         parser.error(f"--only: no command {', '.join(sorted(set(chosen) - set(names)))}; choose from {', '.join(names)}")
+    parts = tuple(p for p in ns.parts.split(",") if p != "disk" or not ns.no_disk)
+    if set(parts) - set(PARTS):
+        parser.error(f"--parts: no part {', '.join(sorted(set(parts) - set(PARTS)))}; choose from {', '.join(PARTS)}")
+    try:
+        only = step_numbers(ns.steps)
+    except ValueError:
+        parser.error(f"--steps: {ns.steps!r} is not numbers and ranges such as 1,5-9")
     setup(work)
     counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in chosen:
         spec = commands(work)[name]
-        reference, fresh, replace = references(name, spec, work)
+        needed = ns.list or "kill" in parts or "replace" in parts
+        reference, fresh, replace = references(name, spec, work) if needed else (None, Steps(), None)
         if ns.list:
             for title, steps in (("", fresh), (" --overwrite of a finished folder", replace)):
                 for n, step in enumerate(steps.order if steps else [], 1):
                     print(f"{name}{title}: {said(step, n)}", flush=True)
             continue
-        for case, why in all_cases(name, spec, work, (fresh, replace, reference), not ns.no_disk):
+        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts, only):
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
             counts[verdict] += 1

@@ -45,6 +45,27 @@ def test_the_watcher_sees_every_file_in_order_through_new_and_renamed_folders(ma
                     ("create", "out/.stage/b.txt"), ("moved/", "out/done"), ("create", "out/done/c.txt")]
 
 
+def test_a_file_written_before_its_folders_watch_is_found_and_killed_at_by_its_path(matrix, tmp_path):
+    """A folder made and filled before the watcher reads its creation: what it holds is ``found`` (created or renamed
+    there, unknown which), and a run killed at that step stops at the first event of any kind at that path."""
+    watcher = matrix.Watcher(tmp_path)
+    try:
+        (tmp_path / ".stage").mkdir()
+        (tmp_path / ".stage" / "mark.json").write_text("{}")  # before the watch on .stage is in place
+        seen = watcher.read(1.0)
+    finally:
+        watcher.close()
+    assert seen == [("create/", ".stage"), ("found", ".stage/mark.json")]
+    step = ("found", ".stage/mark.json")
+    assert matrix.reached(step, ("moved", ".stage/mark.json"), "moved", ".stage/mark.json")  # the next run: in time
+    assert matrix.reached(step, ("create", ".stage/mark.json"), "create", ".stage/mark.json")
+    assert not matrix.reached(step, ("create", ".stage/.mark.json.*.tmp"), "create", ".stage/.mark.json.ab12cd34.tmp")
+    assert not matrix.reached(step, ("moved/", ".stage/mark.json"), "moved/", ".stage/mark.json")  # a folder there
+    created = ("create", ".stage/mark.json")  # a step the reference saw in time, found by a later run
+    assert matrix.reached(created, ("found", ".stage/mark.json"), "found", ".stage/mark.json")
+    assert not matrix.reached(created, ("moved", ".stage/mark.json"), "moved", ".stage/mark.json")
+
+
 def test_temporary_names_are_one_kind_of_file_and_each_kind_one_step(matrix, tmp_path):
     names = [Path(tempfile.mkstemp(prefix=".model.safetensors.", suffix=".tmp", dir=tmp_path)[1]).name for _ in range(3)]
     names += [Path(tempfile.mkdtemp(prefix=".tmp-", dir=tmp_path)).name for _ in range(2)]
@@ -70,6 +91,15 @@ def test_a_command_of_a_second_is_killed_at_the_step_asked_for_and_runs_again(ma
     assert (out / "val.jsonl").exists() and json.loads((out / ".triclip.json").read_text())["done"] is False
     assert matrix.rerun(spec, out, work, overwrite=False) is None
     assert replace is not None and replace.order[-1] == ("moved/", "out")  # the replacement swaps in last
+
+
+def test_a_command_that_fits_in_5_mb_meets_a_disk_of_half_what_it_wrote(matrix, tmp_path, shapes):
+    spec = {"args": ["data", "split", str(shapes / "train.jsonl"), "--out", "{out}"], "kind": "data"}
+    case, why, how, used = matrix.disk_case("data split", spec, tmp_path)
+    assert why.startswith("exit 0 ok: it fits") and used > 0, why
+    case, why, how, _ = matrix.disk_case("data split", spec, tmp_path, used // 2)
+    assert why.startswith("exit 2 ok: triclip: error:") and f"{used // 2:,} bytes" in case, why
+    assert "disk full" in why or "File too large" in why, why  # tmpfs full (ENOSPC), or the RLIMIT_FSIZE fallback
 
 
 @pytest.mark.slow
