@@ -155,12 +155,7 @@ def meta(emb: str, how: str) -> dict:
     from triclip.model.shards import check_complete, load_shard
 
     manifest = check_complete(emb)
-    stages = Stages(0.05, False)
-    sampler = threading.Thread(target=stages.run, daemon=True)
-    before = status()["RssAnon"]
-    sampler.start()
-    started = time.perf_counter()
-    with stages.stage(how):
+    with sampled(how, 0.05) as took:
         if how == "list":
             rows = unique_ids([r for s in range(manifest["num_shards"]) for r in load_shard(emb, s, text=False)["meta"]])
             n, renamed = len(rows), sum("#" in r["id"] for r in rows)
@@ -168,11 +163,27 @@ def meta(emb: str, how: str) -> dict:
             counts = [int(load_shard(emb, s, text=False, meta=False)["info"]["count"]) for s in range(manifest["num_shards"])]
             rows = MetaRows(shard_meta_files(emb, manifest["num_shards"]), counts)
             n, renamed = sum(1 for _ in rows), len(rows.renames)
-    stages.stopped.set()
-    sampler.join()
-    peak = stages.peaks[how]["anon_peak"]
-    return {"how": how, "rows": n, "renamed": renamed, "seconds": round(time.perf_counter() - started, 1),
-            "anon_before_mib": round(before / MIB, 1), "anon_peak_above_mib": round((peak - before) / MIB, 1)}
+    return {"how": how, "rows": n, "renamed": renamed, "seconds": took["seconds"],
+            "anon_before_mib": round(took["anon_before"] / MIB, 1), "anon_peak_above_mib": took["anon_peak_above_mib"]}
+
+
+@contextlib.contextmanager
+def sampled(name: str, every: float):
+    """Sample ``/proc/self/status`` every ``every`` s while the block runs as one stage; the dict yielded gets the
+    anonymous memory before it, its peak above that (MiB) and the block's seconds."""
+    stages = Stages(every, False)
+    sampler = threading.Thread(target=stages.run, daemon=True)
+    took = {"anon_before": status()["RssAnon"]}
+    sampler.start()
+    started = time.perf_counter()
+    try:
+        with stages.stage(name):
+            yield took
+    finally:
+        stages.stopped.set()
+        sampler.join()
+    took["anon_peak_above_mib"] = round((stages.peaks[name]["anon_peak"] - took["anon_before"]) / MIB, 1)
+    took["seconds"] = round(time.perf_counter() - started, 1)
 
 
 def fill(emb: str, kind: str, shards: int, m: int, chunk: int) -> dict:
@@ -187,17 +198,9 @@ def fill(emb: str, kind: str, shards: int, m: int, chunk: int) -> dict:
     codec = codecs.fit(CodecSpec("pq", m, 16, {"M": 16, "nbits": 8}), vectors.rows(rows, vectors.dim))
     out, codes = {}, {}
     for how, source in (("whole shards", vectors), (f"{chunk} rows", vectors.chunked(chunk))):
-        stages = Stages(0.02, False)
-        sampler = threading.Thread(target=stages.run, daemon=True)
-        before = status()["RssAnon"]
-        sampler.start()
-        started = time.perf_counter()
-        with stages.stage(how):
+        with sampled(how, 0.02) as took:
             full = budgets.fill(codec, source)
-        stages.stopped.set()
-        sampler.join()
-        out[how] = {"anon_peak_above_mib": round((stages.peaks[how]["anon_peak"] - before) / MIB, 1),
-                    "seconds": round(time.perf_counter() - started, 1)}
+        out[how] = {"anon_peak_above_mib": took["anon_peak_above_mib"], "seconds": took["seconds"]}
         path = Path(tempfile.mkdtemp()) / "codes"
         full.save(path)
         codes[how] = path.read_bytes()

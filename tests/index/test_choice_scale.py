@@ -12,28 +12,9 @@ from triclip import codecs
 from triclip.index import budgets as bud
 from triclip.index.budgets import EvalSet, Rules, choose, exhaustive_ids, max_nprobe, overlap, tune_nprobe
 from tests.index.conftest import GivenLatency, unit_vectors
+from tests.index.test_ivf import _ivf, clustered  # noqa: F401 (clustered: the same fixture)
 
 D = 32
-
-
-@pytest.fixture(scope="module")
-def clustered():
-    """3,000 loosely clustered unit vectors and 400 queries about the same centres (as tests/index/test_ivf.py)."""
-    rng = np.random.default_rng(0)
-    centres = unit_vectors(rng, 60, D)
-    x = centres[rng.integers(0, 60, 3000)] + 1.5 * unit_vectors(rng, 3000, D)
-    q = centres[rng.integers(0, 60, 400)] + 1.5 * unit_vectors(rng, 400, D)
-    norm = lambda v: (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)  # noqa: E731
-    return norm(x), norm(q)
-
-
-def _ivf(inner: str, x: np.ndarray, nlist: int = 32) -> codecs.Codec:
-    params = {"inner": inner, "nlist": nlist, "nprobe": 1}
-    params.update({"pq": {"M": 8, "nbits": 8}, "opq": {"M": 8, "nbits": 8}, "rq": {"M": 4, "nbits": 8},
-                   "pqfs": {"M": 16, "nbits": 4}, "int8": {}}[inner])
-    codec = codecs.fit(codecs.CodecSpec("ivf", 8 if inner == "int8" else D, 8, params), x)
-    codec.add(x)
-    return codec
 
 
 @pytest.mark.parametrize("inner", ["pq", "opq", "rq", "int8", "pqfs"])
