@@ -141,10 +141,13 @@ def test_the_codes_of_a_replaced_version_stay_readable(tmp_path, coded, run_dir)
     index = _copy(coded, tmp_path)
     searcher = Searcher.load(index)
     first = searcher.contents.version
+    query = searcher.vectors_of([searcher.contents.meta[0]["id"]])
+    before = searcher.search_vectors(query, k=5, bytes=8)[0]
     build_index(IndexBuildConfig(run=str(run_dir), data=str(coded / "b.jsonl"), out=str(index), add=True))
     assert not (index / first).exists()
-    query = searcher.vectors_of([searcher.contents.meta[0]["id"]])
-    assert searcher.search_vectors(query, k=1, bytes=8)[0][0]["id"] == searcher.contents.meta[0]["id"]
+    # the same answers from the removed version's codes: the top-1 itself can be a tie on tiny data at 8 B
+    assert searcher.search_vectors(query, k=5, bytes=8)[0] == before
+    assert searcher.contents.meta[0]["id"] in [hit["id"] for hit in before]
     assert len(Searcher.load(index).contents.codes[8]) > 40  # the new version's codes hold the added rows
 
 
