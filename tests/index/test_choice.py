@@ -46,7 +46,8 @@ def test_no_bound_keeps_the_best_recall_and_a_tight_one_a_fast_code(collection):
     model = GivenLatency(reference=1.0, codes={**slow, "pqfs": 0.01, "rqfs": 0.02, "rabitqfs": 0.03})
     free = choose(8, x, evaluation, rules=Rules(n=len(x), rescore=False, model=model))
     measured = [t for t in free.tried if t["recall"] is not None]
-    assert free.recall == max(min(t["recall"], free.full_recall) for t in measured)  # the best, none excluded
+    # the best, none excluded; recalls above full D's tie with it (RQ's encoding varies with the thread count)
+    assert min(free.recall, free.full_recall) == max(min(t["recall"], free.full_recall) for t in measured)
     assert free.kept.latency.ms <= 1.0 == free.bound_ms and free.note == ""
     tight = choose(8, x, evaluation, rules=Rules(n=len(x), latency_ms=0.015, rescore=False, model=model))
     assert tight.codec.spec.codec == "pqfs" and tight.kept.latency.ms == 0.01 and tight.bound_ms == 0.015
