@@ -21,7 +21,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 log = logging.getLogger("triclip.app")
 
@@ -46,6 +46,10 @@ class ImageFiles:
     @classmethod
     def of(cls, meta: list[dict]) -> "ImageFiles":
         from triclip.index.manifest import file_identity
+        from triclip.index.metafile import LazyMeta
+
+        if isinstance(meta, LazyMeta):  # rows read when asked: no list of N paths either
+            return cls(_MetaField(meta, "image"), _MetaField(meta, "file"))
 
         folders: dict[str, str] = {}
         paths, identity, at_load = [], [], 0
@@ -106,6 +110,30 @@ class ImageFiles:
         return b"".join(chunks), mimetypes.guess_type(path)[0] or "application/octet-stream"
 
 
+class _MetaField(Sequence):
+    """Row -> its servable path (``which="image"``: the folder resolved when first asked) or its recorded file
+    identity (``"file"``; None where the row records none: such a row is not served), read from the row."""
+
+    def __init__(self, meta, which: str):
+        self.meta, self.which = meta, which  # a triclip.index.metafile.LazyMeta; "image" or "file"
+        self._folders: dict[str, str] = {}  # folder -> its realpath
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def __getitem__(self, row: int):
+        value = self.meta[row].get(self.which)
+        if self.which == "file":
+            ok = isinstance(value, list) and len(value) == 4 and all(isinstance(x, int) for x in value)
+            return tuple(value) if ok else None
+        if not isinstance(value, str) or not os.path.isabs(value):
+            return ""
+        folder, name = os.path.split(value)
+        if folder not in self._folders:
+            self._folders[folder] = os.path.realpath(folder)
+        return os.path.join(self._folders[folder], name)
+
+
 @dataclass(frozen=True)
 class IndexView:
     """One loaded index version and what the app derives from it; never changed once made."""
@@ -113,13 +141,14 @@ class IndexView:
     searcher: Any  # triclip.index.search.Searcher over this version
     version: str  # its folder name, e.g. "v000003"
     files: ImageFiles  # row -> servable image file
-    rows: dict  # id -> row
+    rows: Mapping  # id -> row (triclip.index.metafile.id_rows)
     recall: dict  # m -> t2i recall@10 measured at m (or None)
     curves: dict | None  # the version's curves.json (triclip.index.sources._curves), None when it has none
 
     @classmethod
     def of(cls, searcher, index_dir) -> "IndexView":
         from triclip.index.manifest import read_curves
+        from triclip.index.metafile import id_rows
 
         manifest, meta = searcher.manifest, searcher.contents.meta
         version = searcher.contents.version or "?"
@@ -140,7 +169,7 @@ class IndexView:
                 " identity found now (device, inode, size, mtime); rebuild the index to record it at build time",
                 index_dir, version, files.taken_at_load,
             )
-        return cls(searcher, version, files, {row["id"]: i for i, row in enumerate(meta)}, recall,
+        return cls(searcher, version, files, id_rows(meta), recall,
                    read_curves(index_dir, searcher.contents.version, manifest.get("files")))
 
     @property

@@ -46,13 +46,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import faiss
 import numpy as np
 
 from triclip.index import faiss_index as fi
 from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
+from triclip.index.metafile import id_rows
 from triclip.index.store import IndexContents, load_contents
 from triclip.codecs.threads import in_search_thread
 from triclip.index.vectors import prefix
@@ -86,7 +87,7 @@ class Searcher:
     text_encoder: TextEncoder | None = None  # the run's exported text side (ONNX Runtime): text queries without torch
     _model_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _faiss_lock: threading.Lock | None = field(default=None, repr=False)  # set when an index is on a GPU
-    _rows: dict = field(default_factory=dict, repr=False)  # id -> image row
+    _rows: Mapping = field(default_factory=dict, repr=False)  # id -> image row (metafile.id_rows: no dict of N ids)
     _source: tuple = field(default=(), repr=False)  # (run, weights, device, index_dir): to load the model later
     _text_transform: Any = field(default=None, repr=False)  # numpy compact transform for text_encoder's output
     _captions: tuple = field(default=(None, {}), repr=False)  # (id of the contents, caption string -> images carrying it)
@@ -118,7 +119,7 @@ class Searcher:
         index_load = time.perf_counter() - t0
         searcher = cls.over(contents, index_dir, run, device, text_only)
         searcher.timings["index_load"] = index_load
-        searcher._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
+        searcher._rows = id_rows(contents.meta)
         searcher._to_device(gpu)
         return searcher
 
@@ -170,7 +171,7 @@ class Searcher:
             self, contents=contents, transform=transform, timings={}, _faiss_lock=None, _text_transform=text_transform,
             _captions=(None, {}),
         )
-        other._rows = {row["id"]: i for i, row in enumerate(contents.meta)}
+        other._rows = id_rows(contents.meta)
         other._to_device(self._faiss_lock is not None)
         return other
 

@@ -4,6 +4,8 @@
     INDEX/.lock                   writers hold an exclusive ``fcntl.flock`` on it
     INDEX/v000003/manifest.json   run, fingerprint, transform, dims, counts, ... (written last)
     INDEX/v000003/meta.jsonl      one line per image row: {"id", "image", "captions", "label"}
+    INDEX/v000003/meta.offsets.npy, meta.idhash.npy, meta.idrow.npy  each line's byte offset, the ids' hashes and
+                                  their rows: the rows are read when asked (``triclip.index.metafile``)
     INDEX/v000003/vectors.npy     (N, D) float32: the full-D compact vectors (unit rows)
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
@@ -49,6 +51,7 @@ import json
 import os
 import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence, TypeVar
@@ -58,7 +61,7 @@ import numpy as np
 
 from triclip.codecs import ondisk
 from triclip.index import faiss_index as fi
-from triclip.index import filecheck
+from triclip.index import filecheck, metafile
 from triclip.index.lazy_codes import CodeFile, LazyCodes
 from triclip.core.errors import UserError
 from triclip.core.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
@@ -80,6 +83,8 @@ TEXT_ROWS = "text_rows.npy"
 FORMAT = 2  # manifest["format"]; 1 was one m per folder, manifest at the top
 OLD_FILES = ("manifest.json", "index.faiss", "text.faiss", "text_rows.npy", "meta.jsonl")  # format 1
 T = TypeVar("T")  # what a read of the live version returns
+_NPY_LOCK = threading.Lock()  # np.load parses a header with ast.literal_eval, which CPython 3.11.7 breaks when
+# two threads run it at once ("AST constructor recursion depth mismatch"): readers of versions take turns
 READ_TRIES = 5  # a reader re-reads CURRENT this often when a writer removed its version meanwhile
 
 
@@ -268,9 +273,7 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         codec.save(folder / code_name(budget))
     for budget, codec in c.text_codes.items():
         codec.save(folder / code_name(budget, "text"))
-    with open(folder / META, "w", encoding="utf-8") as fh:
-        for row in c.meta:
-            fh.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+    metafile.write_meta(folder, META, c.meta)
     if on_disk:
         c.manifest["on_disk"] = on_disk
     else:
@@ -369,11 +372,7 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
     dim, dims, count, text_count = _check_manifest(manifest, folder)
     records = filecheck.check_records(manifest.get(filecheck.FILES), folder, lambda what: _damaged(folder, what))
     on_disk = _check_on_disk(manifest, dims, text_count is not None, folder)
-    meta, why = _read_meta(folder / META, folder, records)
-    if len(meta) != count:
-        raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
-    if why is not None:
-        raise filecheck.refused(folder, why)
+    meta = _read_rows(folder, count, records)
     budgets, text_budgets = _check_budgets(manifest, text_count is not None, folder)
     mmap = bool(on_disk) or bool(budgets)  # too big for memory, or codes in memory: the float vectors are mapped
     vectors = _read_vectors(folder / VECTORS, (count, dim), folder, records, mmap)
@@ -472,6 +471,29 @@ def _check_manifest(manifest: dict, folder: Path) -> tuple[int, list[int], int, 
     return dim, dims, count, text_count
 
 
+def _read_rows(folder: Path, count: int, records: dict | None) -> Sequence[dict]:
+    """The image rows: read when asked (``triclip.index.metafile``) where the version has the offset and id
+    files (its manifest records them, or it records no files and they are there), else read whole."""
+    lazy = any(name in records for name in metafile.FILES) if records is not None else all(
+        os.path.lexists(folder / name) for name in metafile.FILES)
+    if lazy:
+        why = filecheck.check_file(folder / META, folder, records)
+        if why is not None:
+            raise filecheck.refused(folder, why)
+        arrays = {name: _read_array(folder / name, folder, records, mmap=True) for name in metafile.FILES}
+        for _, why in arrays.values():
+            if why is not None:
+                raise filecheck.refused(folder, why)
+        return metafile.open_meta(folder, META, count, {k: a for k, (a, _) in arrays.items()},
+                                  lambda what: _damaged(folder, what))
+    meta, why = _read_meta(folder / META, folder, records)
+    if len(meta) != count:
+        raise _damaged(folder, f"{META} has {len(meta)} rows, the manifest says {count}")
+    if why is not None:
+        raise filecheck.refused(folder, why)
+    return meta
+
+
 def _read_meta(file: Path, folder: Path, records: dict | None) -> tuple[list[dict], str | None]:
     """The image rows, and why the file is not the one recorded (None: it is; the caller checks the count first)."""
     why = filecheck.check_file(file, folder, records)
@@ -499,7 +521,8 @@ def _read_array(file: Path, folder: Path, records: dict | None, mmap: bool = Fal
     """The array and why the file is not the one recorded (None: it is; the caller checks the shape first)."""
     why = filecheck.check_file(file, folder, records)
     try:
-        return np.load(file, allow_pickle=False, mmap_mode="r" if mmap else None), why
+        with _NPY_LOCK:
+            return np.load(file, allow_pickle=False, mmap_mode="r" if mmap else None), why
     except (OSError, ValueError, EOFError) as err:
         raise _refused_or_damaged(folder, why, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
 
