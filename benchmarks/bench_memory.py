@@ -15,6 +15,16 @@
         read once in order): seconds, and the peak ``RssAnon`` above what the process held before. Run each in
         its own process.
 
+    python -m benchmarks.bench_memory reader INDEX --queries Q.npy --how list|lazy [--k 10]
+        A reader of the live version of INDEX: ``load_contents`` and the id -> row map a ``Searcher`` holds, then
+        the (Q, D) query vectors of ``Q.npy`` (the first 100) searched at D, and each query's best hit looked up
+        by its id (``search_ids``): the peak ``RssAnon`` above what the process held before, ``RssAnon`` at the
+        end, ``VmHWM`` and the seconds of each part. ``--how lazy`` reads the version as it is (meta rows read
+        when asked, ids found by hash: ``triclip.index.metafile``); ``--how list`` reads a copy of it made of hard
+        links without the offset and id files (the manifest rewritten without them), as a version written before
+        them is read: every row in one list and a dict of the ids. The model is not loaded (the queries are
+        vectors). Run each in its own process.
+
     python -m benchmarks.bench_memory fill EMB [--kind text] [--shards 2] [--m 256] [--chunk 16384]
         A PQ16x8 code at m (fitted on 20,000 rows) filled with the first shards of ``kind`` as the build filled it
         before (a shard at once) and as it does now (``--chunk`` rows at once,
@@ -33,6 +43,7 @@ import argparse
 import contextlib
 import functools
 import json
+import os
 import shutil
 import tempfile
 import threading
@@ -186,6 +197,56 @@ def sampled(name: str, every: float):
     took["seconds"] = round(time.perf_counter() - started, 1)
 
 
+def reader(index: str, queries: str, how: str, k: int) -> dict:
+    """Memory and seconds of a reader opening a version and answering 100 queries (see the module's doc)."""
+    from triclip.index import store
+    from triclip.index.metafile import id_rows
+    from triclip.index.search import Searcher
+
+    q = np.load(queries)[:100].astype(np.float32)  # (Q, D)
+    with contextlib.ExitStack() as stack:
+        if how == "list":
+            index = _without_meta_files(Path(index), Path(stack.enter_context(tempfile.TemporaryDirectory(dir=Path(index).parent))))
+        start = status()
+        with sampled("open", 0.05) as opened:
+            contents = store.load_contents(index)
+            searcher = Searcher(contents, None, None, None)
+            searcher._rows = id_rows(contents.meta)  # as Searcher.load has it
+        with sampled("queries", 0.05) as answered:
+            hits = searcher.search_vectors(q, k)
+            again = searcher.search_ids([h[0]["id"] for h in hits], k)
+        end = status()
+    same = sum(h[0]["id"] == a[0]["id"] for h, a in zip(hits, again))
+    return {"how": how, "rows": len(contents.meta), "meta": type(contents.meta).__name__, "queries": len(q),
+            "anon_before_mib": round(start["RssAnon"] / MIB, 1),
+            "open": {"anon_peak_above_mib": opened["anon_peak_above_mib"], "seconds": opened["seconds"]},
+            "queries_and_ids": {"anon_peak_above_mib": answered["anon_peak_above_mib"], "seconds": answered["seconds"]},
+            "anon_end_above_mib": round((end["RssAnon"] - start["RssAnon"]) / MIB, 1),
+            "vm_hwm_mib": round(end["VmHWM"] / MIB, 1), "ids_found_themselves": same}
+
+
+def _without_meta_files(index: Path, tmp: Path) -> Path:
+    """A copy in ``tmp`` of the live version of ``index``, made of hard links, without the offset and id files
+    (its manifest, rewritten, records none): a version as written before them."""
+    from triclip.index.filecheck import FILES as RECORDS
+    from triclip.index.metafile import FILES
+    from triclip.index.store import MANIFEST, current_version
+
+    version = current_version(index)
+    out = tmp / "index"
+    (out / version).mkdir(parents=True)
+    for name in (".triclip.json", "CURRENT"):
+        shutil.copyfile(index / name, out / name)
+    for file in (index / version).iterdir():
+        if file.name not in FILES and file.name != MANIFEST:
+            os.link(file, out / version / file.name)
+    manifest = json.loads((index / version / MANIFEST).read_text())
+    for name in FILES:
+        manifest[RECORDS].pop(name, None)
+    (out / version / MANIFEST).write_text(json.dumps(manifest, indent=1))
+    return out
+
+
 def fill(emb: str, kind: str, shards: int, m: int, chunk: int) -> dict:
     """One code filled a shard at once and ``chunk`` rows at once: peak anonymous memory, seconds, same bytes."""
     from triclip import codecs
@@ -221,6 +282,11 @@ def main(argv=None) -> None:
     m = sub.add_parser("meta", allow_abbrev=False)
     m.add_argument("emb")
     m.add_argument("--how", choices=("list", "stream"), required=True)
+    r = sub.add_parser("reader", allow_abbrev=False)
+    r.add_argument("index")
+    r.add_argument("--queries", required=True)  # (Q, D) float query vectors, .npy
+    r.add_argument("--how", choices=("list", "lazy"), required=True)
+    r.add_argument("--k", type=int, default=10)
     f = sub.add_parser("fill", allow_abbrev=False)
     f.add_argument("emb")
     f.add_argument("--kind", choices=("image", "text"), default="text")
@@ -232,6 +298,10 @@ def main(argv=None) -> None:
         if options:
             parser.error(f"unrecognized arguments: {' '.join(options)}")
         result = fill(args.emb, args.kind, args.shards, args.m, args.chunk)
+    elif args.command == "reader":
+        if options:
+            parser.error(f"unrecognized arguments: {' '.join(options)}")
+        result = reader(args.index, args.queries, args.how, args.k)
     elif args.command == "meta":
         if options:
             parser.error(f"unrecognized arguments: {' '.join(options)}")

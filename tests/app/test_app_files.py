@@ -83,6 +83,7 @@ def test_a_folder_swapped_for_a_link_is_not_served(index):
 
 
 def test_an_index_without_identities_uses_the_ones_found_at_load(index, caplog):
+    from triclip.index import metafile
     from triclip.index.store import META, current_version
 
     meta_file = index / current_version(index) / META
@@ -90,6 +91,8 @@ def test_an_index_without_identities_uses_the_ones_found_at_load(index, caplog):
     meta_file.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "file"}) + "\n" for r in rows))
     manifest = json.loads((meta_file.parent / "manifest.json").read_text())
     manifest.pop("files")  # an index that old records neither identities nor its files
+    for name in metafile.FILES:  # nor has the offset and id files of its meta rows
+        (meta_file.parent / name).unlink()
     (meta_file.parent / "manifest.json").write_text(json.dumps(manifest))
     caplog.set_level(logging.WARNING, logger="triclip.app")
     with serving(index) as (url, _):

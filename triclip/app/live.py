@@ -122,13 +122,14 @@ class _MetaField(Sequence):
         return len(self.meta)
 
     def __getitem__(self, row: int):
-        value = self.meta[row].get(self.which)
+        meta = self.meta[row]
+        path, value = meta.get("image"), meta.get("file")
+        if not isinstance(path, str) or not os.path.isabs(path):
+            return "" if self.which == "image" else None
         if self.which == "file":
             ok = isinstance(value, list) and len(value) == 4 and all(isinstance(x, int) for x in value)
             return tuple(value) if ok else None
-        if not isinstance(value, str) or not os.path.isabs(value):
-            return ""
-        folder, name = os.path.split(value)
+        folder, name = os.path.split(path)
         if folder not in self._folders:
             self._folders[folder] = os.path.realpath(folder)
         return os.path.join(self._folders[folder], name)

@@ -424,7 +424,8 @@ class Searcher:
                 continue
             row, caption = (vid, 0) if target == "image" else map(int, self.contents.text_rows[vid])
             meta = self.contents.meta[row]
-            hits.append({"id": meta["id"], "image": meta["image"], "caption": meta["captions"][caption], "score": score})
+            text = meta["captions"][caption] if caption < len(meta["captions"]) else ""  # an image without captions
+            hits.append({"id": meta["id"], "image": meta["image"], "caption": text, "score": score})
         return hits
 
 
