@@ -164,3 +164,14 @@ def test_add_keeps_the_rows_lazy_and_the_ids_unique(tmp_path, run_dir, lazy_inde
     assert isinstance(s.contents.meta, LazyMeta) and len(s) == 60 and list(s.contents.meta) == rows
     assert rows[:40] == _file_rows(lazy_index) and len({r["id"] for r in rows}) == 60
     assert all(s._rows[r["id"]] == i for i, r in enumerate(rows))
+
+
+def test_caption_texts_equal_the_rows_in_either_order(tmp_path):
+    from triclip.index.manifest import text_rows
+    from triclip.index.search import _caption_texts
+
+    rows = _rows(30)
+    meta, pairs = _open(tmp_path, rows), text_rows(rows)  # (T, 2)
+    for order in (np.arange(len(pairs)), np.random.default_rng(0).permutation(len(pairs))):
+        want = [(int(r), rows[r]["captions"][c]) for r, c in pairs[order]]
+        assert list(_caption_texts(meta, pairs[order])) == want and len(want) == 45

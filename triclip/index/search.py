@@ -345,8 +345,8 @@ class Searcher:
         key = id(self.contents)
         if self._captions[0] != key:
             owners: dict[str, set[int]] = {}
-            for row, caption in self.contents.text_rows.tolist():
-                owners.setdefault(self.contents.meta[row]["captions"][caption], set()).add(row)
+            for row, text in _caption_texts(self.contents.meta, self.contents.text_rows):
+                owners.setdefault(text, set()).add(row)
             self._captions = (key, {text: len(rows) for text, rows in owners.items()})
         return self._captions[1]
 
@@ -635,6 +635,21 @@ def _load_model(run: str, weights: str, device: str | None, index_dir, manifest:
     dev = pick_device(device)
     model, _ = load_run(run, dev, which=weights)
     return model, _transform(manifest, index_dir, int(model.embed_dim)), dev
+
+
+def _caption_texts(meta: Sequence[dict], text_rows: np.ndarray):
+    """``(image row, caption string)`` of every caption row; the meta rows read once in order where the caption
+    rows follow the image rows (as a build writes them: rows read when asked cost a read each), else by row."""
+    rows = text_rows[:, 0]  # (T,)
+    if len(rows) and (rows[1:] < rows[:-1]).any():
+        for row, caption in text_rows.tolist():
+            yield row, meta[row]["captions"][caption]
+        return
+    walk, at, current = iter(meta), -1, None
+    for row, caption in text_rows.tolist():
+        while at < row:
+            at, current = at + 1, next(walk)
+        yield row, current["captions"][caption]
 
 
 def _numpy_transform(manifest: dict, index_dir, dim: int):
