@@ -175,3 +175,13 @@ def test_caption_texts_equal_the_rows_in_either_order(tmp_path):
     for order in (np.arange(len(pairs)), np.random.default_rng(0).permutation(len(pairs))):
         want = [(int(r), rows[r]["captions"][c]) for r, c in pairs[order]]
         assert list(_caption_texts(meta, pairs[order])) == want and len(want) == 45
+
+
+def test_rows_outlive_the_version_folder(tmp_path):
+    """A writer removes a replaced version while a reader still serves it (an --add swapped in)."""
+    rows = _rows(5000)  # more than one block of the iteration
+    folder = tmp_path / "v000001"
+    folder.mkdir()
+    meta = _open(folder, rows)
+    shutil.rmtree(folder)
+    assert meta[4321] == rows[4321] and list(meta) == rows and meta.ids["img_7"] == 7

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import weakref
 from array import array
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,7 @@ OFFSETS = "meta.offsets.npy"  # (N + 1,) int64 byte offsets of the lines of meta
 ID_HASHES = "meta.idhash.npy"  # (N,) uint64 id hashes, ascending
 ID_ROWS = "meta.idrow.npy"  # (N,) int64 the row of each id hash
 FILES = (OFFSETS, ID_HASHES, ID_ROWS)
+ITER_ROWS = 4096  # rows read at once when iterating
 
 
 def write_meta(folder: Path, meta_name: str, rows: Iterable[dict]) -> int:
@@ -59,7 +61,11 @@ def is_row(row) -> bool:
 
 
 class LazyMeta(Sequence):
-    """The rows of ``meta.jsonl``, each read and parsed when asked; ``ids`` is the id -> row lookup."""
+    """The rows of ``meta.jsonl``, each read and parsed when asked; ``ids`` is the id -> row lookup.
+
+    The file is held open from the load on (read with ``os.pread``): a writer that removes the version meanwhile
+    (an ``--add`` swapped in) leaves this reader its rows, as it leaves it the mapped arrays.
+    """
 
     def __init__(self, file: Path, offsets: np.ndarray, hashes: np.ndarray, order: np.ndarray, damaged):
         self.file = Path(file)  # meta.jsonl
@@ -68,6 +74,11 @@ class LazyMeta(Sequence):
         self.order = order  # (N,) int64, memory-mapped
         self.damaged = damaged  # what -> the UserError naming the version
         self.ids = IdRows(self)  # id -> row
+        try:
+            self._fd = os.open(self.file, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as err:
+            raise UserError(f"cannot read {self.file} ({err.strerror})") from None
+        weakref.finalize(self, os.close, self._fd)
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -79,24 +90,29 @@ class LazyMeta(Sequence):
         if not 0 <= i < len(self):
             raise IndexError(f"row {i} of {len(self)}")
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
-        try:
-            fd = os.open(self.file, os.O_RDONLY | os.O_CLOEXEC)
-            try:
-                line = os.pread(fd, end - start, start)
-            finally:
-                os.close(fd)
-        except OSError as err:
-            raise UserError(f"cannot read {self.file} ({err.strerror})") from None
-        return self._parse(line, i, end - start)
+        return self._parse(self._read(start, end), i, end - start)
 
     def __iter__(self) -> Iterator[dict]:
+        for a in range(0, len(self), ITER_ROWS):
+            b = min(len(self), a + ITER_ROWS)
+            cuts = np.asarray(self.offsets[a : b + 1]).tolist()  # (b - a + 1,)
+            block = self._read(cuts[0], cuts[-1])
+            for j in range(b - a):
+                yield self._parse(block[cuts[j] - cuts[0] : cuts[j + 1] - cuts[0]], a + j, cuts[j + 1] - cuts[j])
+
+    def _read(self, start: int, end: int) -> bytes:
+        """The bytes ``start:end`` of the file (fewer where it is shorter)."""
+        chunks, at = [], start
         try:
-            with open(self.file, "rb") as fh:
-                for i in range(len(self)):
-                    line = fh.readline()
-                    yield self._parse(line, i, int(self.offsets[i + 1] - self.offsets[i]))
+            while at < end:
+                chunk = os.pread(self._fd, end - at, at)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                at += len(chunk)
         except OSError as err:
             raise UserError(f"cannot read {self.file} ({err.strerror})") from None
+        return b"".join(chunks)
 
     def __add__(self, other) -> list[dict]:  # an --add appends rows: the extended version is written whole
         return list(self) + list(other)
