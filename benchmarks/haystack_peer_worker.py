@@ -1,7 +1,7 @@
 """One peer index built or measured in a process of its own: ``benchmarks.haystack_peers`` runs it.
 
-    PYTHON benchmarks/haystack_peer_worker.py build SPEC.json     # writes the index under spec["dir"]
-    PYTHON benchmarks/haystack_peer_worker.py measure SPEC.json   # loads it, times it, writes spec["ids"]
+    PYTHON benchmarks/haystack_peer_worker.py build JOB.json     # writes the index under spec["dir"]
+    PYTHON benchmarks/haystack_peer_worker.py measure JOB.json   # loads it, times it, writes spec["ids"]
 
 Runs under the main virtual environment (triclip, plain FAISS) or under a peer's own (autofaiss needs
 numpy < 2): it imports only numpy and the method's own package, so a peer is measured with its real package.
@@ -22,6 +22,7 @@ import numpy as np
 
 K = 10  # neighbours asked for, timed and returned
 WARMUP = 20  # queries searched before timing
+K_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)  # IndexRefineFlat: candidates = k_factor x 10
 
 
 def rss_bytes() -> int:
@@ -79,7 +80,7 @@ def faiss_tune(index, queries: np.ndarray, truth: np.ndarray, target: float) -> 
     ivf, found, nprobe = faiss.extract_index_ivf(index), [], 1
     while nprobe <= ivf.nlist:
         ivf.nprobe = nprobe
-        for k_factor in (1, 2, 4, 8, 16, 32, 64, 128):
+        for k_factor in K_FACTORS:
             index.k_factor = k_factor
             held = overlap(index.search(queries, K)[1], truth)
             if held >= target:
@@ -87,7 +88,7 @@ def faiss_tune(index, queries: np.ndarray, truth: np.ndarray, target: float) -> 
                 break
         nprobe *= 2
     if not found:
-        return ivf.nlist, 128, held
+        return ivf.nlist, K_FACTORS[-1], held
     times = []
     for nprobe, k_factor, _ in found:
         ivf.nprobe, index.k_factor = nprobe, k_factor
@@ -154,6 +155,7 @@ def autofaiss_version() -> str:
 
 def autofaiss_load(spec: dict):
     import faiss
+    print(f"searched with faiss {faiss.__version__}", file=sys.stderr)
     return faiss_searcher(faiss.read_index(os.path.join(spec["dir"], "knn.index")))
 
 

@@ -44,7 +44,8 @@ from triclip.index.budgets import recall_at_k
 
 TARGET = 0.95  # share of the exact float top 10 that plain FAISS's nprobe and k_factor are tuned to (triclip's default)
 WORKER = Path(__file__).with_name("haystack_peer_worker.py")
-VENV_PACKAGES = ("autofaiss==2.18.0", "numpy<2", "usearch==2.26.6")  # the peers' own environment
+VENV_PACKAGES = ("autofaiss==2.18.0", "faiss-cpu==1.8.0", "numpy<2", "pyarrow<16", "usearch==2.26.6")  # the peers'
+# own: autofaiss 2.18 fails on faiss-cpu 1.15 (OPQMatrix(M=...)), pyarrow 16+ needs numpy 2
 USEARCH_BITS = {"b1": 1, "i8": 8, "f16": 16}  # usearch dtype -> bits per dimension
 METHODS = ("triclip", "faiss", "autofaiss", "usearch")
 
