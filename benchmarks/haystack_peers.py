@@ -8,9 +8,9 @@ is written once under DIR (shards, and a folder of .npy links to them that autof
 exact float top 10 of the test captions and of the val captions (the tuning queries) is streamed over it.
 Then per byte budget B:
 
-- **triclip**: ``triclip index build --embeddings ... --bytes B,... --latency-ms L`` (one build for every budget,
-  the float vectors kept on disk for the re-rank). ``--val-data`` does not apply to shards: the build measures
-  its candidates on the indexed data's first 5,000 images, whose captioned ones are the test images;
+- **triclip**: ``triclip index build --embeddings H/embeddings --val-embeddings H/val-embeddings --bytes B,...
+  --latency-ms L`` (one build for every budget, the float vectors kept on disk for the re-rank): the codes are
+  chosen on the val split's real rows, the split the peers are tuned on;
 - **faiss**: ``IVF{nlist},PQ{2B}x4fs`` + ``IndexRefineFlat`` (the float rows in memory), nprobe and k_factor
   tuned on the val captions to :data:`TARGET` of their exact top 10, FAISS of the main environment;
 - **autofaiss**: ``autofaiss.build_index`` with ``max_index_memory_usage`` = :func:`memory_cap` (room for B-byte
@@ -44,8 +44,9 @@ from triclip.index.budgets import recall_at_k
 
 TARGET = 0.95  # share of the exact float top 10 that plain FAISS's nprobe and k_factor are tuned to (triclip's default)
 WORKER = Path(__file__).with_name("haystack_peer_worker.py")
-VENV_PACKAGES = ("autofaiss==2.18.0", "faiss-cpu==1.8.0", "numpy<2", "pyarrow<16", "usearch==2.26.6")  # the peers'
-# own: autofaiss 2.18 fails on faiss-cpu 1.15 (OPQMatrix(M=...)), pyarrow 16+ needs numpy 2
+VENV_PACKAGES = ("autofaiss==2.18.0", "faiss-cpu==1.8.0", "numpy<2", "pyarrow<16", "usearch==2.26.6",
+                 "packaging==26.4")  # the peers' own: autofaiss 2.18 fails on faiss-cpu 1.15 (OPQMatrix(M=...)),
+# pyarrow 16+ needs numpy 2, faiss-cpu 1.8.0 imports packaging without requiring it
 USEARCH_BITS = {"b1": 1, "i8": 8, "f16": 16}  # usearch dtype -> bits per dimension
 METHODS = ("triclip", "faiss", "autofaiss", "usearch")
 
@@ -89,6 +90,11 @@ def memory_cap(budget: int, n: int, triclip_ram: int | None = None) -> int:
     """Bytes autofaiss may use at ``budget``: n codes of ``budget`` bytes with an 8-byte id each (an inverted
     list's), or what triclip's index of that budget holds (``ram_bytes``) when more."""
     return max(n * (budget + 8), int(triclip_ram or 0))
+
+
+def triclip_dir(budgets: list[int]) -> str:
+    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets)."""
+    return "triclip-b" + "-".join(map(str, budgets))
 
 
 def nlist_for(n: int) -> int:
@@ -186,10 +192,10 @@ def run_worker(python: str, step: str, spec: dict) -> dict:
 
 def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
     """``triclip index build`` of every budget over the haystack's shards (reused when built); its manifest."""
-    out = h.root / "triclip"
+    out = h.root / triclip_dir(cfg.budgets)
     if not (out / "built.json").is_file():
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
-                   "--out", str(out), "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
+                   "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out), "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
                    "--seed", str(seed), "--overwrite"]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
@@ -211,7 +217,7 @@ def specs_for(cfg: PeersConfig, h: Haystack, budget: int, dim: int, tri: dict) -
     entry = tri["manifest"].get("budgets", {}).get(str(budget), {}) if tri else {}
     out = {}
     if "triclip" in cfg.methods and entry:
-        out["triclip"] = ({**base, "dir": str(h.root / "triclip"), "bytes": budget}, budget)
+        out["triclip"] = ({**base, "dir": str(h.root / triclip_dir(cfg.budgets)), "bytes": budget}, budget)
     if "faiss" in cfg.methods:
         nlist = nlist_for(cfg.n)
         out["faiss"] = ({**base, "M": 2 * budget, "nlist": nlist, "train_rows": min(cfg.n, 50 * nlist),
