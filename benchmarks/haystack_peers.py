@@ -1,34 +1,29 @@
 """Peers in the haystack: triclip's chosen codes against autofaiss, usearch and plain FAISS, at equal bytes.
 
     python -m benchmarks.haystack_peers INDEX --data DATA --work DIR [--n 1000000] [--seeds 0,1,2]
-        [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch]
+        [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR]
 
-Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors)
-is written once under DIR (shards, and a folder of .npy links to them that autofaiss and the workers read); the
-exact float top 10 of the test captions and of the val captions (the tuning queries) is streamed over it.
-Then per byte budget B:
+Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors) is
+written once under DIR, with a folder of .npy links to its shards that the peers read, and the exact float top 10
+of the test captions and of the val captions (the peers' tuning queries). Per byte budget B:
 
 - **triclip**: ``triclip index build --embeddings H/embeddings --val-embeddings H/val-embeddings --bytes B,...
-  --latency-ms L`` (one build for every budget, the float vectors kept on disk for the re-rank): the codes are
-  chosen on the val split's real rows, the split the peers are tuned on;
-- **faiss**: ``IVF{nlist},PQ{2B}x4fs`` + ``IndexRefineFlat`` (the float rows in memory), nprobe and k_factor
+  --latency-ms L`` (one build for every budget): the codes are chosen on the val split, like the peers' tuning;
+- **faiss**: ``IVF{nlist},PQ{2B}x4fs`` in ``IndexRefineFlat`` (the float rows in memory), nprobe and k_factor
   tuned on the val captions to :data:`TARGET` of their exact top 10, FAISS of the main environment;
-- **autofaiss**: ``autofaiss.build_index`` with ``max_index_memory_usage`` = :func:`memory_cap` (room for B-byte
-  codes and their 8-byte ids, or what triclip's code holds if more) and ``max_index_query_time_ms`` = L, in a
-  virtual environment of its own (made by :func:`ensure_venv` when missing: autofaiss needs numpy < 2);
-- **usearch** (in the same environment): an HNSW index of ``dtype`` b1 / i8 / f16 where D x bits / 8 = B.
+- **autofaiss**: ``build_index`` with ``max_index_memory_usage`` = :func:`memory_cap` and
+  ``max_index_query_time_ms`` = L, in an environment of its own (:data:`VENV_PACKAGES`, made when missing);
+- **usearch** (same environment): HNSW of ``dtype`` b1 / i8 / f16 where D x bits / 8 = B.
 
-Each index is built by ``benchmarks/haystack_peer_worker.py`` in a process of its own, then loaded and timed in
-a fresh one (RSS delta of the load, single-query p50 / p99 on 1 and 2 threads, batch queries/s on 2 threads).
-Printed: one JSON line per (seed, method, budget), then a table of mean ± sd over seeds with t2i recall@10 of
-the real captions and the share of the exact float top 10 found.
+Each peer index is built by ``scripts/peer_worker.py`` in a process of its own and every index is measured in a
+fresh one. Prints a JSON line per (seed, method, budget), then a table of mean ± sd over seeds.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -40,10 +35,10 @@ import numpy as np
 from benchmarks import haystack as hs
 from triclip.core.errors import UserError
 from triclip.core.progress import progress
-from triclip.index.budgets import recall_at_k
+from triclip.index.budgets import overlap, recall_at_k
 
 TARGET = 0.95  # share of the exact float top 10 that plain FAISS's nprobe and k_factor are tuned to (triclip's default)
-WORKER = Path(__file__).with_name("haystack_peer_worker.py")
+WORKER = Path(__file__).parent.parent / "scripts" / "peer_worker.py"
 VENV_PACKAGES = ("autofaiss==2.18.0", "faiss-cpu==1.8.0", "numpy<2", "pyarrow<16", "usearch==2.26.6",
                  "packaging==26.4")  # the peers' own: autofaiss 2.18 fails on faiss-cpu 1.15 (OPQMatrix(M=...)),
 # pyarrow 16+ needs numpy 2, faiss-cpu 1.8.0 imports packaging without requiring it
@@ -64,21 +59,7 @@ class PeersConfig:
     latency_ms: float = 10.0  # the single-query bound given to triclip (--latency-ms) and autofaiss
     methods: list[str] = field(default_factory=lambda: list(METHODS))  # which to run
     venv: str = "/work/scratch/peers/venv-autofaiss"  # the peers' environment (made when missing)
-    cores: int = 2  # threads the builds may use
-
-
-# ---------------------------------------------------------------------------- small pure functions
-
-
-def percentiles(ms: list[float]) -> tuple[float, float]:
-    """p50 and p99 of per-query milliseconds."""
-    p50, p99 = np.percentile(np.asarray(ms, float), [50, 99])
-    return float(p50), float(p99)
-
-
-def overlap(found: np.ndarray, truth: np.ndarray, k: int = 10) -> float:
-    """Mean share of each query's exact top k (``truth`` (Q, >= k)) among its first k ``found`` (Q, >= k)."""
-    return float(np.mean([len(set(f[:k].tolist()) & set(t[:k].tolist())) / k for f, t in zip(found, truth)]))
+    cores: int = 2  # threads the peers' builds may use
 
 
 def usearch_dtype(budget: int, dim: int) -> str | None:
@@ -92,26 +73,14 @@ def memory_cap(budget: int, n: int, triclip_ram: int | None = None) -> int:
     return max(n * (budget + 8), int(triclip_ram or 0))
 
 
-def triclip_dir(budgets: list[int]) -> str:
-    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets)."""
-    return "triclip-b" + "-".join(map(str, budgets))
-
-
 def nlist_for(n: int) -> int:
     """Plain FAISS's inverted lists: the power of two nearest sqrt(n), at least 16."""
     return max(16, 2 ** int(round(np.log2(np.sqrt(n)))))
 
 
-def mean_sd(values: list[float]) -> tuple[float, float]:
-    """Mean and sample sd (0 for a single value)."""
-    v = np.asarray(values, float)
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
-
-
-def fmt(values: list[float], digits: int = 3) -> str:
-    """``mean ± sd`` (the mean alone for one value)."""
-    mean, sd = mean_sd(values)
-    return f"{mean:.{digits}f}" if len(values) == 1 else f"{mean:.{digits}f} ± {sd:.{digits}f}"
+def triclip_dir(budgets: list[int]) -> str:
+    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets)."""
+    return "triclip-b" + "-".join(map(str, budgets))
 
 
 # ---------------------------------------------------------------------------- the haystack of one seed
@@ -135,59 +104,61 @@ def haystack_of(cfg: PeersConfig, seed: int, split: hs.Split) -> Haystack:
     root = Path(cfg.work) / f"n{cfg.n}-seed{seed}"
     if not (root / "haystack.json").is_file():
         hs.build(hs.BuildConfig(cfg.index, cfg.data, str(root), cfg.n, seed, text=True), split)  # captions: --bytes needs them
-    npy = root / "npy"
+    npy, val = root / "npy", root / "val_queries.npy"
     if not npy.is_dir():
         npy.mkdir()
         for i, shard in enumerate(sorted((root / "embeddings").glob("shard-*"))):
             os.symlink(shard / "image.npy", npy / f"{i:04d}.npy")
-    val = root / "val_queries.npy"
     np.save(val, hs.t2i_set(split, split.rows["val"])[0])
+    if not (root / "truth.npy").is_file():
+        test_q = np.load(root / "queries.npy")
+        top = hs.TopK(np.concatenate([test_q, np.load(val)]).astype(np.float32), 10)
+        for path in progress(sorted(npy.glob("*.npy")), desc="exact top 10", unit="part"):
+            top.add(np.asarray(np.load(path, mmap_mode="r"), np.float32))
+        np.save(root / "truth.npy", top.i[: len(test_q)])
+        np.save(root / "val_truth.npy", top.i[len(test_q):])
     lines = (root / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     positives = [set(json.loads(line)["targets"]) for line in lines]
-    truth_path = root / "truth.npy"
-    if not truth_path.is_file():
-        test_q = np.load(root / "queries.npy")
-        truth = exact_top10(npy, np.concatenate([test_q, np.load(val)]))
-        np.save(truth_path, truth[: len(test_q)])
-        np.save(root / "val_truth.npy", truth[len(test_q):])
-    return Haystack(root, npy, root / "queries.npy", positives, val, np.load(truth_path), root / "val_truth.npy")
+    return Haystack(root, npy, root / "queries.npy", positives, val, np.load(root / "truth.npy"), root / "val_truth.npy")
 
 
-def exact_top10(npy: Path, queries: np.ndarray) -> np.ndarray:
-    """Exact inner-product top 10 of ``queries`` over every row of the .npy folder, streamed. (Q, 10)"""
-    top = hs.TopK(np.ascontiguousarray(queries, np.float32), 10)
-    for path in progress(sorted(npy.glob("*.npy")), desc="exact top 10", unit="part"):
-        top.add(np.asarray(np.load(path, mmap_mode="r"), np.float32))
-    return top.i
-
-
-# ---------------------------------------------------------------------------- the peers' environment and workers
+# ---------------------------------------------------------------------------- builds, each in a process of its own
 
 
 def ensure_venv(venv: str) -> str:
     """The python of the peers' environment, made (venv + pip install :data:`VENV_PACKAGES`) when missing."""
     python = os.path.join(venv, "bin", "python")
-    if os.path.isfile(python):
-        return python
-    subprocess.run(["python3", "-m", "venv", venv], check=True)
-    done = subprocess.run([python, "-m", "pip", "install", "-q", *VENV_PACKAGES], capture_output=True, text=True)
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        raise UserError(f"pip could not install {' '.join(VENV_PACKAGES)} into {venv}: {last}")
+    if not os.path.isfile(python):
+        subprocess.run(["python3", "-m", "venv", venv], check=True)
+        done = subprocess.run([python, "-m", "pip", "install", "-q", *VENV_PACKAGES], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise UserError(f"pip could not install {' '.join(VENV_PACKAGES)} into {venv}: {last_line(done.stderr)}")
     return python
 
 
+def last_line(text: str) -> str:
+    return (text.strip().splitlines() or ["no output"])[-1][:300]
+
+
 def run_worker(python: str, step: str, spec: dict) -> dict:
-    """Run the worker's ``step`` on ``spec`` (written beside the index) in a process of its own; its JSON line."""
+    """The worker's ``step`` on ``spec`` (written into spec["dir"]) in a process of its own: its JSON line."""
     os.makedirs(spec["dir"], exist_ok=True)
     path = os.path.join(spec["dir"], f"{step}.spec.json")
-    with open(path, "w") as fh:
-        json.dump(spec, fh)
+    Path(path).write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent)}
     done = subprocess.run([python, str(WORKER), step, path], capture_output=True, text=True, env=env)
-    if done.returncode != 0:
-        return {"error": (done.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(last_line(done.stdout)) if done.returncode == 0 else {"error": last_line(done.stderr)}
+
+
+def built_once(python: str, spec: dict) -> dict:
+    """The worker's build record, reused from the index folder when it was built before."""
+    path = Path(spec["dir"]) / "built.json"
+    if not path.is_file():
+        rec = run_worker(python, "build", spec)
+        if "error" in rec:
+            return rec
+        path.write_text(json.dumps(rec))
+    return json.loads(path.read_text())
 
 
 def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
@@ -195,99 +166,74 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
     out = h.root / triclip_dir(cfg.budgets)
     if not (out / "built.json").is_file():
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
-                   "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out), "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
+                   "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
+                   "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
                    "--seed", str(seed), "--overwrite"]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode != 0:
-            raise UserError(f"triclip index build failed: {(done.stderr.strip().splitlines() or [''])[-1]}")
+            raise UserError(f"triclip index build failed: {last_line(done.stderr)}")
         (out / "built.json").write_text(json.dumps({"build_s": round(time.perf_counter() - started, 1)}))
     from triclip.index.store import load_contents
-    manifest = load_contents(str(out), indexes=False).manifest
-    disk = sum(p.stat().st_size for p in out.rglob("*") if p.is_file())
-    return {"manifest": manifest, "disk_bytes": disk, **json.loads((out / "built.json").read_text())}
+    budgets = load_contents(str(out), indexes=False).manifest.get("budgets", {})
+    common = {**json.loads((out / "built.json").read_text()),
+              "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
+    return {int(b): {"label": e.get("label") or e.get("spec", {}).get("codec"), "code_bytes": int(b),
+                     "ram_bytes": e.get("ram_bytes"), "shortlist": (e.get("rescore") or {}).get("shortlist"),
+                     "note": e.get("note", ""), **common} for b, e in budgets.items()}
 
 
 # ---------------------------------------------------------------------------- one seed, every budget
 
 
 def specs_for(cfg: PeersConfig, h: Haystack, budget: int, dim: int, tri: dict) -> dict:
-    """method -> (its worker spec at ``budget``, its bytes per vector), for the methods that can be sized to it."""
+    """method -> (its spec at ``budget``, its build record or None to build), for the methods sized to it."""
     base = {"npy": str(h.npy), "queries": str(h.queries), "cores": cfg.cores}
-    entry = tri["manifest"].get("budgets", {}).get(str(budget), {}) if tri else {}
-    out = {}
-    if "triclip" in cfg.methods and entry:
-        out["triclip"] = ({**base, "dir": str(h.root / triclip_dir(cfg.budgets)), "bytes": budget}, budget)
+    out, dtype, nlist = {}, usearch_dtype(budget, dim), nlist_for(cfg.n)
+    if "triclip" in cfg.methods and budget in tri:
+        out["triclip"] = ({**base, "dir": str(h.root / triclip_dir(cfg.budgets)), "bytes": budget}, tri[budget])
     if "faiss" in cfg.methods:
-        nlist = nlist_for(cfg.n)
         out["faiss"] = ({**base, "M": 2 * budget, "nlist": nlist, "train_rows": min(cfg.n, 50 * nlist),
-                         "tune_queries": str(h.val), "tune_truth": str(h.val_truth), "target": TARGET}, budget)
+                         "tune_queries": str(h.val), "tune_truth": str(h.val_truth), "target": TARGET}, None)
     if "autofaiss" in cfg.methods:
-        cap = memory_cap(budget, cfg.n, entry.get("ram_bytes"))
+        cap = memory_cap(budget, cfg.n, tri.get(budget, {}).get("ram_bytes"))
         out["autofaiss"] = ({**base, "max_memory": f"{cap}B", "latency_ms": cfg.latency_ms,
                              "memory_available": "6G"}, None)
-    dtype = usearch_dtype(budget, dim)
     if "usearch" in cfg.methods and dtype:
-        out["usearch"] = ({**base, "dtype": dtype}, budget)
+        out["usearch"] = ({**base, "dtype": dtype, "code_bytes": budget}, None)
     return out
 
 
 def run_budget(cfg: PeersConfig, h: Haystack, seed: int, budget: int, tri: dict, python: dict) -> list[dict]:
     """Build (unless built) and measure every method at ``budget`` for one seed's haystack: one record each."""
-    dim = int(np.load(h.queries, mmap_mode="r").shape[1])
-    records = []
-    for method, (spec, code_bytes) in specs_for(cfg, h, budget, dim, tri).items():
-        spec = {**spec, "method": method}
-        spec.setdefault("dir", str(h.root / f"{method}-b{budget}"))
+    records, dim = [], int(np.load(h.queries, mmap_mode="r").shape[1])
+    for method, (spec, built) in specs_for(cfg, h, budget, dim, tri).items():
+        spec = {"dir": str(h.root / f"{method}-b{budget}"), **spec, "method": method}
         spec["ids"] = os.path.join(spec["dir"], "ids.npy")
-        built = tri_built(tri, budget) if method == "triclip" else built_once(python[method], spec)
-        rec = {"seed": seed, "n": cfg.n, "method": method, "budget": budget, **built}
-        if "error" not in built:
+        rec = {"seed": seed, "n": cfg.n, "method": method, "budget": budget,
+               "code_bytes": spec.get("code_bytes", budget), **(built or built_once(python[method], spec))}
+        if "error" not in rec:
             rec.update(run_worker(python[method], "measure", spec))
         if "error" not in rec:
             ids = np.load(spec["ids"])
-            rec["recall@10"] = recall_at_k(ids, h.positives)
-            rec["of_exact_top10"] = overlap(ids, h.truth)
-        rec.setdefault("code_bytes", code_bytes)
+            rec.update({"recall@10": recall_at_k(ids, h.positives), "of_exact_top10": overlap(ids, h.truth)})
         records.append(rec)
         print(json.dumps(rec, default=str), flush=True)
     return records
 
 
-def built_once(python: str, spec: dict) -> dict:
-    """The worker's build record, reused from the index folder when it was built before."""
-    path = os.path.join(spec["dir"], "built.json")
-    if os.path.isfile(path):
-        return json.loads(Path(path).read_text())
-    rec = run_worker(python, "build", spec)
-    if "error" not in rec:
-        Path(path).write_text(json.dumps(rec))
-    return rec
-
-
-def tri_built(tri: dict, budget: int) -> dict:
-    """triclip's build record at ``budget``: the code kept, its stages, what it holds in memory."""
-    entry = tri["manifest"]["budgets"][str(budget)]
-    rescore = entry.get("rescore") or {}
-    return {"label": entry.get("label") or entry.get("spec", {}).get("codec"), "code_bytes": budget,
-            "ram_bytes": entry.get("ram_bytes"), "shortlist": rescore.get("shortlist"),
-            "build_s": tri["build_s"], "disk_bytes": tri["disk_bytes"], "note": entry.get("note", "")}
-
-
 def run(cfg: PeersConfig) -> list[dict]:
-    """Every seed, budget and method of ``cfg``: the records, then the summary rows."""
-    bad = [m for m in cfg.methods if m not in METHODS]
-    if bad:
-        raise UserError(f"unknown methods {bad}; choose from {', '.join(METHODS)}")
+    """Every seed, budget and method of ``cfg``: one record each, and the exact float search's per seed."""
+    if set(cfg.methods) - set(METHODS):
+        raise UserError(f"unknown methods {sorted(set(cfg.methods) - set(METHODS))}; choose from {', '.join(METHODS)}")
     peers = ensure_venv(cfg.venv) if {"autofaiss", "usearch"} & set(cfg.methods) else sys.executable
     python = {"triclip": sys.executable, "faiss": sys.executable, "autofaiss": peers, "usearch": peers}
-    split = hs.read_split(cfg.index, cfg.data)
-    records = []
+    split, records = hs.read_split(cfg.index, cfg.data), []
     for seed in cfg.seeds:
         h = haystack_of(cfg, seed, split)
         tri = triclip_build(cfg, h, seed) if "triclip" in cfg.methods else {}
-        dim = int(np.load(h.queries, mmap_mode="r").shape[1])
-        records.append({"seed": seed, "n": cfg.n, "method": "float exact", "budget": 4 * dim, "code_bytes": 4 * dim,
+        full = 4 * int(np.load(h.queries, mmap_mode="r").shape[1])
+        records.append({"seed": seed, "n": cfg.n, "method": "float exact", "budget": full, "code_bytes": full,
                         "recall@10": recall_at_k(h.truth, h.positives), "of_exact_top10": 1.0})
         for budget in cfg.budgets:
             records += run_budget(cfg, h, seed, budget, tri, python)
@@ -305,24 +251,25 @@ COLUMNS = [  # (header, record key, scale, digits)
 ]
 
 
+def cell(values: list, scale: float, digits: int) -> str:
+    """``mean ± sd`` of the numbers among ``values`` times ``scale`` (the mean alone for one, – for none)."""
+    v = [x * scale for x in values if isinstance(x, (int, float))]
+    sd = f" ± {statistics.stdev(v):.{digits}f}" if len(v) > 1 else ""
+    return f"{statistics.mean(v):.{digits}f}{sd}" if v else "–"
+
+
 def table(records: list[dict]) -> str:
-    """A markdown row per (budget, method): mean ± sd over the seeds of each column; errors as their text."""
-    keys = sorted({(r["budget"], r["method"]) for r in records}, key=lambda k: (k[0], METHODS.index(k[1])
-                                                                                 if k[1] in METHODS else -1))
+    """A markdown row per (budget, method), mean ± sd over the seeds of each column; a failed method's error."""
+    order = {m: i for i, m in enumerate(METHODS)}
     lines = ["| B | method | what | seeds | " + " | ".join(c[0] for c in COLUMNS) + " |",
              "|---:|---|---|---:|" + "---:|" * len(COLUMNS)]
-    for budget, method in keys:
+    for budget, method in sorted({(r["budget"], r["method"]) for r in records}, key=lambda k: (k[0], order.get(k[1], -1))):
         runs = [r for r in records if (r["budget"], r["method"]) == (budget, method)]
         ok = [r for r in runs if "error" not in r]
         what = ", ".join(sorted({str(r.get("label") or r.get("dtype") or "") for r in ok})) or runs[0].get("error", "")
         cells = [cell([r.get(key) for r in ok], scale, digits) for _, key, scale, digits in COLUMNS]
         lines.append(f"| {budget} | {method} | {what} | {len(ok)} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-def cell(values: list, scale: float, digits: int) -> str:
-    values = [v * scale for v in values if isinstance(v, (int, float))]
-    return fmt(values, digits) if values else "–"
 
 
 def parse(argv: list[str] | None) -> PeersConfig:
@@ -342,11 +289,10 @@ def parse(argv: list[str] | None) -> PeersConfig:
 
 def main(argv: list[str] | None = None) -> None:
     try:
-        records = run(parse(argv))
+        print(table(run(parse(argv))))
     except (UserError, OSError) as err:
         print(f"python -m benchmarks.haystack_peers: error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
-    print(table(records))
 
 
 if __name__ == "__main__":
