@@ -103,7 +103,7 @@ def haystack_of(cfg: PeersConfig, seed: int, split: hs.Split) -> Haystack:
     """The haystack of ``seed`` under cfg.work (built when missing), its links and exact answers."""
     root = Path(cfg.work) / f"n{cfg.n}-seed{seed}"
     if not (root / "haystack.json").is_file():
-        hs.build(hs.BuildConfig(cfg.index, cfg.data, str(root), cfg.n, seed, text=True), split)  # captions: --bytes needs them
+        hs.build(hs.BuildConfig(cfg.index, cfg.data, str(root), cfg.n, seed, text=True), split)  # captions: --bytes
     npy, val = root / "npy", root / "val_queries.npy"
     if not npy.is_dir():
         npy.mkdir()
@@ -119,7 +119,8 @@ def haystack_of(cfg: PeersConfig, seed: int, split: hs.Split) -> Haystack:
         np.save(root / "val_truth.npy", top.i[len(test_q):])
     lines = (root / "queries.jsonl").read_text(encoding="utf-8").splitlines()
     positives = [set(json.loads(line)["targets"]) for line in lines]
-    return Haystack(root, npy, root / "queries.npy", positives, val, np.load(root / "truth.npy"), root / "val_truth.npy")
+    truth = np.load(root / "truth.npy")
+    return Haystack(root, npy, root / "queries.npy", positives, val, truth, root / "val_truth.npy")
 
 
 # ---------------------------------------------------------------------------- builds, each in a process of its own
@@ -263,7 +264,8 @@ def table(records: list[dict]) -> str:
     order = {m: i for i, m in enumerate(METHODS)}
     lines = ["| B | method | what | seeds | " + " | ".join(c[0] for c in COLUMNS) + " |",
              "|---:|---|---|---:|" + "---:|" * len(COLUMNS)]
-    for budget, method in sorted({(r["budget"], r["method"]) for r in records}, key=lambda k: (k[0], order.get(k[1], -1))):
+    keys = sorted({(r["budget"], r["method"]) for r in records}, key=lambda k: (k[0], order.get(k[1], -1)))
+    for budget, method in keys:
         runs = [r for r in records if (r["budget"], r["method"]) == (budget, method)]
         ok = [r for r in runs if "error" not in r]
         what = ", ".join(sorted({str(r.get("label") or r.get("dtype") or "") for r in ok})) or runs[0].get("error", "")

@@ -1,9 +1,9 @@
 """One peer index built or measured in a process of its own: ``benchmarks.haystack_peers`` runs it.
 
-    PYTHON scripts/peer_worker.py build|measure SPEC.json
+    PYTHON scripts/peer_worker.py build|measure JOB.json
 
 Imports numpy and the method's own package only, so that it runs in the main environment (plain FAISS, triclip)
-or in the peers' own (autofaiss, usearch: numpy < 2) and each peer is measured with its real package. SPEC (JSON):
+or in the peers' own (autofaiss, usearch: numpy < 2) and each peer is measured with its real package. JOB (JSON):
 ``method``, ``dir`` (the index folder), ``npy`` (the haystack's float32 rows as NNNN.npy, in row order),
 ``queries`` (Q, D) .npy, ``ids`` (where measure writes their (Q, 10) row ids) and the method's own fields.
 Prints one JSON line: what was built (build s, disk bytes) or measured (load RSS delta, single-query p50 / p99 on
@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     started = time.perf_counter()
     result = METHODS[spec["method"]][0](spec)
-    disk = sum(os.path.getsize(p) for p in glob.glob(os.path.join(spec["dir"], "**"), recursive=True) if os.path.isfile(p))
+    files = glob.glob(os.path.join(spec["dir"], "**"), recursive=True)
+    disk = sum(os.path.getsize(p) for p in files if os.path.isfile(p))
     print(json.dumps({**result, "build_s": round(time.perf_counter() - started, 1), "disk_bytes": disk}), flush=True)
 
 
