@@ -54,20 +54,11 @@ class ImageFiles:
         folders: dict[str, str] = {}
         paths, identity, at_load = [], [], 0
         for row in meta:
-            path = row.get("image")
-            if not isinstance(path, str) or not os.path.isabs(path):
-                paths.append("")
-                identity.append(None)
-                continue
-            folder, name = os.path.split(path)
-            if folder not in folders:
-                folders[folder] = os.path.realpath(folder)
-            recorded = row.get("file")
-            if "file" not in row:  # built before identities were recorded: take it now
-                recorded, at_load = file_identity(path), at_load + 1
-            ok = isinstance(recorded, list) and len(recorded) == 4 and all(isinstance(x, int) for x in recorded)
-            paths.append(os.path.join(folders[folder], name))
-            identity.append(tuple(recorded) if ok else None)
+            path, recorded = _served_path(row, folders), row.get("file")
+            if path and "file" not in row:  # built before identities were recorded: take it now
+                recorded, at_load = file_identity(row["image"]), at_load + 1
+            paths.append(path)
+            identity.append(_identity(recorded) if path else None)
         return cls(paths, identity, at_load)
 
     def read(self, row: int) -> tuple[bytes | None, str]:
@@ -123,16 +114,28 @@ class _MetaField(Sequence):
 
     def __getitem__(self, row: int):
         meta = self.meta[row]
-        path, value = meta.get("image"), meta.get("file")
-        if not isinstance(path, str) or not os.path.isabs(path):
-            return "" if self.which == "image" else None
-        if self.which == "file":
-            ok = isinstance(value, list) and len(value) == 4 and all(isinstance(x, int) for x in value)
-            return tuple(value) if ok else None
-        folder, name = os.path.split(path)
-        if folder not in self._folders:
-            self._folders[folder] = os.path.realpath(folder)
-        return os.path.join(self._folders[folder], name)
+        path = _served_path(meta, self._folders)
+        if self.which == "image":
+            return path
+        return _identity(meta.get("file")) if path else None
+
+
+def _served_path(row: dict, folders: dict[str, str]) -> str:
+    """The path a row's image is opened at: its folder as first resolved (``folders``: folder -> realpath), its
+    file name; "" for a row without an absolute image path (never served)."""
+    path = row.get("image")
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return ""
+    folder, name = os.path.split(path)
+    if folder not in folders:
+        folders[folder] = os.path.realpath(folder)
+    return os.path.join(folders[folder], name)
+
+
+def _identity(recorded) -> tuple | None:
+    """A recorded file identity (device, inode, size, mtime_ns) as a tuple; None when it is not one."""
+    ok = isinstance(recorded, list) and len(recorded) == 4 and all(isinstance(x, int) for x in recorded)
+    return tuple(recorded) if ok else None
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.metarows import id_hash
+from triclip.index.metarows import id_hash, row_index
 
 OFFSETS = "meta.offsets.npy"  # (N + 1,) int64 byte offsets of the lines of meta.jsonl
 ID_HASHES = "meta.idhash.npy"  # (N,) uint64 id hashes, ascending
@@ -86,9 +86,7 @@ class LazyMeta(Sequence):
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        i = int(i) + (len(self) if int(i) < 0 else 0)
-        if not 0 <= i < len(self):
-            raise IndexError(f"row {i} of {len(self)}")
+        i = row_index(i, len(self))
         start, end = int(self.offsets[i]), int(self.offsets[i + 1])
         return self._parse(self._read(start, end), i, end - start)
 

@@ -55,9 +55,7 @@ class MetaRows:
     def __getitem__(self, i):
         if isinstance(i, slice):
             return [self[j] for j in range(*i.indices(len(self)))]
-        i = int(i) + (len(self) if int(i) < 0 else 0)
-        if not 0 <= i < len(self):
-            raise IndexError(f"row {i} of {len(self)}")
+        i = row_index(i, len(self))
         row = dict(self.raw_at(i))
         if i in self.renames:
             row["id"] = self.renames[i]
@@ -107,6 +105,14 @@ class MetaRows:
         while len(rows) <= local:
             rows.append(next(rest))
         return rows[local]
+
+
+def row_index(i, n: int) -> int:
+    """Row ``i`` of ``n`` as a list indexes it (negative from the end); IndexError outside."""
+    i = int(i) + (n if int(i) < 0 else 0)
+    if not 0 <= i < n:
+        raise IndexError(f"row {i} of {n}")
+    return i
 
 
 def _lines(file: Path, parse) -> Iterator:
