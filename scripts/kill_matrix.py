@@ -1,7 +1,7 @@
 """The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
     python scripts/kill_matrix.py [--only train,solve] [--parts kill,replace,disk] [--steps 1,5-9] [--work DIR]
-                                  [--no-disk] [--demo] [--list]
+                                  [--no-disk] [--demo] [--list] [--at GLOB]
 
 For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solve --run``, ``embed``,
 ``index build``; ``demo`` with ``--demo``, which needs Debian's openclipart-png and takes minutes):
@@ -30,12 +30,20 @@ case whose step never came (the command exited first: its last file, or a kind o
 reference wrote and this run did not), counted apart. One line per case; exit status 1 when
 any case failed. ``--list`` prints each command's steps without killing anything. The slow
 test ``tests/hostile/test_kill_matrix.py`` runs it.
+
+Step numbers follow the reference run's order, which can differ from run to run (two files
+written at once are seen in either order). ``--at GLOB`` kills instead at the first file or
+folder whose path under the case folder matches GLOB (``fnmatch``; e.g.
+``'out/data/images/*/*/.*.tmp'``), a fixed point whatever the numbering, and needs no reference
+run. Each killed case's folder, as the kill left it, is listed in ``CASE/killed.txt`` before the
+rerun; a failed case's folder is kept (printed) until a run of the same case.
 """
 
 from __future__ import annotations
 
 import argparse
 import ctypes
+import fnmatch
 import json
 import os
 import re
@@ -241,9 +249,9 @@ class Steps:
         return key
 
 
-def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = None) -> tuple[bool, Steps, int, str]:
+def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | str | None = None) -> tuple[bool, Steps, int, str]:
     """Run ``triclip ARGS`` while watching ``parent``; with ``kill_at``, SIGKILL it when that step starts (the
-    first file or folder of its kind appears). Returns (whether it was killed, the steps seen, the exit
+    first file or folder of its kind appears; a glob: the first path under ``parent`` that matches it). Returns (whether it was killed, the steps seen, the exit
     status, stderr and stdout)."""
     watcher = Watcher(parent)
     steps = Steps()
@@ -269,9 +277,12 @@ def watched(args: list[str], parent: Path, work: Path, kill_at: tuple | None = N
         return killed, steps, proc.returncode, log.read()
 
 
-def reached(kill_at: tuple, step: tuple | None, kind: str, path: str) -> bool:
+def reached(kill_at: tuple | str, step: tuple | None, kind: str, path: str) -> bool:
     """Whether an event is the step to kill at: its first of its kind, or, where the step or the event is
-    ``found`` (written before its folder's watch began: created or renamed there), the first at that path."""
+    ``found`` (written before its folder's watch began: created or renamed there), the first at that path;
+    ``kill_at`` a glob: any event whose path matches it."""
+    if isinstance(kill_at, str):
+        return fnmatch.fnmatchcase(path, kill_at)
     if step == kill_at:
         return True
     kinds = {kill_at[0].rstrip("/"), kind.rstrip("/")}
@@ -364,7 +375,7 @@ def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps |
                why if killed else "skip: it exited before the step came")  # fmt: skip
 
 
-def killed_at(spec: dict, parent: Path, work: Path, step: tuple, *extra: str, copy: Path | None = None) -> bool:
+def killed_at(spec: dict, parent: Path, work: Path, step: tuple | str, *extra: str, copy: Path | None = None) -> bool:
     """Run the command into ``parent``/OUT (a copy of ``copy`` first, where given) and kill it at ``step``; tried
     up to ``KILL_TRIES`` times, since a step can pass unseen (a file written in a folder renamed away before its
     watch was in place). True once killed there."""
@@ -374,8 +385,17 @@ def killed_at(spec: dict, parent: Path, work: Path, step: tuple, *extra: str, co
         if copy is not None:
             shutil.copytree(copy, parent / OUT, symlinks=True)
         if watched(with_out(spec, parent / OUT, *extra), parent, work, step)[0]:
+            listing = sorted(str(p.relative_to(parent)) + ("/" if p.is_dir() else "") for p in parent.rglob("*"))
+            (parent / "killed.txt").write_text("".join(f"{line}\n" for line in listing))  # the folder as the kill left it
             return True
     return False
+
+
+def at_cases(name: str, spec: dict, work: Path, glob: str) -> Iterator[tuple[str, str | None]]:
+    """The one case of ``--at``: killed at the first path matching ``glob``, then run again as it was."""
+    parent = case_folder(work, f"{name.replace(' ', '_')}-at")
+    why = rerun(spec, parent / OUT, work, False) if killed_at(spec, parent, work, glob) else "skip: no path matched"
+    yield f"{name}: killed at the first path matching {glob}, run again", why
 
 
 def all_cases(name: str, spec: dict, work: Path, refs: tuple, parts: tuple,
@@ -462,6 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")
     parser.add_argument("--demo", action="store_true", help="include the demo (openclipart-png; minutes)")
     parser.add_argument("--list", action="store_true", help="print each command's steps; kill nothing")
+    parser.add_argument("--at", default="", help="kill at the first path under the case folder matching this glob (no steps)")
     ns = parser.parse_args(argv)
     work = Path(ns.work or tempfile.mkdtemp(prefix="kill-matrix-")).absolute()
     work.mkdir(parents=True, exist_ok=True)
@@ -476,25 +497,33 @@ def main(argv: list[str] | None = None) -> int:
         only = step_numbers(ns.steps)
     except ValueError:
         parser.error(f"--steps: {ns.steps!r} is not numbers and ranges such as 1,5-9")
+    if ns.at and ns.list:
+        parser.error("--at kills at a path, not at numbered steps: leave out --list")
     setup(work)
     counts = {"PASS": 0, "SKIP": 0, "FAIL": 0}
     for name in chosen:
         spec = commands(work)[name]
-        needed = ns.list or "kill" in parts or "replace" in parts
+        needed = not ns.at and (ns.list or "kill" in parts or "replace" in parts)
         reference, fresh, replace = references(name, spec, work) if needed else (None, Steps(), None)
         if ns.list:
             for title, steps in (("", fresh), (" --overwrite of a finished folder", replace)):
                 for n, step in enumerate(steps.order if steps else [], 1):
                     print(f"{name}{title}: {said(step, n)}", flush=True)
             continue
-        for case, why in all_cases(name, spec, work, (fresh, replace, reference), parts, only):
+        if ns.at:
+            cases = at_cases(name, spec, work, ns.at)
+        else:
+            cases = all_cases(name, spec, work, (fresh, replace, reference), parts, only)
+        for case, why in cases:
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
             counts[verdict] += 1
             print(f"{verdict} {case}{'' if why is None else ': ' + why}", flush=True)
     print(f"{counts['PASS']} passed, {counts['SKIP']} skipped, {counts['FAIL']} failed", flush=True)
-    if not ns.work:
+    if not ns.work and not counts["FAIL"]:
         shutil.rmtree(work, ignore_errors=True)
+    elif counts["FAIL"]:
+        print(f"the failed cases' folders are in {work / 'cases'}", flush=True)
     return 1 if counts["FAIL"] else 0
 
 

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 
 from triclip.app.config import DemoConfig, check_demo
-from triclip.data.builtin import prepare
+from triclip.data.builtin import data_complete, prepare
 from triclip.core.errors import UserError
 from triclip.core.io import folder_done, folder_kind, read_json, write_json_atomic, write_mark, writing
 from triclip.model.run import METRICS, read_config
@@ -77,8 +77,11 @@ def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
     stale = folder_done(data, "data") and not (data / "test.jsonl").exists()  # an older demo's data
     if stale:
         print("the demo's data predates the deduplicated split: rebuilding data, run and index", flush=True)
-    if stale or not folder_done(data, "data"):  # an unfinished prepare is built again (triclip.core.io.writing)
-        prepare("openclipart", str(data), num=cfg.num, overwrite=stale)
+    lost = not stale and folder_done(data, "data") and not data_complete(data)  # done, and images gone since
+    if lost:
+        print(f"images named by {data}'s manifests are missing: preparing the data again", flush=True)
+    if stale or lost or not folder_done(data, "data"):  # an unfinished prepare is built again (triclip.core.io.writing)
+        prepare("openclipart", str(data), num=cfg.num, overwrite=stale or lost)
     _step(2, f"lite (locked, cached towers): MRL in {mrl}, Eq. 6 solved on it in {solved}, tricl from there in {run}")
     upstream = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)  # MRL, then the solve, anew
     if upstream:

@@ -6,10 +6,16 @@ returns manifest rows per split; :func:`prepare` writes ``DIR/train.jsonl``,
 atomically and returns a summary. Datasets that come from
 Debian packages are installed with ``apt-get`` when missing and possible
 (:mod:`triclip.data.debian`).
+
+A folder is marked done only once every image its manifests name is a file in it
+(:func:`missing_images`, checked before the manifests are written); a folder marked
+done that has lost some of its images since is not complete (:func:`data_complete`):
+the demo prepares it again.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from typing import Callable
@@ -17,7 +23,7 @@ from typing import Callable
 from triclip.data import fashion_mnist, openclipart, shapes
 from triclip.data.manifest import Built, write_manifest
 from triclip.core.errors import UserError
-from triclip.core.io import claim_output_dir, writing
+from triclip.core.io import claim_output_dir, folder_done, writing
 
 Builder = Callable[[str, "int | None", int], Built]
 
@@ -86,6 +92,7 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
         with writing(out, "data", overwrite=overwrite) as folder:  # a replacement is built beside, then swapped in
             built = BUILTINS[name](str(folder), num, seed)
             splits = {"train": built.train, "val": built.val, "test": built.test}
+            _check_images(name, out, folder, splits)  # before the manifests: a folder never names images it lacks
             counts = {
                 split: write_manifest(os.path.join(folder, f"{split}.jsonl"), rows)
                 for split, rows in splits.items()
@@ -102,3 +109,52 @@ def prepare(name: str, out: str | os.PathLike, num: int | None = None, seed: int
         **built.info,
         **{f"{split}_manifest": os.path.abspath(paths[split]) for split in counts},
     }
+
+
+def _check_images(name: str, out: str, folder: str | os.PathLike, splits: dict[str, list[dict] | None]) -> None:
+    """UserError (the folder stays unfinished: the next run builds it again) when a row's image is not in ``folder``."""
+    absent = missing_images(folder, [row for rows in splits.values() if rows for row in rows])
+    if absent:
+        raise UserError(
+            f"cannot build {name} in {out}: {len(absent)} images the manifests would name are not in it"
+            f" (first: {absent[0]}); run the command again"
+        )
+
+
+def missing_images(folder: str | os.PathLike, rows: list[dict] | None = None) -> list[str]:
+    """The ``image`` paths of ``rows`` (default: every row of ``folder``'s train / val / test manifests) that are
+    not regular files, relative paths taken from ``folder``; an unreadable manifest or row counts as missing."""
+    folder = os.fspath(folder)
+    if rows is None:
+        rows = []
+        for split in ("train", "val", "test"):
+            path = os.path.join(folder, f"{split}.jsonl")
+            if os.path.exists(path):
+                rows += _manifest_rows(path)
+    return [str(row.get("image")) for row in rows if not _is_image_file(folder, row.get("image"))]
+
+
+def _manifest_rows(path: str) -> list[dict]:
+    """The rows of a manifest a builder wrote; an unreadable file or line gives a row with no image."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = [line for line in handle if line.strip()]
+    except (OSError, UnicodeDecodeError):
+        return [{"image": path}]
+    rows = []
+    for line in lines:
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        rows.append(row if isinstance(row, dict) else {"image": None})
+    return rows
+
+
+def _is_image_file(folder: str, image: object) -> bool:
+    return isinstance(image, str) and bool(image) and os.path.isfile(os.path.join(folder, image))
+
+
+def data_complete(path: str | os.PathLike) -> bool:
+    """Whether ``path`` holds a finished data set (its mark says done) whose manifests' images are all there."""
+    return folder_done(path, "data") and not missing_images(path)
