@@ -21,8 +21,8 @@
    4 / 8 / 16 / 32 B; 4 B is 256x smaller than float32 and re-scores to full-D recall);
 5. serve the search app (``triclip app``) until Ctrl-C.
 
-Each step is skipped when its output is finished (its folder's mark says done), so a second run
-serves at once, and a killed one resumes. The demo writes only into a folder it made (marked
+Each step is skipped when its output is finished (its folder's mark says done; the data's, and
+every image its manifests name is there), so a second run serves at once, and a killed one resumes. The demo writes only into a folder it made (marked
 ``kind: demo``); any other non-empty ``--workdir`` is refused in one line. A work folder from an
 older triclip (data without a test split) is rebuilt.
 """
