@@ -93,6 +93,20 @@ def test_a_command_of_a_second_is_killed_at_the_step_asked_for_and_runs_again(ma
     assert replace is not None and replace.order[-1] == ("moved/", "out")  # the replacement swaps in last
 
 
+def test_at_a_glob_a_command_is_killed_at_the_first_path_that_matches_and_the_kill_is_listed(matrix, tmp_path, shapes):
+    """``--at``: no reference and no step numbers; the first path under the case folder matching the glob."""
+    assert matrix.reached("out/images/*/.*.tmp", None, "create", "out/images/a/.x.png.k2x8a1qz.tmp")
+    assert matrix.reached("out/images/*/.*.tmp", None, "found", "out/images/a/.x.png.k2x8a1qz.tmp")
+    assert not matrix.reached("out/images/*/.*.tmp", None, "moved", "out/images/a/x.png")
+    spec = {"args": ["data", "split", str(shapes / "train.jsonl"), "--out", "{out}"], "kind": "data"}
+    work = tmp_path / "work"
+    [(case, why)] = matrix.at_cases("data split", spec, work, "out/val.jsonl")
+    assert why is None and "out/val.jsonl" in case
+    listing = (work / "cases" / "data_split-at" / "killed.txt").read_text().splitlines()
+    assert "out/val.jsonl" in listing and "out/" in listing
+    assert json.loads((work / "cases" / "data_split-at" / "out" / ".triclip.json").read_text())["done"] is True  # rerun
+
+
 def test_a_command_that_fits_in_5_mb_meets_a_disk_of_half_what_it_wrote(matrix, tmp_path, shapes):
     spec = {"args": ["data", "split", str(shapes / "train.jsonl"), "--out", "{out}"], "kind": "data"}
     case, why, how, used = matrix.disk_case("data split", spec, tmp_path)
