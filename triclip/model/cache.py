@@ -73,7 +73,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     feats, valid = None, torch.zeros(len(pairs.records), dtype=torch.bool)
     model.image_tower.eval()
-    for batch in progress(loader, desc="caching locked image tower", unit="batch"):
+    for batch in progress(_ahead(loader, workers), desc="caching locked image tower", unit="batch", total=len(loader)):
         if batch is None:
             continue
         out = image_features(model, batch["image"].to(device)).float().cpu()  # (b, F), fast path on the CPU
@@ -90,11 +90,18 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     return result
 
 
+def _ahead(loader, workers: int):
+    """The loader's batches, decoded in a background thread while the tower runs (no worker processes asked for)."""
+    from triclip.model.prefetch import prefetched
+
+    return prefetched(loader) if workers == 0 else loader
+
+
 @torch.no_grad()
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
-    from triclip.model.accel import text_batches, text_features
+    from triclip.model.accel import distinct_texts, text_batches, text_features
 
     path = text_cache_path(model, pairs)
     if path.exists():
@@ -102,16 +109,17 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     captions = [c for r in pairs.records for c in r.captions]
     counts = torch.tensor([len(r.captions) for r in pairs.records])
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
+    distinct, inverse = distinct_texts(captions)  # openclipart's train split: 11,987 captions, 4,032 distinct
     model.text_tower.eval()
     feats = None
-    for rows in progress(text_batches(model, captions, batch_size), desc="caching locked text tower", unit="batch"):
-        tokens = model.tokenize([captions[i] for i in rows])
+    for rows in progress(text_batches(model, distinct, batch_size), desc="caching locked text tower", unit="batch"):
+        tokens = model.tokenize([distinct[i] for i in rows])
         tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
         out = text_features(model, tokens).float().cpu()  # (b, F), fast path on the CPU
         if feats is None:
-            feats = torch.zeros(len(captions), out.shape[1])
+            feats = torch.zeros(len(distinct), out.shape[1])
         feats[torch.tensor(rows)] = out
-    result = {"features": feats, "offsets": offsets}
+    result = {"features": feats[inverse], "offsets": offsets}  # (M, F): one row per caption, in record order
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
