@@ -70,3 +70,25 @@ def test_a_repeated_caption_runs_through_the_tower_once(shapes_data):
     for caption in set(captions):  # a repeat's row is its first occurrence's, bit for bit
         rows = text["features"][[i for i, c in enumerate(captions) if c == caption]]
         assert torch.equal(rows, rows[:1].expand_as(rows))
+
+
+def test_a_tower_hash_is_remembered_until_its_weights_change(monkeypatch):
+    import copy
+    import hashlib
+
+    from triclip.model import cache
+
+    torch.manual_seed(0)
+    tower = build_model(ModelConfig(preset="tiny", embed_dim=16)).image_tower
+    first = cache.module_hash(tower)
+    digests, sha256 = [], hashlib.sha256
+    monkeypatch.setattr(cache.hashlib, "sha256", lambda: digests.append(1) or sha256())
+    assert cache.module_hash(tower) == first and not digests  # remembered: nothing hashed again
+    twin = copy.deepcopy(tower)
+    assert cache.module_hash(twin) == first and len(digests) == 1  # another module: hashed, same bytes
+    with torch.no_grad():
+        next(tower.parameters()).add_(1.0)  # an optimizer step or a load, in place
+    changed = cache.module_hash(tower)
+    assert changed != first and len(digests) == 2
+    tower.load_state_dict(twin.state_dict())  # back to the old bytes, in place
+    assert cache.module_hash(tower) == first and len(digests) == 3

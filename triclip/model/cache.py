@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -40,14 +41,30 @@ def nothing_decoded(pairs, skipped: Counter) -> UserError:
     )
 
 
+# module -> (its weights' stamp, its hash): a tower's ~100 MB are hashed once per process, not at every
+# epoch's evaluation (the cache paths of the validation data), while any change to the weights is seen
+_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+
+
 def module_hash(module: torch.nn.Module) -> str:
-    """sha256 over a module's parameter and buffer names, shapes and bytes."""
+    """sha256 over a module's parameter and buffer names, shapes and bytes (remembered while they stay the same)."""
+    state = module.state_dict(keep_vars=True)
+    stamp = weights_stamp(state)
+    known = _HASHES.get(module)
+    if known is not None and known[0] == stamp:
+        return known[1]
     digest = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
+    for name, tensor in state.items():
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    _HASHES[module] = (stamp, digest.hexdigest())
     return digest.hexdigest()
+
+
+def weights_stamp(state: dict[str, torch.Tensor]) -> tuple:
+    """Name, storage, in-place version, shape and dtype of every tensor: changes whenever the weights may have."""
+    return tuple((name, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for name, t in state.items())
 
 
 def _key(*parts: str) -> str:
