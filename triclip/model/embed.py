@@ -78,9 +78,10 @@ def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torc
 
 @torch.no_grad()
 def embed_records(
-    model, pairs: PairSet, device, batch_size: int = 64, workers: int = 0
+    model, pairs: PairSet, device, batch_size: int = 64, workers: int = 0, ahead: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, Counter]:
-    """Embed every record's image by running the image tower.
+    """Embed every record's image by running the image tower; ``ahead`` (with ``workers`` 0): the next
+    batch is decoded in a background thread while the tower runs (``triclip.model.prefetch``).
 
     Returns:
         ``(image_emb (N', D), keep (N',) long, skipped)``: ``keep[i]`` is the record index
@@ -89,7 +90,7 @@ def embed_records(
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     embs, keep = [], []
-    batches = prefetched(loader) if workers == 0 else loader  # decoding overlaps the tower
+    batches = prefetched(loader) if ahead and workers == 0 else loader  # decoding overlaps the tower
     for batch in progress(batches, desc="embedding images", unit="batch", total=len(loader), disable=len(loader) < 2):
         if batch is not None:
             keep.append(batch["index"])
