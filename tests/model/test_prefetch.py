@@ -40,7 +40,7 @@ def test_the_next_item_is_made_while_the_caller_uses_this_one():
 
     seen = []
     for item in prefetched(items()):
-        if item == 0:  # a plain loop makes item 1 only after this body: the wait would time out
+        if item == 0:  # a plain loop makes the second item only after this body: the wait would time out
             assert second_made.wait(timeout=10)
         seen.append(item)
     assert seen == [0, 1]
