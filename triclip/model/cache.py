@@ -22,6 +22,7 @@ from triclip.core.progress import progress
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
+from triclip.model.prefetch import prefetched
 
 
 def cache_dir() -> Path:
@@ -90,7 +91,8 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     feats, valid = None, torch.zeros(len(pairs.records), dtype=torch.bool)
     model.image_tower.eval()
-    for batch in progress(_ahead(loader, workers), desc="caching locked image tower", unit="batch", total=len(loader)):
+    batches = prefetched(loader) if workers == 0 else loader  # decoding overlaps the tower
+    for batch in progress(batches, desc="caching locked image tower", unit="batch", total=len(loader)):
         if batch is None:
             continue
         out = image_features(model, batch["image"].to(device)).float().cpu()  # (b, F), fast path on the CPU
@@ -105,13 +107,6 @@ def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
-
-
-def _ahead(loader, workers: int):
-    """The loader's batches, decoded in a background thread while the tower runs (no worker processes asked for)."""
-    from triclip.model.prefetch import prefetched
-
-    return prefetched(loader) if workers == 0 else loader
 
 
 @torch.no_grad()
