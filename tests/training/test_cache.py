@@ -41,3 +41,54 @@ def test_text_cache_key_includes_the_caption_length_cap(shapes_data, tmp_path):
         outputs[cap] = text_tower_outputs(model, pairs, "cpu")["features"]
     assert len(list((tmp_path / "cache" / "features").iterdir())) == 2  # one file per cap, no stale read
     assert not torch.allclose(outputs[4], outputs[64])  # 4 tokens cut the shapes captions short
+
+
+def test_a_repeated_caption_runs_through_the_tower_once(shapes_data):
+    from triclip.model.accel import distinct_texts
+
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(preset="tiny", embed_dim=16)).eval()
+    pairs = load_pairs(str(shapes_data / "val.jsonl"))
+    captions = [c for r in pairs.records for c in r.captions]
+    distinct, inverse = distinct_texts(captions)
+    assert [distinct[i] for i in inverse.tolist()] == captions
+    assert len(distinct) == len(set(captions)) < len(captions)  # shapes repeats its captions
+    rows_run = []
+    tower_features = model.text_features
+
+    def counted(tokens):
+        out = tower_features(tokens)
+        rows_run.append(len(out))
+        return out
+
+    model.text_features = counted
+    text = text_tower_outputs(model, pairs, "cpu", batch_size=7)
+    assert sum(rows_run) == len(distinct)
+    with torch.no_grad():
+        direct = tower_features(model.tokenize(captions))  # every caption, repeats included
+    torch.testing.assert_close(text["features"], direct, rtol=1e-4, atol=1e-5)
+    for caption in set(captions):  # a repeat's row is its first occurrence's, bit for bit
+        rows = text["features"][[i for i, c in enumerate(captions) if c == caption]]
+        assert torch.equal(rows, rows[:1].expand_as(rows))
+
+
+def test_a_tower_hash_is_remembered_until_its_weights_change(monkeypatch):
+    import copy
+    import hashlib
+
+    from triclip.model import cache
+
+    torch.manual_seed(0)
+    tower = build_model(ModelConfig(preset="tiny", embed_dim=16)).image_tower
+    first = cache.module_hash(tower)
+    digests, sha256 = [], hashlib.sha256
+    monkeypatch.setattr(cache.hashlib, "sha256", lambda: digests.append(1) or sha256())
+    assert cache.module_hash(tower) == first and not digests  # remembered: nothing hashed again
+    twin = copy.deepcopy(tower)
+    assert cache.module_hash(twin) == first and len(digests) == 1  # another module: hashed, same bytes
+    with torch.no_grad():
+        next(tower.parameters()).add_(1.0)  # an optimizer step or a load, in place
+    changed = cache.module_hash(tower)
+    assert changed != first and len(digests) == 2
+    tower.load_state_dict(twin.state_dict())  # back to the old bytes, in place
+    assert cache.module_hash(tower) == first and len(digests) == 3

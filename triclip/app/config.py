@@ -50,7 +50,7 @@ class DemoConfig:
     workdir: str = "demo"  # where the data, runs and index go; everything the demo writes lives here
     host: str = HOST  # the app's address (127.0.0.1: this machine only)
     port: int = PORT  # the app's port
-    epochs: int | None = bounded(None, low=1)  # heads-only epochs over the cached tower outputs (None: the lite recipe's, 40)
+    epochs: int | None = bounded(None, low=1)  # MRL's heads-only epochs over the cached tower outputs (None: 20)
     embed_dim: int = bounded(256, low=1)  # D (not an option)
     dims: list[int] = bounded(default_factory=lambda: [16, 32, 64, 256], low=1)  # m's of the index folder, each at most D = 256
     # (training evaluates the compact curve at D/16, D/8, D/4, so the app shows the recall measured at each of these)

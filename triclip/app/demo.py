@@ -40,7 +40,7 @@ from triclip.data.builtin import data_complete, prepare
 from triclip.core.errors import UserError
 from triclip.core.io import folder_done, folder_kind, read_json, write_json_atomic, write_mark, writing
 from triclip.model.run import METRICS, read_config
-from triclip.training.config import MRL_STEP, TUNE_STEP, recipe_for
+from triclip.training.config import DEMO_MRL_EPOCHS, MRL_STEP, TUNE_STEP
 
 EVAL = "eval.json"  # the test metrics, kept beside data/, run/ and index/ (a second run prints them)
 PREVIOUS_RUN = "previous-run"  # an older demo's run, moved aside when the recipe changed
@@ -83,9 +83,10 @@ def _build(cfg: DemoConfig, work: Path, finished: bool) -> dict:
     if stale or lost or not folder_done(data, "data"):  # an unfinished prepare is built again (triclip.core.io.writing)
         prepare("openclipart", str(data), num=cfg.num, overwrite=stale or lost)
     _step(2, f"lite (locked, cached towers): MRL in {mrl}, Eq. 6 solved on it in {solved}, tricl from there in {run}")
-    upstream = stale or not _trained(mrl, cfg.epochs or recipe_for("lite").epochs)  # MRL, then the solve, anew
+    mrl_epochs = cfg.epochs or DEMO_MRL_EPOCHS
+    upstream = stale or not _trained(mrl, mrl_epochs)  # MRL, then the solve, anew
     if upstream:
-        _train(cfg, data, mrl, overwrite=stale, **MRL_STEP)
+        _train(cfg, data, mrl, overwrite=stale, epochs=mrl_epochs, **MRL_STEP)
     if upstream or not folder_done(solved, "run"):  # done: its last file, not its weights
         upstream = True
         _solve(data, mrl, solved, overwrite=folder_done(solved, "run"))

@@ -111,6 +111,15 @@ def text_batches(model, texts: Sequence[str], batch_size: int) -> list[list[int]
     return batches
 
 
+def distinct_texts(texts: Sequence[str]) -> tuple[list[str], torch.Tensor]:
+    """``(distinct, inverse)``: each text once, in order of first appearance, and ``inverse`` (M,) long
+    with ``texts[i] == distinct[inverse[i]]``, so a tower runs once per distinct text and
+    ``features[inverse]`` gives every row back."""
+    first: dict[str, int] = {}
+    inverse = [first.setdefault(text, len(first)) for text in texts]
+    return list(first), torch.tensor(inverse, dtype=torch.long)
+
+
 def _token_lengths(model, texts: Sequence[str], chunk: int = 1024) -> list[int] | None:
     """Tokens of each text after truncation, or None when the tokenizer pads to a fixed length."""
     lengths = []

@@ -16,8 +16,9 @@ from typing import NamedTuple, Sequence
 import torch
 from triclip.core.progress import progress
 
-from triclip.model.accel import image_features, text_batches, text_features
+from triclip.model.accel import distinct_texts, image_features, text_batches, text_features
 from triclip.model.cache import nothing_decoded, skipped_images
+from triclip.model.prefetch import prefetched
 from triclip.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, collate_pairs, decode_image
 from triclip.core.errors import UserError
 
@@ -77,9 +78,10 @@ def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torc
 
 @torch.no_grad()
 def embed_records(
-    model, pairs: PairSet, device, batch_size: int = 64, workers: int = 0
+    model, pairs: PairSet, device, batch_size: int = 64, workers: int = 0, ahead: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, Counter]:
-    """Embed every record's image by running the image tower.
+    """Embed every record's image by running the image tower; ``ahead`` (with ``workers`` 0): the next
+    batch is decoded in a background thread while the tower runs (``triclip.model.prefetch``).
 
     Returns:
         ``(image_emb (N', D), keep (N',) long, skipped)``: ``keep[i]`` is the record index
@@ -88,7 +90,8 @@ def embed_records(
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
     loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     embs, keep = [], []
-    for batch in progress(loader, desc="embedding images", unit="batch", disable=len(loader) < 2):
+    batches = prefetched(loader) if ahead and workers == 0 else loader  # decoding overlaps the tower
+    for batch in progress(batches, desc="embedding images", unit="batch", total=len(loader), disable=len(loader) < 2):
         if batch is not None:
             keep.append(batch["index"])
             embs.append(model.project_image(image_features(model, batch["image"].to(device))).float().cpu())  # (B, D)
@@ -102,13 +105,14 @@ def embed_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> t
     """Embed captions or text queries. Shape: (M, D)."""
     if not texts:
         return torch.zeros(0, model.embed_dim)
-    batches = text_batches(model, texts, batch_size)  # similar lengths: little padding
+    distinct, inverse = distinct_texts(texts)  # a repeated text runs through the tower once
+    batches = text_batches(model, distinct, batch_size)  # similar lengths: little padding
     out = [
-        model.project_text(text_features(model, [texts[i] for i in rows])).float().cpu()  # (B, D)
+        model.project_text(text_features(model, [distinct[i] for i in rows])).float().cpu()  # (B, D)
         for rows in progress(batches, desc="embedding texts", unit="batch", disable=len(batches) < 2)
     ]
     order = [i for rows in batches for i in rows]
-    return torch.cat(out)[torch.tensor(order).argsort()]  # back to the input order
+    return torch.cat(out)[torch.tensor(order).argsort()][inverse]  # back to the input order, repeats included
 
 
 def load_query_image(path: str | os.PathLike):
