@@ -424,8 +424,9 @@ NEVER_BEST_BELOW = {  # codec -> the budget (bytes per vector) below which it ne
 }
 RQ_OVER_OPQ_ROWS = 5000  # fitted on at least this many vectors, RQ measured above OPQ at 4, 8 and 16 B (openclipart,
 # 5,443 train vectors, every seed; on Tux Paint's 627 OPQ won): where RQ is a candidate, OPQ (the slowest fit,
-# about 2x RQ's CPU time at 8 and 16 B) is not fitted; inverted lists likewise (both inner codes are fitted on
-# the residuals of the same SLOW_FIT_ROWS rows)
+# about 2x RQ's CPU time at 8 and 16 B) is not fitted. Not extended to inverted lists: at 1M rows of the haystack
+# (docs/results_scale.md, "Peers at 1M") lists of OPQ measured best on the val split at 8 and 16 B, lists of RQ
+# among the candidates
 MIXED_OVER_OPQ_FROM = 32  # from this budget up, mixed (a fit of seconds) measured level with OPQ (docs/results_bytes.md,
 # 32 B, 3 seeds: openclipart mixed - OPQ -0.001 +- .007, below the seed spread; Tux Paint: OPQ below int8, mixed
 # above it; fashion-mnist saturated): where mixed is a candidate, OPQ (16 s per side on the demo's 5,000 rows,
@@ -444,14 +445,13 @@ def not_worth_trying(specs: list[codecs.CodecSpec], budget: int, rows: int) -> d
     """Index in ``specs`` -> why that candidate is not fitted: measured below another candidate of ``specs`` (or
     level with a far cheaper one) wherever the evidence has it (:data:`NEVER_BEST_BELOW`, :data:`RQ_OVER_OPQ_ROWS`,
     :data:`MIXED_OVER_OPQ_FROM`). Deterministic: the candidates, the budget and ``rows`` decide, nothing timed."""
-    inner = [s.params.get("inner") if s.codec == "ivf" else None for s in specs]  # inverted lists' inner code
-    has_rq, has_ivf_rq = any(s.codec == "rq" for s in specs), "rq" in inner
+    has_rq = any(s.codec == "rq" for s in specs)
     why = {}
     for i, spec in enumerate(specs):
         if budget < NEVER_BEST_BELOW.get(spec.codec, 0):
             why[i] = (f"not fitted below {NEVER_BEST_BELOW[spec.codec]} B: it measured below another candidate at"
                       " every budget and data set (docs/results_bytes.md)")
-        elif rows >= RQ_OVER_OPQ_ROWS and ((spec.codec == "opq" and has_rq) or (inner[i] == "opq" and has_ivf_rq)):
+        elif rows >= RQ_OVER_OPQ_ROWS and spec.codec == "opq" and has_rq:
             why[i] = (f"not fitted: fitted on >= {RQ_OVER_OPQ_ROWS:,} vectors, RQ (a candidate here) measured above"
                       " OPQ at 4-16 B (docs/results_bytes.md)")
         elif spec.codec == "opq" and budget >= MIXED_OVER_OPQ_FROM and any(s.codec == "mixed" for s in specs):
