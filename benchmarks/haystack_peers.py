@@ -1,14 +1,15 @@
 """Peers in the haystack: triclip's chosen codes against autofaiss, usearch and plain FAISS, at equal bytes.
 
     python -m benchmarks.haystack_peers INDEX --data DATA --work DIR [--n 1000000] [--seeds 0,1,2]
-        [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR]
+        [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR] [--factory F]
 
 Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors) is
 written once under DIR, with a folder of .npy links to its shards that the peers read, and the exact float top 10
 of the test captions and of the val captions (the peers' tuning queries). Per byte budget B:
 
 - **triclip**: ``triclip index build --embeddings H/embeddings --val-embeddings H/val-embeddings --bytes B,...
-  --latency-ms L`` (one build for every budget): the codes are chosen on the val split, like the peers' tuning;
+  --latency-ms L [--factory F]`` (one build for every budget; its progress lines kept in H/triclip-b....log): the
+  codes are chosen on the val split, like the peers' tuning;
 - **faiss**: ``IVF{nlist},PQ{2B}x4fs`` in ``IndexRefineFlat`` (the float rows in memory), nprobe and k_factor
   tuned on the val captions to :data:`TARGET` of their exact top 10, FAISS of the main environment;
 - **autofaiss**: ``build_index`` with ``max_index_memory_usage`` = :func:`memory_cap` and
@@ -60,6 +61,8 @@ class PeersConfig:
     methods: list[str] = field(default_factory=lambda: list(METHODS))  # which to run
     venv: str = "/work/scratch/peers/venv-autofaiss"  # the peers' environment (made when missing)
     cores: int = 2  # threads the peers' builds may use
+    factory: str = "auto"  # triclip's float index at D (index build --factory): auto (HNSW32 from 100k rows) or e.g.
+    # Flat (built at once; search --bytes reads the codes and the float vectors file, not this index)
 
 
 def usearch_dtype(budget: int, dim: int) -> str | None:
@@ -78,9 +81,9 @@ def nlist_for(n: int) -> int:
     return max(16, 2 ** int(round(np.log2(np.sqrt(n)))))
 
 
-def triclip_dir(budgets: list[int]) -> str:
-    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets)."""
-    return "triclip-b" + "-".join(map(str, budgets))
+def triclip_dir(budgets: list[int], factory: str = "auto") -> str:
+    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets and factory)."""
+    return "triclip-b" + "-".join(map(str, budgets)) + ("" if factory == "auto" else "-" + factory.lower())
 
 
 # ---------------------------------------------------------------------------- the haystack of one seed
@@ -164,14 +167,15 @@ def built_once(python: str, spec: dict) -> dict:
 
 def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
     """``triclip index build`` of every budget over the haystack's shards (reused when built); its manifest."""
-    out = h.root / triclip_dir(cfg.budgets)
+    out = h.root / triclip_dir(cfg.budgets, cfg.factory)
     if not (out / "built.json").is_file():
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
                    "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
                    "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
-                   "--seed", str(seed), "--overwrite"]
+                   "--seed", str(seed), "--factory", cfg.factory, "--overwrite"]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
+        (h.root / f"{out.name}.log").write_text(done.stderr)  # its progress lines: where the build's time went
         if done.returncode != 0:
             raise UserError(f"triclip index build failed: {last_line(done.stderr)}")
         (out / "built.json").write_text(json.dumps({"build_s": round(time.perf_counter() - started, 1)}))
@@ -192,7 +196,7 @@ def specs_for(cfg: PeersConfig, h: Haystack, budget: int, dim: int, tri: dict) -
     base = {"npy": str(h.npy), "queries": str(h.queries), "cores": cfg.cores}
     out, dtype, nlist = {}, usearch_dtype(budget, dim), nlist_for(cfg.n)
     if "triclip" in cfg.methods and budget in tri:
-        out["triclip"] = ({**base, "dir": str(h.root / triclip_dir(cfg.budgets)), "bytes": budget}, tri[budget])
+        out["triclip"] = ({**base, "dir": str(h.root / triclip_dir(cfg.budgets, cfg.factory)), "bytes": budget}, tri[budget])
     if "faiss" in cfg.methods:
         out["faiss"] = ({**base, "M": 2 * budget, "nlist": nlist, "train_rows": min(cfg.n, 50 * nlist),
                          "tune_queries": str(h.val), "tune_truth": str(h.val_truth), "target": TARGET}, None)
@@ -286,6 +290,7 @@ def parse(argv: list[str] | None) -> PeersConfig:
     p.add_argument("--methods", type=lambda t: [m for m in t.split(",") if m], default=list(METHODS))
     p.add_argument("--venv", default=PeersConfig.venv)
     p.add_argument("--cores", type=int, default=PeersConfig.cores)
+    p.add_argument("--factory", default=PeersConfig.factory)
     return PeersConfig(**vars(p.parse_args(argv)))
 
 

@@ -33,6 +33,9 @@ def test_memory_cap_nlist_and_folders():
     assert hp.memory_cap(4, 1_000_000, triclip_ram=20_000_000) == 20_000_000
     assert (hp.nlist_for(1_000_000), hp.nlist_for(100_000), hp.nlist_for(100)) == (1024, 256, 16)
     assert hp.triclip_dir([8, 16]) == "triclip-b8-16" != hp.triclip_dir([4, 32])
+    assert hp.triclip_dir([8, 16], "Flat") == "triclip-b8-16-flat"  # another float index: another build
+    assert hp.parse(["I", "--data", "D", "--work", "W", "--factory", "Flat"]).factory == "Flat"
+    assert hp.parse(["I", "--data", "D", "--work", "W"]).factory == "auto"
 
 
 def test_table_averages_seeds_and_shows_errors():

@@ -99,7 +99,9 @@ def test_each_budget_stores_the_best_code_and_its_recall_is_the_stored_codes_rec
         assert summary["budgets"][str(b)]["index_bytes"] == entry["index_bytes"] == entry["bytes_per_vector"] * manifest["count"]
     tried = [c["codec"] for c in curves["candidates"]["4"]]
     fits = [s.codec for s in codecs.candidates(4, manifest["dim"])]
-    assert tried == [c for c in fits if c != "pq"]  # every registered codec that fits, in order, but those that never win
+    assert tried == fits  # every registered codec that fits, in order; those that never win shown skipped, unfitted
+    assert all(c["recall"] is None and "not fitted" in c["skipped"] for c in curves["candidates"]["4"]
+               if c["codec"] == "pq")
     assert set(tried) >= {"float32", "int8", "binary", "opq", "rq", "mixed"}  # a few hundred vectors: OPQ is tried
     assert set(curves["float_pruning"]) >= {str(4 * m) for m in (2, 4, 8)}  # float top-m at 4m bytes
 
@@ -335,7 +337,8 @@ def test_candidates_that_never_measured_best_are_not_fitted_unless_forced():
         small = {s.codec for s in worth_trying(specs, budget, RQ_OVER_OPQ_ROWS - 1)}
         assert "pq" not in big | small and {"float32", "int8", "binary", "mixed"} <= big  # the cheap peers stay
         has_rq = any(s.codec == "rq" for s in specs)
-        assert ("opq" in big) == (not has_rq) and "opq" in small  # OPQ is left out only where RQ measures instead
+        assert ("opq" in big) == (not has_rq and budget < 32)  # left out where RQ measures instead, and from 32 B
+        assert ("opq" in small) == (budget < 32)  # from 32 B mixed measures level with it (MIXED_OVER_OPQ_FROM)
     assert {s.codec for s in worth_trying(codecs.candidates(64, 256), 64, 10**6)} >= {"pq"}
     rng = np.random.default_rng(0)
     x = rng.standard_normal((300, 32)).astype(np.float32)
@@ -343,3 +346,46 @@ def test_candidates_that_never_measured_best_are_not_fitted_unless_forced():
     evaluation = EvalSet.of(x[:40], x[:40], np.arange(40), [f"t{i}" for i in range(40)], "indexed", "synthetic")
     forced = choose(4, x, evaluation, force="pq")
     assert forced.tried and {c["codec"] for c in forced.tried} == {"pq"} and forced.codec.spec.codec == "pq"
+
+
+def test_inverted_lists_of_opq_stay_candidates_where_lists_of_rq_are():
+    """RQ_OVER_OPQ_ROWS is evidence about flat codes: at N = 1M lists of OPQ measured best (docs/results_scale.md),
+    so every inner code of the lists stays a candidate; plain PQ and OPQ beside them are left out as at any N."""
+    from triclip.index.budgets import RQ_OVER_OPQ_ROWS, not_worth_trying
+
+    for budget in (4, 8, 16, 32):
+        specs = codecs.candidates(budget, 256, 10**6)
+        why = not_worth_trying(specs, budget, RQ_OVER_OPQ_ROWS)
+        assert not any(specs[i].codec == "ivf" for i in why)
+        assert {specs[i].codec for i in why} == {"pq", "opq"}  # opq: RQ beside it (4-16 B), mixed (32 B)
+        assert all("docs/results_bytes.md" in reason for reason in why.values())
+
+
+def test_a_candidate_left_out_by_the_evidence_is_shown_skipped_with_its_reason_and_the_kept_code_is_the_same(
+        monkeypatch):
+    """At 32 B OPQ is not fitted (mixed measures level with it): the choice lists it as skipped with the reason, the
+    build's table prints that line, and on a collection where the unpruned choice does not keep OPQ the kept code
+    and its recall are the unpruned choice's (latencies given: nothing timed)."""
+    from triclip.index import budgets
+    from triclip.index.budgets import EvalSet, Rules, choose, table
+
+    rng = np.random.default_rng(0)
+    centres = rng.standard_normal((30, 256)).astype(np.float32)  # D = 256: OPQ32x8 needs 8 dimensions a code
+    x = centres[rng.integers(0, 30, 1200)] + 0.4 * rng.standard_normal((1200, 256)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    evaluation = EvalSet.of(x[:150], x[:150] + 0.05, np.arange(150), [f"t{i}" for i in range(150)], "indexed", "s")
+    fast_opq = GivenLatency(codes={"opq": 0.0001})  # its probe the fastest: unpruned, nothing leaves it out unfitted
+    rules = lambda: Rules(n=len(x), latency_ms=1000.0, model=fast_opq)  # noqa: E731
+    pruned = choose(32, x, evaluation, rules=rules())
+    skipped = [c for c in pruned.tried if c["codec"] == "opq"]
+    assert skipped and all(c["recall"] is None and "mixed" in c["skipped"] for c in skipped)
+    monkeypatch.setattr(budgets, "not_worth_trying", lambda specs, budget, rows: {})
+    unpruned = choose(32, x, evaluation, rules=rules())
+    fitted = [c for c in unpruned.tried if c["codec"] == "opq"]
+    assert fitted and all(c["recall"] is not None for c in fitted)  # without the rule it is fitted and measured
+    assert unpruned.codec.spec.codec != "opq"  # this collection: the rule must not change the answer
+    assert (pruned.codec.spec, pruned.recall) == (unpruned.codec.spec, unpruned.recall)
+    entry = {"code": pruned.codec.spec.to_json(), "recall": pruned.recall, "index_bytes": 32 * len(x),
+             "candidates": pruned.tried}
+    assert any(line.strip().startswith("- opq") and "not fitted from 32 B" in line
+               for line in table({"32": entry}).splitlines())

@@ -22,6 +22,7 @@ beside float pruning (the index ordering's curve at 4m bytes): the frontier the 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -162,7 +163,8 @@ class Choice:
     codec: codecs.Codec  # fitted, holding no vectors
     recall: float  # measured on the evaluation set, by this very codec (and its stages)
     tried: list[dict]  # per candidate (and stage), in the order of codecs.candidates: Variant.entry, or a
-    # {"label", "codec", "m", "bytes", "recall": None, "error" | "skipped"} for one not measured
+    # {"label", "codec", "m", "bytes", "recall": None, "error" | "skipped"} for one not measured; each with
+    # "seconds" (the wall time the candidate took), a fitted one with "fit_seconds"
     kept: Variant | None = None  # the kept way to search it
     bound_ms: float = 0.0  # the latency bound it was kept within
     reference: Latency | None = None  # the float32 scan of N vectors at D
@@ -177,17 +179,20 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
 
     Best: the highest recall@10 on the evaluation set, counted up to the float vectors' own (more is noise of
     the evaluation set: a code cannot know more than the vectors it codes), then the fewer bytes, then the faster.
-    Slow-to-fit codes are fitted last and left out unfitted when they cannot win: their probe's scan alone is
-    slower than the bound, or a kept code already has full-D recall with no more bytes and a faster query.
+    Candidates the evidence puts below another candidate are not fitted (:func:`not_worth_trying`); slow-to-fit
+    codes are fitted last and left out unfitted when they cannot win: their probe's scan alone is slower than
+    the bound, or a kept code already has full-D recall with no more bytes and a faster query. Each one left out
+    is a "skipped" entry of ``tried`` with its reason (the build's table prints it).
     ``force``: only that codec's candidates. Without any code within the default bound, the fastest is kept
     (``note`` says so); with ``rules.latency_ms`` given, that is a UserError.
     """
     dim = train.shape[1]
     rules = rules or Rules(n=len(train))
     specs = codecs.candidates(budget, dim, rules.n)
-    specs = worth_trying(specs, budget, len(train)) if force is None else [s for s in specs if s.codec == force]
+    specs = specs if force is None else [s for s in specs if s.codec == force]
     if not specs:
         raise UserError(f"--codec {force} has no code that fits {budget} bytes per vector at D={dim}")
+    evidence = {} if force is not None else not_worth_trying(specs, budget, min(len(train), FIT_ROWS))
     tune = TuneSet.of(_sample(train, seed), evaluation)
     reference = rules.model.float_scan(tune.gallery, tune.queries, rules.n)
     bound = rules.latency_ms if rules.latency_ms is not None else reference.ms
@@ -196,11 +201,14 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     found: list[Variant] = []
     order = sorted(range(len(specs)), key=lambda i: (codecs.lookup(specs[i].codec).fit_cost, i))
     for i in progress(order, desc=f"codes of {budget} B", unit="code", disable=None):
-        why = _left_out(specs[i], _best(found, bound, ceiling), bound, ceiling, rules, tune)
+        started = time.perf_counter()
+        why = evidence.get(i) or _left_out(specs[i], _best(found, bound, ceiling), bound, ceiling, rules, tune)
         tried[i] = [_unmeasured(specs[i], "skipped", why)] if why else _measure(specs[i], evaluation, tune, rules, found)
+        for entry in tried[i]:  # wall seconds this candidate took (probe, fit, measures): where a choice's time goes
+            entry["seconds"] = round(time.perf_counter() - started, 2)
     if not found and rules.latency_ms is None:  # the default bound left out every code unfitted: the fastest is kept
         for i in order:
-            if tried[i][0].get("skipped"):
+            if tried[i][0].get("skipped") and i not in evidence:
                 tried[i] = _measure(specs[i], evaluation, tune, rules, found)
     choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
     choice.full_recall = ceiling
@@ -210,13 +218,15 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
 def _measure(spec, evaluation: EvalSet, tune: "TuneSet", rules: Rules, found: list) -> list[dict]:
     """Fit ``spec`` on the tuning sample and measure it (its variants appended to ``found``); the entries of
     what was tried (an "error" entry when the code cannot be fitted here, e.g. too few vectors)."""
+    started = time.perf_counter()
     try:
         codec = codecs.fit(spec, fit_sample(tune.gallery, spec))
     except UserError as err:
         return [_unmeasured(spec, "error", str(err))]
+    fitted = round(time.perf_counter() - started, 2)
     variants = evaluate(codec, evaluation, tune, rules)
     found.extend(variants)
-    return [v.entry(tune.gallery.shape[1]) for v in variants]
+    return [{**v.entry(tune.gallery.shape[1]), "fit_seconds": fitted} for v in variants]
 
 
 def fit_sample(gallery: np.ndarray, spec: codecs.CodecSpec) -> np.ndarray:
@@ -414,17 +424,40 @@ NEVER_BEST_BELOW = {  # codec -> the budget (bytes per vector) below which it ne
 }
 RQ_OVER_OPQ_ROWS = 5000  # fitted on at least this many vectors, RQ measured above OPQ at 4, 8 and 16 B (openclipart,
 # 5,443 train vectors, every seed; on Tux Paint's 627 OPQ won): where RQ is a candidate, OPQ (the slowest fit,
-# about 2x RQ's CPU time at 8 and 16 B) is not fitted
+# about 2x RQ's CPU time at 8 and 16 B) is not fitted. Not extended to inverted lists: at 1M rows of the haystack
+# (docs/results_scale.md, "Peers at 1M") lists of OPQ measured best on the val split at 8 and 16 B, lists of RQ
+# among the candidates
+MIXED_OVER_OPQ_FROM = 32  # from this budget up, mixed (a fit of seconds) measured level with OPQ (docs/results_bytes.md,
+# 32 B, 3 seeds: openclipart mixed - OPQ -0.001 +- .007, below the seed spread; Tux Paint: OPQ below int8, mixed
+# above it; fashion-mnist saturated): where mixed is a candidate, OPQ (16 s per side on the demo's 5,000 rows,
+# the slowest fit of 32 B) is not fitted
 
 
 def worth_trying(specs: list[codecs.CodecSpec], budget: int, rows: int) -> list[codecs.CodecSpec]:
     """The candidates of ``budget`` that the evidence leaves a chance of measuring best, for a code fitted on
-    ``rows`` vectors (:data:`NEVER_BEST_BELOW`, :data:`RQ_OVER_OPQ_ROWS`); the cheap ones stay whatever they
-    measured, as the frontier's peers. ``--codec`` bypasses this."""
-    kept = [s for s in specs if budget >= NEVER_BEST_BELOW.get(s.codec, 0)]
-    if rows >= RQ_OVER_OPQ_ROWS and any(s.codec == "rq" for s in kept):
-        kept = [s for s in kept if s.codec != "opq"]
-    return kept
+    ``rows`` vectors (:func:`not_worth_trying`); the cheap ones stay whatever they measured, as the frontier's
+    peers. ``--codec`` bypasses this."""
+    left_out = not_worth_trying(specs, budget, rows)
+    return [s for i, s in enumerate(specs) if i not in left_out]
+
+
+def not_worth_trying(specs: list[codecs.CodecSpec], budget: int, rows: int) -> dict[int, str]:
+    """Index in ``specs`` -> why that candidate is not fitted: measured below another candidate of ``specs`` (or
+    level with a far cheaper one) wherever the evidence has it (:data:`NEVER_BEST_BELOW`, :data:`RQ_OVER_OPQ_ROWS`,
+    :data:`MIXED_OVER_OPQ_FROM`). Deterministic: the candidates, the budget and ``rows`` decide, nothing timed."""
+    has_rq = any(s.codec == "rq" for s in specs)
+    why = {}
+    for i, spec in enumerate(specs):
+        if budget < NEVER_BEST_BELOW.get(spec.codec, 0):
+            why[i] = (f"not fitted below {NEVER_BEST_BELOW[spec.codec]} B: it measured below another candidate at"
+                      " every budget and data set (docs/results_bytes.md)")
+        elif rows >= RQ_OVER_OPQ_ROWS and spec.codec == "opq" and has_rq:
+            why[i] = (f"not fitted: fitted on >= {RQ_OVER_OPQ_ROWS:,} vectors, RQ (a candidate here) measured above"
+                      " OPQ at 4-16 B (docs/results_bytes.md)")
+        elif spec.codec == "opq" and budget >= MIXED_OVER_OPQ_FROM and any(s.codec == "mixed" for s in specs):
+            why[i] = (f"not fitted from {MIXED_OVER_OPQ_FROM} B: mixed (a candidate here, fitted in seconds) measured"
+                      " level with OPQ there (docs/results_bytes.md)")
+    return why
 
 
 def _sample(train: np.ndarray, seed: int) -> np.ndarray:
