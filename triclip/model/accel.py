@@ -53,7 +53,7 @@ class Prepared:
 
     backend: str  # "onnxruntime", "jit" or "eager"
     run: Callable  # same inputs and output as the tower's forward, no autograd
-    stamp: tuple  # the tower's weight versions when prepared (see _stamp)
+    stamp: tuple  # the tower's weight versions when prepared (see weights_stamp)
 
 
 _PREPARED: "weakref.WeakKeyDictionary[nn.Module, Prepared]" = weakref.WeakKeyDictionary()
@@ -165,7 +165,7 @@ def _prepared(module: nn.Module, backend: str | None, size: int | None, key: str
     backend = backend or os.environ.get(ENV, "auto")
     if backend not in BACKENDS:
         raise UserError(f"{ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
-    stamp = (_stamp(module), size, key)
+    stamp = (weights_stamp(module), size, key)
     with _LOCK:
         prepared = _PREPARED.get(module)
         if prepared is None or prepared.stamp != stamp or backend not in ("auto", prepared.backend):
@@ -202,7 +202,7 @@ def _fast_ok(tower: nn.Module) -> bool:
     return first is not None and first.device.type == "cpu"
 
 
-def _stamp(tower: nn.Module) -> tuple:
+def weights_stamp(tower: nn.Module) -> tuple:
     """Identity and in-place version of every parameter and buffer: changes whenever the weights do."""
     return tuple((t.data_ptr(), t._version) for t in (*tower.parameters(), *tower.buffers()))
 

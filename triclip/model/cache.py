@@ -49,23 +49,19 @@ _HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakr
 
 def module_hash(module: torch.nn.Module) -> str:
     """sha256 over a module's parameter and buffer names, shapes and bytes (remembered while they stay the same)."""
-    state = module.state_dict(keep_vars=True)
-    stamp = weights_stamp(state)
+    from triclip.model.accel import weights_stamp
+
+    stamp = weights_stamp(module)
     known = _HASHES.get(module)
     if known is not None and known[0] == stamp:
         return known[1]
     digest = hashlib.sha256()
-    for name, tensor in state.items():
+    for name, tensor in module.state_dict().items():
         digest.update(name.encode())
         digest.update(str(tuple(tensor.shape)).encode())
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     _HASHES[module] = (stamp, digest.hexdigest())
     return digest.hexdigest()
-
-
-def weights_stamp(state: dict[str, torch.Tensor]) -> tuple:
-    """Name, storage, in-place version, shape and dtype of every tensor: changes whenever the weights may have."""
-    return tuple((name, t.data_ptr(), t._version, tuple(t.shape), t.dtype) for name, t in state.items())
 
 
 def _key(*parts: str) -> str:
