@@ -5,7 +5,8 @@ train records keep every non-empty one of title, description and the keywords
 joined by ``", "``; val and test records keep only the title (the retrieval
 query; the description when there is no title). The label is the top-level
 category folder. Originals go up to 623 million pixels: each real PNG (symlinks
-resolved) is decoded once (2 worker processes) into a thumbnail of at most 224
+resolved) is decoded once (2 worker processes, killed with the process that started them:
+:mod:`triclip.core.workers`) into a thumbnail of at most 224
 pixels a side under ``out/images/``, so training never touches the originals;
 images over the pixel limit are skipped as ``decompression_bomb``.
 
@@ -39,6 +40,7 @@ from triclip.data.split import SplitConfig, assign_splits, content_hash, merge_c
 from triclip.data.svgmeta import read_svg_metadata
 from triclip.core.io import atomic_path
 from triclip.core.progress import progress
+from triclip.core.workers import die_with_parent
 
 ROOT = "/usr/share/openclipart"  # the packages' folder: ROOT/svg/<category>/..., ROOT/png/<category>/...
 PACKAGES = {"openclipart-svg": "svg", "openclipart-png": "png"}  # Debian package -> subfolder of ROOT
@@ -114,7 +116,7 @@ def _run_jobs(jobs: list[tuple[str, str, int]]) -> list[Thumb]:
         return [make_thumbnail(job) for job in progress(jobs, **bar)]
     # fork where possible: workers only run Pillow, and spawn would re-run a caller's unguarded script
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    with multiprocessing.get_context(method).Pool(workers) as pool:
+    with multiprocessing.get_context(method).Pool(workers, die_with_parent, (os.getpid(),)) as pool:
         return list(progress(pool.imap(make_thumbnail, jobs, chunksize=4), **bar))
 
 
