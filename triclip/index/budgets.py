@@ -472,13 +472,16 @@ def choose_all(budgets: list[int], vectors, evaluation: EvalSet, force: str | No
                seed: int = 0, rules: Rules | None = None) -> list[Choice]:
     """:func:`choose` for every budget, fitted on a sample of ``vectors`` (``triclip.index.vectors.ShardVectors``: the
     image rows, or the caption rows with a reversed ``evaluation``); ``rules``: N is ``vectors.count`` whatever
-    it says. The sample is the only part of the collection held in memory here."""
+    it says. The sample is the only part of the collection held in memory here. Budgets are measured largest
+    first; the choices come back in ``budgets``' order."""
     rows = np.arange(vectors.count)
     if len(rows) > FIT_ROWS:
         rows = np.sort(np.random.default_rng(seed).choice(vectors.count, size=FIT_ROWS, replace=False))
     train = vectors.rows(rows, vectors.dim)  # (n, D) unit rows, as stored
     rules = replace(rules, n=vectors.count) if rules is not None else Rules(n=vectors.count)
-    return [choose(b, train, evaluation, force, seed, rules) for b in budgets]
+    # largest first: a smaller budget's RQ is then cut from a larger one's fit (triclip.codecs.rq.RQBooks)
+    chosen = {b: choose(b, train, evaluation, force, seed, rules) for b in sorted(set(budgets), reverse=True)}
+    return [chosen[b] for b in budgets]
 
 
 def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
