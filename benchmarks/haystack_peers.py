@@ -58,6 +58,7 @@ class PeersConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # haystack seeds
     budgets: list[int] = field(default_factory=lambda: [4, 8, 16, 32])  # bytes per image
     latency_ms: float = 10.0  # the single-query bound given to triclip (--latency-ms) and autofaiss
+    text_codes: bool = True  # triclip also builds the caption codes (--bytes's image->text side; no row reads them)
     methods: list[str] = field(default_factory=lambda: list(METHODS))  # which to run
     venv: str = "/work/scratch/peers/venv-autofaiss"  # the peers' environment (made when missing)
     cores: int = 2  # threads the peers' builds may use
@@ -172,7 +173,8 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
                    "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
                    "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
-                   "--seed", str(seed), "--factory", cfg.factory, "--overwrite"]
+                   "--seed", str(seed), "--factory", cfg.factory, "--overwrite",
+                   *([] if cfg.text_codes else ["--no-text-index"])]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         (h.root / f"{out.name}.log").write_text(done.stderr)  # its progress lines: where the build's time went
@@ -291,6 +293,8 @@ def parse(argv: list[str] | None) -> PeersConfig:
     p.add_argument("--venv", default=PeersConfig.venv)
     p.add_argument("--cores", type=int, default=PeersConfig.cores)
     p.add_argument("--factory", default=PeersConfig.factory)
+    p.add_argument("--no-text-codes", dest="text_codes", action="store_false",
+                   help="triclip builds the image codes only (the rows measure text->image search)")
     return PeersConfig(**vars(p.parse_args(argv)))
 
 

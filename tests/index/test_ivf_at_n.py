@@ -43,9 +43,10 @@ def small_sample(monkeypatch):
 
 
 def _spec(inner: str) -> bud.codecs.CodecSpec:
-    """8 bytes of ``inner`` in lists, as the candidates name them at N (nlist = lists_for(N))."""
-    params = {} if inner == "int8" else {"M": 8, "nbits": 8}
-    return bud.codecs.CodecSpec("ivf", 8 if inner == "int8" else D, 8,
+    """8 bytes of ``inner`` in lists (RQ: 4, its encoding's beam search is the slow part), as the candidates name
+    them at N (nlist = lists_for(N))."""
+    params = {} if inner == "int8" else {"M": 4 if inner == "rq" else 8, "nbits": 8}
+    return bud.codecs.CodecSpec("ivf", 8 if inner == "int8" else D, params.get("M", 8),
                                 {"inner": inner, **params, "nlist": ivf.lists_for(N), "nprobe": 8})
 
 
