@@ -14,7 +14,10 @@ where their scores are those (:func:`exhaustive_ids`: no per-list work for every
 the shortlist likewise, :func:`_probed_by_decoding`), and tuned to scan at most a quarter of their lists
 (:func:`max_nprobe`). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
 the very codec that was measured is filled with the collection and stored, so the recall
-the manifest records is the measured recall of the codes actually stored. Every
+the manifest records is the measured recall of the codes actually stored; except inverted lists at N >=
+``IVF_MIN_N``: the choice ranks them as fitted on the sample (their nlist capped by its rows), then the kept one is
+refitted for N (:func:`sized_for_n`: nlist = ``lists_for`` N), filled, and its nprobe tuned at N against the exact
+float top 10 among all N rows (:func:`tune_at_n`); the manifest records both (``sized_for_n``, ``at_n``). Every
 candidate's recall goes to ``curves.json`` (``bytes``; ``text_bytes`` for the captions),
 beside float pruning (the index ordering's curve at 4m bytes): the frontier the app draws.
 """
@@ -129,7 +132,8 @@ class Rules:
 
     n: int  # the collection's size N the latencies are for
     latency_ms: float | None = None  # single-query bound, one thread (None: the float32 scan of N vectors at D)
-    recall_target: float = 0.95  # nprobe: share of the code's own top 10 kept; shortlist: of the exact float top 10
+    recall_target: float = 0.95  # nprobe: share of the code's own top 10 kept (at N: of what its lists scanned whole
+    # hold of the exact float top 10); shortlist: of the exact float top 10
     rescore: bool = True  # also offer each code as the first of two stages (its shortlist re-ranked by float vectors)
     model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
 
