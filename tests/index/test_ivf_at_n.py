@@ -80,6 +80,8 @@ def test_the_stored_lists_are_refitted_for_n_and_nprobe_holds_the_target_at_n(co
     assert entry["spec"]["params"]["nlist"] == 512 and entry["spec"]["params"]["nprobe"] == p
     assert entry["sized_for_n"]["nlist"] == 512 and entry["at_n"]["nprobe"] == p
     assert entry["latency"]["how"] == "measured" and entry["latency_on_sample"]["how"] == "given"
+    printed = bud.table({"8": {**entry, "code": entry["spec"]}})
+    assert f"512 lists trained on {N:,} rows" in printed and f"nprobe {p} tuned at N" in printed
 
 
 def test_the_approximate_lists_at_n_are_exact_search_over_their_codes_scanning_every_list(collection, small_sample):
