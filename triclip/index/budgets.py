@@ -534,17 +534,16 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     bound = choice.bound_ms or math.inf
     whole = overlap(stored.search(queries, K, params={"nprobe": nlist})[1], truth)
     goal = rules.recall_target * (whole if length == K else 1.0)
-    curve, nprobe = [], 0
+    curve, nprobe, reached = [], 0, False
     for p in _powers(nlist):
         held = overlap(stored.search(queries, length, params={"nprobe": p})[1], truth)
         ms = rules.model.search(stored, timed, length, len(stored), params={"nprobe": p}).ms + extra
         curve.append({"nprobe": p, "of_exact_top10": round(held, 4), "ms": round(ms, 4)})
         if ms > bound:
             break
-        nprobe = p
-        if held >= goal:
+        nprobe, reached = p, held >= goal
+        if reached:
             break
-    reached = bool(curve) and curve[-1]["nprobe"] == nprobe and curve[-1]["of_exact_top10"] >= goal
     nprobe = nprobe or 1
     stored.set_nprobe(nprobe)
     note = "" if reached else (f"no nprobe within {bound:g} ms holds {goal:.3f} of the exact top 10 at N = "
