@@ -2,6 +2,7 @@
 
     python -m benchmarks.haystack_peers INDEX --data DATA --work DIR [--n 1000000] [--seeds 0,1,2]
         [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR] [--factory F]
+        [--no-text-codes]
 
 Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors) is
 written once under DIR, with a folder of .npy links to its shards that the peers read, and the exact float top 10
@@ -185,7 +186,8 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
     budgets = load_contents(str(out), indexes=False).manifest.get("budgets", {})
     common = {**json.loads((out / "built.json").read_text()),
               "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
-    return {int(b): {"label": e.get("label") or e.get("spec", {}).get("codec"), "code_bytes": int(b),
+    from triclip.codecs import CodecSpec
+    return {int(b): {"label": e.get("label") or CodecSpec.from_json(e["spec"]).label(), "code_bytes": int(b),
                      "ram_bytes": e.get("ram_bytes"), "shortlist": (e.get("rescore") or {}).get("shortlist"),
                      "note": e.get("note", ""), **common} for b, e in budgets.items()}
 
