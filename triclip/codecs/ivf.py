@@ -158,9 +158,9 @@ class IVFCodec(FaissCodec):
         N, the coarse quantiser trained by FAISS (``train_q1``) on :func:`coarse_rows` seeded rows read from the
         shards, the rotation and the inner code on the residuals of a seeded subset of the inner code's
         ``fit_rows`` of them (all where it has none); nprobe is kept (tuned at N once filled). Holds the sampled
-        rows twice (as read, and after the rotation): 2 x rows x D x 4 bytes, 537 MB at N = 1M (4,096 lists,
-        262,144 rows, D = 256), 2.7 GB at N = 100M (32,768 lists, 1.28M rows). Returns the empty trained code and
-        what was done (``nlist``, ``coarse_rows``, ``inner_rows``)."""
+        rows twice while the chain applies to them (as read, and remapped / rotated): 2 x rows x D x 4 bytes,
+        537 MB at N = 1M (4,096 lists, 262,144 rows, D = 256), 2.6 GB at N = 100M (32,768 lists, 1.28M rows).
+        Returns the empty trained code and what was done (``nlist``, ``coarse_rows``, ``inner_rows``)."""
         n = vectors.count
         nlist = lists_for(n)
         rng = np.random.default_rng(seed)
@@ -169,20 +169,24 @@ class IVFCodec(FaissCodec):
         few = self.fit_rows_of(self.spec)
         inner = sample if few is None or few >= len(sample) else sample[np.sort(rng.choice(len(sample), few, False))]
         spec = CodecSpec(self.spec.codec, self.spec.m, self.spec.bytes_per_vector, {**self.spec.params, "nlist": nlist})
-        spec, ivf, rotation = self.faiss_parts(spec, len(sample))
+        spec, ivf, rotation = self.faiss_parts(spec, len(sample))  # nlist <= rows / TRAIN_PER_LIST
         index = faiss.IndexPreTransform(ivf) if rotation is None else faiss.IndexPreTransform(rotation, ivf)
         index.prepend_transform(faiss.RemapDimensionsTransform(self.dim, spec.m, False))
+        rows_read, same = len(sample), inner is sample
         coarse, fine = sample, inner  # through the chain: the remap to m, then the rotation trained on ``inner``
+        del sample
         for i in range(index.chain.size()):
             step = index.chain.at(i)
             if not step.is_trained:
                 step.train(fine)
-            coarse, fine = step.apply(coarse), step.apply(fine)
+            coarse = step.apply(coarse)
+            fine = coarse if same else step.apply(fine)
+        del fine
         ivf.train_q1(len(coarse), faiss.swig_ptr(np.ascontiguousarray(coarse)), False, METRIC)
         del coarse
         index.train(inner)  # the quantiser is trained (FAISS skips it): the inner code, on residuals
         index = faiss.deserialize_index(faiss.serialize_index(index))  # one object that owns all its parts
-        done = {"nlist": int(spec.params["nlist"]), "coarse_rows": len(sample), "inner_rows": len(inner), "n": n,
+        done = {"nlist": int(spec.params["nlist"]), "coarse_rows": rows_read, "inner_rows": len(inner), "n": n,
                 "seed": seed}
         return IVFCodec(spec, index, self.dim), done
 
