@@ -519,10 +519,10 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     queries against their exact float top 10 among all N rows (streamed: :data:`EXACT_ROWS` rows at a time).
 
     Codes alone: the smallest power of two nprobe whose top 10 holds ``rules.recall_target`` of what the lists
-    scanned whole hold of the exact top 10 (a code alone cannot hold more than that); with a re-rank
-    (the kept variant's shortlist): whose shortlist holds ``rules.recall_target`` of the exact top 10 itself. Each
-    within the choice's latency bound (one query, one thread, at N; the re-rank's time added); where no nprobe reaches it, the
-    largest within the bound (``note`` says so). Sets it on ``stored``; returns the manifest's ``at_n`` entry
+    scanned whole hold of the exact top 10 (a code alone cannot hold more than that); with a re-rank (the kept
+    variant's shortlist): whose shortlist holds ``rules.recall_target`` of the exact top 10 itself. Each within the
+    choice's latency bound (one query, one thread, at N; the re-rank's time added); where no nprobe reaches it,
+    the largest within the bound (``note`` says so). Sets it on ``stored``; returns the manifest's ``at_n`` entry
     (nprobe, its curve, "tuned at N"); None for a code without lists."""
     if stored.exhaustive() is None:
         return None
