@@ -2,6 +2,7 @@
 
     python -m benchmarks.haystack_peers INDEX --data DATA --work DIR [--n 1000000] [--seeds 0,1,2]
         [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR] [--factory F]
+        [--no-text-codes]
 
 Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors) is
 written once under DIR, with a folder of .npy links to its shards that the peers read, and the exact float top 10
@@ -58,6 +59,7 @@ class PeersConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # haystack seeds
     budgets: list[int] = field(default_factory=lambda: [4, 8, 16, 32])  # bytes per image
     latency_ms: float = 10.0  # the single-query bound given to triclip (--latency-ms) and autofaiss
+    text_codes: bool = True  # triclip also builds the caption codes (--bytes's image->text side; no row reads them)
     methods: list[str] = field(default_factory=lambda: list(METHODS))  # which to run
     venv: str = "/work/scratch/peers/venv-autofaiss"  # the peers' environment (made when missing)
     cores: int = 2  # threads the peers' builds may use
@@ -172,7 +174,8 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
                    "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
                    "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
-                   "--seed", str(seed), "--factory", cfg.factory, "--overwrite"]
+                   "--seed", str(seed), "--factory", cfg.factory, "--overwrite",
+                   *([] if cfg.text_codes else ["--no-text-index"])]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         (h.root / f"{out.name}.log").write_text(done.stderr)  # its progress lines: where the build's time went
@@ -183,7 +186,8 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
     budgets = load_contents(str(out), indexes=False).manifest.get("budgets", {})
     common = {**json.loads((out / "built.json").read_text()),
               "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
-    return {int(b): {"label": e.get("label") or e.get("spec", {}).get("codec"), "code_bytes": int(b),
+    from triclip.codecs import CodecSpec
+    return {int(b): {"label": e.get("label") or CodecSpec.from_json(e["spec"]).label(), "code_bytes": int(b),
                      "ram_bytes": e.get("ram_bytes"), "shortlist": (e.get("rescore") or {}).get("shortlist"),
                      "note": e.get("note", ""), **common} for b, e in budgets.items()}
 
@@ -291,6 +295,8 @@ def parse(argv: list[str] | None) -> PeersConfig:
     p.add_argument("--venv", default=PeersConfig.venv)
     p.add_argument("--cores", type=int, default=PeersConfig.cores)
     p.add_argument("--factory", default=PeersConfig.factory)
+    p.add_argument("--no-text-codes", dest="text_codes", action="store_false",
+                   help="triclip builds the image codes only (the rows measure text->image search)")
     return PeersConfig(**vars(p.parse_args(argv)))
 
 

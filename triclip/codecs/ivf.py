@@ -26,6 +26,12 @@ Lists on disk (:meth:`IVFCodec.filled_on_disk`): FAISS's ``OnDiskInvertedLists``
 code file, memory-mapped read-only (``index build`` beyond ``--memory-budget``; not for fast-scan lists, which FAISS
 keeps in blocks that have no on-disk form).
 
+Sized for N (:meth:`IVFCodec.sized_for`): ``index build --bytes`` chooses between candidates fitted on a sample
+(their nlist capped by the sample's rows), then refits the kept one for the collection before filling it: nlist =
+:func:`lists_for` N, the coarse quantiser trained on :func:`coarse_rows` rows read from the shards, the inner code
+(and OPQ's rotation) on the residuals of the inner code's own ``fit_rows`` of them, as FAISS's ``IndexIVF.train``
+trains it.
+
 Each inverted list stores an 8-byte id per vector beside its code: a budget counts the code's bytes (as every
 codec), :meth:`IVFCodec.ram_bytes` what is held (codes, fast scan's block padding, ids).
 """
@@ -54,11 +60,20 @@ TRAIN_PER_LIST = 39  # fewest training vectors per list (FAISS warns below it); 
 LISTS_PER_ROOT = 4  # nlist ~ 4 sqrt(N), a power of two
 MIN_LISTS, MAX_LISTS = 16, 65_536
 INNER = ("pq", "opq", "rq", "pqfs", "int8")  # the flat codes offered inside lists, in the order tried
+ROWS_PER_LIST_AT_N = 64  # a code sized for N (IVFCodec.sized_for): rows its coarse quantiser is trained on, per list
+MOST_COARSE_ROWS = 1 << 20  # ... but at most this many (1 GiB of float32 at D = 256), or TRAIN_PER_LIST per list
+# where that is more (32,768 lists at N = 100M: 1.28M rows)
 
 
 def lists_for(n: int) -> int:
     """nlist for n vectors: the power of two nearest 4 sqrt(n), within [16, 65536]."""
     return int(min(MAX_LISTS, max(MIN_LISTS, 2 ** round(math.log2(LISTS_PER_ROOT * math.sqrt(max(n, 1)))))))
+
+
+def coarse_rows(n: int, nlist: int) -> int:
+    """Rows the coarse quantiser of ``nlist`` lists is trained on at N = ``n``: :data:`ROWS_PER_LIST_AT_N` per list,
+    at most :data:`MOST_COARSE_ROWS` unless :data:`TRAIN_PER_LIST` per list is more, at most n."""
+    return int(min(n, ROWS_PER_LIST_AT_N * nlist, max(MOST_COARSE_ROWS, TRAIN_PER_LIST * nlist)))
 
 
 def factory_piece(spec: CodecSpec) -> str:
@@ -137,6 +152,43 @@ class IVFCodec(FaissCodec):
         if hasattr(ivf, "do_polysemous_training"):
             ivf.do_polysemous_training = False  # Hamming filtering is unused here, and slow to train
         return spec, ivf, rotation
+
+    def sized_for(self, vectors, seed: int = 0) -> tuple["IVFCodec", dict]:
+        """This code refitted for the collection ``vectors`` (``ShardVectors``, N rows): nlist = :func:`lists_for`
+        N, the coarse quantiser trained by FAISS (``train_q1``) on :func:`coarse_rows` seeded rows read from the
+        shards, the rotation and the inner code on the residuals of a seeded subset of the inner code's
+        ``fit_rows`` of them (all where it has none); nprobe is kept (tuned at N once filled). Holds the sampled
+        rows twice while the chain applies to them (as read, and remapped / rotated): 2 x rows x D x 4 bytes,
+        537 MB at N = 1M (4,096 lists, 262,144 rows, D = 256), 2.6 GB at N = 100M (32,768 lists, 1.28M rows).
+        Returns the empty trained code and what was done (``nlist``, ``coarse_rows``, ``inner_rows``)."""
+        n = vectors.count
+        nlist = lists_for(n)
+        rng = np.random.default_rng(seed)
+        rows = np.sort(rng.choice(n, size=coarse_rows(n, nlist), replace=False))
+        sample = unit_prefix(np.asarray(vectors.rows(rows, vectors.dim), np.float32), self.spec.m)  # (n_c, D)
+        few = self.fit_rows_of(self.spec)
+        inner = sample if few is None or few >= len(sample) else sample[np.sort(rng.choice(len(sample), few, False))]
+        spec = CodecSpec(self.spec.codec, self.spec.m, self.spec.bytes_per_vector, {**self.spec.params, "nlist": nlist})
+        spec, ivf, rotation = self.faiss_parts(spec, len(sample))  # nlist <= rows / TRAIN_PER_LIST
+        index = faiss.IndexPreTransform(ivf) if rotation is None else faiss.IndexPreTransform(rotation, ivf)
+        index.prepend_transform(faiss.RemapDimensionsTransform(self.dim, spec.m, False))
+        rows_read, same = len(sample), inner is sample
+        coarse, fine = sample, inner  # through the chain: the remap to m, then the rotation trained on ``inner``
+        del sample
+        for i in range(index.chain.size()):
+            step = index.chain.at(i)
+            if not step.is_trained:
+                step.train(fine)
+            coarse = step.apply(coarse)
+            fine = coarse if same else step.apply(fine)
+        del fine
+        ivf.train_q1(len(coarse), faiss.swig_ptr(np.ascontiguousarray(coarse)), False, METRIC)
+        del coarse
+        index.train(inner)  # the quantiser is trained (FAISS skips it): the inner code, on residuals
+        index = faiss.deserialize_index(faiss.serialize_index(index))  # one object that owns all its parts
+        done = {"nlist": int(spec.params["nlist"]), "coarse_rows": rows_read, "inner_rows": len(inner), "n": n,
+                "seed": seed}
+        return IVFCodec(spec, index, self.dim), done
 
     def apply_settings(self):
         ivf = faiss.downcast_index(faiss.extract_index_ivf(self.index))

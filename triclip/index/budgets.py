@@ -14,7 +14,10 @@ where their scores are those (:func:`exhaustive_ids`: no per-list work for every
 the shortlist likewise, :func:`_probed_by_decoding`), and tuned to scan at most a quarter of their lists
 (:func:`max_nprobe`). The best code is kept (``--codec`` forces the codec, the best m of it is kept);
 the very codec that was measured is filled with the collection and stored, so the recall
-the manifest records is the measured recall of the codes actually stored. Every
+the manifest records is the measured recall of the codes actually stored; except inverted lists at N >=
+``IVF_MIN_N``: the choice ranks them as fitted on the sample (their nlist capped by its rows), then the kept one is
+refitted for N (:func:`sized_for_n`: nlist = ``lists_for`` N), filled, and its nprobe tuned at N against the exact
+float top 10 among all N rows (:func:`tune_at_n`); the manifest records both (``sized_for_n``, ``at_n``). Every
 candidate's recall goes to ``curves.json`` (``bytes``; ``text_bytes`` for the captions),
 beside float pruning (the index ordering's curve at 4m bytes): the frontier the app draws.
 """
@@ -41,6 +44,7 @@ TUNE_QUERIES = 200  # evaluation queries that tune nprobe and the shortlist, and
 SHORTLISTS = (20, 50, 100, 200, 500, 1000, 2000, 5000)  # float re-rank shortlists tried on the sample
 PROBE_SHARE = 0.25  # inverted lists scan at most this share of their lists (tune_nprobe); a re-rank's shortlist
 # is likewise at most a quarter of the sample (tune_shortlist)
+EXACT_ROWS = 65_536  # rows read at once for the exact float top 10 at N (tune_at_n): 64 MB at D = 256
 SHORTLIST_MAX = 50_000  # longest shortlist at N (scaled from the sample): 200 MB of float vectors read per query
 
 
@@ -128,7 +132,8 @@ class Rules:
 
     n: int  # the collection's size N the latencies are for
     latency_ms: float | None = None  # single-query bound, one thread (None: the float32 scan of N vectors at D)
-    recall_target: float = 0.95  # nprobe: share of the code's own top 10 kept; shortlist: of the exact float top 10
+    recall_target: float = 0.95  # nprobe: share of the code's own top 10 kept (at N: of what its lists scanned whole
+    # hold of the exact float top 10); shortlist: of the exact float top 10
     rescore: bool = True  # also offer each code as the first of two stages (its shortlist re-ranked by float vectors)
     model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
 
@@ -496,6 +501,69 @@ def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
     return full
 
 
+# ---------------------------------------------------------------------------- the kept code at the collection's N
+
+
+def sized_for_n(codec: codecs.Codec, vectors, seed: int = 0) -> tuple[codecs.Codec, dict | None]:
+    """The kept ``codec`` as it is stored for the collection ``vectors`` (N rows): inverted lists at N >=
+    ``IVF_MIN_N`` refitted for N (``IVFCodec.sized_for``: nlist = ``lists_for`` N, not the sample's capped one);
+    any other code as it was fitted. Returns it and what was done (None: nothing)."""
+    from triclip.codecs import ivf
+
+    if not hasattr(codec, "sized_for") or vectors.count < ivf.IVF_MIN_N:
+        return codec, None
+    started = time.perf_counter()
+    sized, done = codec.sized_for(vectors, seed)
+    return sized, {**done, "fitted_on_sample": codec.spec.label(), "seconds": round(time.perf_counter() - started, 1)}
+
+
+def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice, rules: Rules) -> dict | None:
+    """nprobe of the filled inverted lists ``stored`` (every row of ``vectors``), tuned at N on the evaluation
+    queries against their exact float top 10 among all N rows (streamed: :data:`EXACT_ROWS` rows at a time).
+
+    Codes alone: the smallest power of two nprobe whose top 10 holds ``rules.recall_target`` of what the lists
+    scanned whole hold of the exact top 10 (a code alone cannot hold more than that); with a re-rank (the kept
+    variant's shortlist): whose shortlist holds ``rules.recall_target`` of the exact top 10 itself. Each within the
+    choice's latency bound (one query, one thread, at N; the re-rank's time added); where no nprobe reaches it,
+    the largest within the bound (``note`` says so). Sets it on ``stored``; returns the manifest's ``at_n`` entry
+    (nprobe, its curve, "tuned at N"); None for a code without lists."""
+    if stored.exhaustive() is None:
+        return None
+    queries = np.ascontiguousarray(evaluation.queries, np.float32)  # (Q, D)
+    truth = exact_topk(vectors.chunked(EXACT_ROWS), queries, K)  # (Q, K)
+    nlist, length = stored.exhaustive()["nprobe"], (choice.kept.shortlist if choice.kept is not None else None) or K
+    timed = queries[:TUNE_QUERIES]
+    extra = 0.0 if length == K else rules.model.rerank(evaluation.gallery, timed, length)
+    bound = choice.bound_ms or math.inf
+    whole = overlap(stored.search(queries, K, params={"nprobe": nlist})[1], truth)
+    goal = rules.recall_target * (whole if length == K else 1.0)
+    curve, nprobe, reached = [], 0, False
+    for p in _powers(nlist):
+        held = overlap(stored.search(queries, length, params={"nprobe": p})[1], truth)
+        ms = rules.model.search(stored, timed, length, len(stored), params={"nprobe": p}).ms + extra
+        curve.append({"nprobe": p, "of_exact_top10": round(held, 4), "ms": round(ms, 4)})
+        if ms > bound:
+            break
+        nprobe, reached = p, held >= goal
+        if reached:
+            break
+    nprobe = nprobe or 1
+    stored.set_nprobe(nprobe)
+    note = "" if reached else (f"no nprobe within {bound:g} ms holds {goal:.3f} of the exact top 10 at N = "
+                               f"{len(stored):,}: the largest within it kept")
+    return {"how": "tuned at N", "n": len(stored), "queries": len(queries), "nlist": int(nlist), "nprobe": nprobe,
+            "shortlist": None if length == K else length, "target": round(goal, 4),
+            "whole_lists": round(whole, 4), "curve": curve, "reached": reached, "note": note}
+
+
+def _powers(limit: int) -> list[int]:
+    """1, 2, 4, ... up to ``limit``, and ``limit`` itself."""
+    out = [1]
+    while out[-1] * 2 < limit:
+        out.append(out[-1] * 2)
+    return out + ([limit] if limit > 1 else [])
+
+
 def indexed_evaluation(image, text, text_rows: np.ndarray, meta: list[dict], max_images: int, data: str) -> EvalSet:
     """The evaluation set from the indexed collection itself: its first ``max_images`` images and their captions."""
     n = min(image.count, max_images)
@@ -505,14 +573,16 @@ def indexed_evaluation(image, text, text_rows: np.ndarray, meta: list[dict], max
                       "indexed", data)
 
 
-def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, file: str) -> dict:
+def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, file: str, sized: dict | None = None,
+                   at_n: dict | None = None) -> dict:
     """The manifest's ``budgets[str(B)]``: the stored code, its measured recall, its size, its latency and stages.
 
     ``index_bytes``: the codes (bytes per vector x n; FAISS's files add a header); ``ram_bytes``: what the
     stored code holds in memory (inverted lists add 8-byte ids, fast scan pads to blocks of 32);
     ``rescore``: None (the codes alone) or the second stage, ``{"with": "float", "shortlist": L,
     "disk_bytes_per_query": 4 D L}`` (the shortlist's float vectors, memory-mapped from disk); ``lists``: the
-    file of inverted lists kept on disk, when they are."""
+    file of inverted lists kept on disk, when they are; ``sized``: the lists refitted for N (:func:`sized_for_n`);
+    ``at_n``: nprobe tuned at N (:func:`tune_at_n`), whose latency at N replaces the sample's in ``latency``."""
     size = stored.spec.bytes_per_vector * len(stored)
     kept = choice.kept
     rescore = None if kept is None or kept.shortlist is None else {
@@ -526,7 +596,15 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
             "latency_bound_ms": round(choice.bound_ms, 4),
             "float_latency": None if choice.reference is None else choice.reference.to_json(), "note": choice.note,
             "full_recall": choice.full_recall,
+            **({} if sized is None else {"sized_for_n": sized}),
+            **({} if at_n is None else {"at_n": at_n, "latency_on_sample": None if kept is None else
+                                        kept.latency.to_json(), "latency": _at_n_latency(at_n)}),
             **({"lists": f"{file}.ivfdata"} if getattr(stored, "on_disk", lambda: False)() else {})}
+
+
+def _at_n_latency(at_n: dict) -> dict:
+    """The latency (``Latency.to_json``) of the nprobe kept at N, from its curve."""
+    return {"ms": next(c["ms"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"]), "how": "measured"}
 
 
 def parse_budgets(values) -> list[int]:
@@ -588,6 +666,8 @@ def table(budgets: dict) -> str:
                          f"  {stages:<24} {_recall(e.get('recall')):>9}"
                          f"  {_latency(e.get('latency')):>20}  {human_bytes(e.get('ram_bytes', e['index_bytes'])):>9}"
                          f"  {disk:>10}  {human_bytes(e['index_bytes']):>11}")
+            if e.get("at_n"):
+                lines.append("        " + _at_n_line(e["at_n"], e.get("sized_for_n")))
             for c in e.get("candidates") or []:
                 lines.append("        - " + _candidate(c))
     if any(entry.get("text") for entry in budgets.values()):
@@ -596,6 +676,17 @@ def table(budgets: dict) -> str:
     lines.append("latency: one query, one thread, at the collection's size: measured there, or extrapolated from a"
                  " timed sample (time per code scanned x codes scanned)")
     return "\n".join(lines)
+
+
+def _at_n_line(at_n: dict, sized: dict | None) -> str:
+    """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
+    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
+                                  f" (chosen as {sized['fitted_on_sample']}); ")
+    return (f"at N = {at_n['n']:,}: {lists}nprobe {at_n['nprobe']} tuned at N, its top"
+            f" {at_n['shortlist'] or K} holding {held:.3f} of the exact top 10 (target {at_n['target']:.3f};"
+            f" all lists {at_n['whole_lists']:.3f}){'; ' + at_n['note'] if at_n['note'] else ''}; curve "
+            + ", ".join(f"{c['nprobe']}: {c['of_exact_top10']:.3f} {c['ms']:.3g} ms" for c in at_n["curve"]))
 
 
 def _recall(value) -> str:

@@ -227,9 +227,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
                       lambda: bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image.dim)
     for choice in choices:
         file = code_name(choice.budget)
-        contents.codes[choice.budget] = stored = fill_codes(choice.codec, coll.image, cfg.on_disk, memory, work, file,
-                                                            contents)
-        entries[str(choice.budget)] = bud.manifest_entry(choice, stored, evaluation, file)
+        contents.codes[choice.budget], entries[str(choice.budget)] = _stored(
+            choice, coll.image, evaluation, rules, cfg, memory, work, file, contents)
     own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
     curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
                       "ordering": coll.origin.transform["ordering"], "curves": {}}
@@ -240,11 +239,23 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
                                lambda: bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed, rules), coll.text.dim)
         for choice in text_choices:
             file = code_name(choice.budget, "text")
-            contents.text_codes[choice.budget] = stored = fill_codes(choice.codec, coll.text, cfg.on_disk, memory,
-                                                                     work, file, contents)
-            entries[str(choice.budget)]["text"] = bud.manifest_entry(choice, stored, reverse, file)
+            contents.text_codes[choice.budget], entries[str(choice.budget)]["text"] = _stored(
+                choice, coll.text, reverse, rules, cfg, memory, work, file, contents)
         curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
     return entries, curves
+
+
+def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,
+            contents: IndexContents) -> tuple:
+    """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
+    (inverted lists refitted for N: ``budgets.sized_for_n``), filled (:func:`fill_codes`), its nprobe tuned at N
+    on the filled lists (``budgets.tune_at_n``)."""
+    from triclip.index import budgets as bud
+
+    codec, sized = bud.sized_for_n(choice.codec, vectors, cfg.seed)
+    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents)
+    at_n = bud.tune_at_n(stored, vectors, evaluation, choice, rules) if sized is not None else None
+    return stored, bud.manifest_entry(choice, stored, evaluation, file, sized, at_n)
 
 
 def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Path, file: str,

@@ -1,0 +1,124 @@
+"""Inverted lists stored at the collection's N: the kept code refitted with nlist = lists_for(N) (not the
+sample's capped nlist), filled, and its nprobe tuned at N against exact search over the whole collection.
+
+Latencies come from an injected model (``GivenLatency``): nothing is timed here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from triclip.codecs import ivf
+from triclip.index import budgets as bud
+from triclip.index.budgets import EvalSet, Rules, overlap
+from triclip.index.vectors import ShardVectors
+from tests.index.conftest import GivenLatency, unit_vectors
+
+N, D = 25_000, 32  # the smallest N whose lists_for(N) = 512 lists get >= 39 training rows each
+
+
+@pytest.fixture(scope="module")
+def collection():
+    """N clustered unit vectors (float16 shards, as stored) and 200 queries near some of them."""
+    rng = np.random.default_rng(0)
+    centres = unit_vectors(rng, 300, D)
+    x = centres[rng.integers(0, 300, N)] + 0.35 * unit_vectors(rng, N, D)
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float16)
+    q = x[rng.choice(N, 200, replace=False)].astype(np.float32) + 0.2 * unit_vectors(rng, 200, D)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    vectors = ShardVectors.of([x[:9000], x[9000:9000], x[9000:]])
+    evaluation = EvalSet.of(x[:2000].astype(np.float32), q, rng.integers(0, 2000, 200), [f"t{i}" for i in range(200)],
+                            "validation", "synthetic")
+    truth = np.argsort(-(q @ x.astype(np.float32).T), axis=1, kind="stable")[:, :10]  # (Q, 10) brute force, every row
+    return vectors, evaluation, truth
+
+
+@pytest.fixture
+def small_sample(monkeypatch):
+    """Inverted lists offered from N = 1,000, the choice fitted on a 2,000-row sample (its nlist capped at 51)."""
+    monkeypatch.setattr(ivf, "IVF_MIN_N", 1000)
+    monkeypatch.setattr(bud, "FIT_ROWS", 2000)
+
+
+
+
+def _spec(inner: str) -> bud.codecs.CodecSpec:
+    """8 bytes of ``inner`` in lists (RQ: 4, its encoding's beam search is the slow part), as the candidates name
+    them at N (nlist = lists_for(N))."""
+    params = {} if inner == "int8" else {"M": 4 if inner == "rq" else 8, "nbits": 8}
+    return bud.codecs.CodecSpec("ivf", 8 if inner == "int8" else D, params.get("M", 8),
+                                {"inner": inner, **params, "nlist": ivf.lists_for(N), "nprobe": 8})
+
+
+@pytest.mark.parametrize("inner", ["pq", "opq", "rq", "int8"])
+def test_the_stored_lists_are_refitted_for_n_and_nprobe_holds_the_target_at_n(collection, small_sample, inner):
+    """The stored code has lists_for(N) lists, trained on coarse_rows rows; its nprobe is the smallest power of two
+    whose top 10 holds the target share of what every list holds of the exact top 10 over the whole collection
+    (brute force here), the power of two below it does not; the manifest records both."""
+    vectors, evaluation, truth = collection
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    spec = _spec(inner)
+    sample = vectors.rows(np.sort(np.random.default_rng(0).choice(N, 2000, replace=False)), D)
+    fitted = bud.codecs.fit(spec, bud.fit_sample(sample, spec))
+    assert fitted.ivf.nlist == 2000 // ivf.TRAIN_PER_LIST < ivf.lists_for(N) == 512  # capped by the sample
+    sized, done = bud.sized_for_n(fitted, vectors)
+    assert sized.ivf.nlist == 512 and done["nlist"] == 512 and done["coarse_rows"] == ivf.coarse_rows(N, 512) == N
+    assert done["inner_rows"] == min(N, bud.codecs.lookup(inner).fit_rows or N)
+    stored = bud.fill(sized, vectors)
+    choice = bud.Choice(8, fitted, 0.5, [], bud.Variant(fitted, 0.5, bud.Latency(1.0, "given")), bound_ms=10.0)
+    at_n = bud.tune_at_n(stored, vectors, evaluation, choice, rules)
+    q = evaluation.queries
+    held = lambda p: overlap(stored.search(q, 10, params={"nprobe": p})[1], truth)  # noqa: E731
+    whole = held(512)
+    assert at_n["whole_lists"] == pytest.approx(whole, abs=1e-4) and at_n["how"] == "tuned at N"
+    p = at_n["nprobe"]
+    assert stored.spec.params["nprobe"] == stored.ivf.nprobe == p and at_n["reached"]
+    assert held(p) >= 0.95 * whole - 1e-9
+    assert p == 1 or held(p // 2) < 0.95 * whole
+    assert [c["nprobe"] for c in at_n["curve"]] == [2 ** i for i in range(p.bit_length())]
+    entry = bud.manifest_entry(choice, stored, evaluation, "codes.8.faiss", {**done, "fitted_on_sample": "x"}, at_n)
+    assert entry["spec"]["params"]["nlist"] == 512 and entry["spec"]["params"]["nprobe"] == p
+    assert entry["sized_for_n"]["nlist"] == 512 and entry["at_n"]["nprobe"] == p
+    assert entry["latency"]["how"] == "measured" and entry["latency_on_sample"]["how"] == "given"
+    printed = bud.table({"8": {**entry, "code": entry["spec"]}})
+    assert f"512 lists trained on {N:,} rows" in printed and f"nprobe {p} tuned at N" in printed
+
+
+def test_the_approximate_lists_at_n_are_exact_search_over_their_codes_scanning_every_list(collection, small_sample):
+    """At nprobe = nlist the refitted, filled lists answer as exact search over their decoded vectors does; and
+    their top 10 at the tuned nprobe finds most of exact float search's top 10 (clustered data, 8 B of PQ)."""
+    vectors, evaluation, truth = collection
+    spec = _spec("pq")
+    sized, _ = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    stored = bud.fill(sized, vectors)
+    q = evaluation.queries
+    decoded = np.argsort(-(q @ stored.reconstruct().T), axis=1, kind="stable")[:, :10]
+    assert overlap(stored.search(q, 10, params={"nprobe": 512})[1], decoded) >= 0.99
+    choice = bud.Choice(8, sized, 0.5, [], None, bound_ms=10.0)
+    at_n = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=GivenLatency()))
+    assert overlap(stored.search(q, 10)[1], truth) >= 0.95 * overlap(stored.search(q, 10, params={"nprobe": 512})[1],
+                                                                       truth) - 1e-9
+    assert at_n["whole_lists"] > 0.5
+
+
+def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collection, small_sample):
+    """With a re-rank, nprobe is tuned on what the shortlist holds of the exact top 10 itself; a latency bound
+    that only nprobe <= 4 meets keeps 4 and says the target was not reached when 4 does not reach it."""
+    vectors, evaluation, truth = collection
+    spec = _spec("pq")
+    fitted = bud.codecs.fit(spec, vectors.rows(np.arange(2000), D))
+    stored = bud.fill(bud.sized_for_n(fitted, vectors)[0], vectors)
+    model = GivenLatency()
+    model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
+    kept = bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200)
+    at_n = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=100.0),
+                         Rules(n=N, recall_target=0.9, model=model))
+    q = evaluation.queries
+    p = at_n["nprobe"]
+    assert at_n["shortlist"] == 200 and at_n["reached"]
+    assert overlap(stored.search(q, 200, params={"nprobe": p})[1], truth) >= 0.9
+    assert p == 1 or overlap(stored.search(q, 200, params={"nprobe": p // 2})[1], truth) < 0.9
+    capped = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=4.0),
+                           Rules(n=N, recall_target=1.0, model=model))
+    assert capped["nprobe"] == 4 == stored.ivf.nprobe and not capped["reached"] and "largest within" in capped["note"]
+    assert capped["curve"][-1]["nprobe"] == 8 and capped["curve"][-1]["ms"] > 4.0
