@@ -3,7 +3,7 @@
 Usage::
 
     TRICLIP_CACHE=EMPTY py-spy record -r 25 -s -f raw -o demo.txt -- .venv/bin/python -m triclip demo --workdir NEW --no-serve
-    .venv/bin/python -m benchmarks.demo_profile demo.txt [--rate 25] [--top 25]
+    .venv/bin/python scripts/demo_profile.py demo.txt [--rate 25] [--top 25]
 
 Seconds are samples / rate, per thread and process (``-s``: the thumbnail workers too), so they add up to more than
 the wall time where two threads or processes ran at once. Sampling slows the demo (384 s sampled against 283 s).
@@ -15,10 +15,8 @@ import argparse
 import re
 from collections import Counter
 
-STEPS = {  # a frame of the demo (triclip/app/demo.py) -> the step it is
-    "prepare (": "1 data", "_train (": "2 train (MRL, tricl)", "_solve (": "2 solve (Eq. 6)",
-    "_evaluate (": "3 test evaluation", "_index (": "4 index", "_add_splits (": "4 index",
-}
+STEPS = {"prepare (": "1 data", "_train (": "2 train (MRL, tricl)", "_solve (": "2 solve (Eq. 6)",  # frame -> step
+         "_evaluate (": "3 test evaluation", "_index (": "4 index", "_add_splits (": "4 index"}
 
 
 def summarise(lines) -> tuple[Counter, Counter]:
