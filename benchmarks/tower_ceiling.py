@@ -62,9 +62,10 @@ def _inputs(data: str, tower) -> tuple[np.ndarray, np.ndarray]:
 def _quantised(fp32: str, calibration: np.ndarray, folder: str) -> dict[str, str]:
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
-    class Reader(CalibrationDataReader):
-        batches = iter([{"images": calibration[i:i + 32]} for i in range(0, len(calibration), 32)])
-        get_next = lambda self: next(self.batches, None)  # noqa: E731
+    class Reader(CalibrationDataReader):  # one per quantisation: it is used up
+        def get_next(self):
+            self.batches = getattr(self, "batches", iter([{"images": calibration[i:i + 32]} for i in range(0, 256, 32)]))
+            return next(self.batches, None)
 
     out = {}
     for name, form in (("int8 QDQ", QuantFormat.QDQ), ("int8 QOperator", QuantFormat.QOperator)):
