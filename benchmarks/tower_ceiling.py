@@ -76,7 +76,7 @@ def _quantised(fp32: str, calibration: np.ndarray, folder: str) -> dict[str, str
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("--data", default="demo/data", help="a prepared data folder (its images/)")
     parser.add_argument("--seconds", type=float, default=6.0, help="timed seconds per row")
     args = parser.parse_args(argv)

@@ -36,7 +36,7 @@ def summarise(lines) -> tuple[Counter, Counter]:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("profile", help="py-spy record -f raw output")
     parser.add_argument("--rate", type=float, default=25.0, help="py-spy's samples per second (-r)")
     parser.add_argument("--top", type=int, default=25, help="functions listed")
