@@ -63,7 +63,7 @@ def test_the_stored_lists_are_refitted_for_n_and_nprobe_holds_the_target_at_n(co
     assert fitted.ivf.nlist == 2000 // ivf.TRAIN_PER_LIST < ivf.lists_for(N) == 512  # capped by the sample
     sized, done = bud.sized_for_n(fitted, vectors)
     assert sized.ivf.nlist == 512 and done["nlist"] == 512 and done["coarse_rows"] == ivf.coarse_rows(N, 512) == N
-    assert done["inner_rows"] == min(N, bud.codecs.lookup(inner).fit_rows or N)
+    assert done["inner_rows"] == min(N, ivf.IVFCodec.fit_rows_at_n_of(spec) or N)
     stored = bud.fill(sized, vectors)
     choice = bud.Choice(8, fitted, 0.5, [], bud.Variant(fitted, 0.5, bud.Latency(1.0, "given")), bound_ms=10.0)
     at_n = bud.tune_at_n(stored, vectors, evaluation, choice, rules)
@@ -99,6 +99,26 @@ def test_the_approximate_lists_at_n_are_exact_search_over_their_codes_scanning_e
     assert overlap(stored.search(q, 10)[1], truth) >= 0.95 * overlap(stored.search(q, 10, params={"nprobe": 512})[1],
                                                                        truth) - 1e-9
     assert at_n["whole_lists"] > 0.5
+
+
+def test_opq_in_lists_at_n_is_refitted_on_its_own_rows_and_is_exact_over_its_codes(collection, small_sample,
+                                                                                   monkeypatch, tmp_path):
+    """OPQ in lists refitted for N takes ``fit_rows_at_n`` rows (not the 5,000 of a budget's fit); the filled
+    lists scanned whole answer as exact search over their decoded vectors, and read back from a file the same."""
+    monkeypatch.setattr(bud.codecs.lookup("opq"), "fit_rows_at_n", 7000)
+    vectors, evaluation, truth = collection
+    spec = _spec("opq")
+    assert ivf.IVFCodec.fit_rows_at_n_of(spec) == 7000 > bud.codecs.lookup("opq").fit_rows
+    sized, done = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    assert done["inner_rows"] == 7000 and sized.ivf.nlist == 512
+    stored = bud.fill(sized, vectors)
+    q = evaluation.queries
+    decoded = np.argsort(-(q @ stored.reconstruct().T), axis=1, kind="stable")[:, :10]
+    found = stored.search(q, 10, params={"nprobe": 512})[1]
+    assert overlap(found, decoded) >= 0.99 and overlap(found, truth) > 0.5
+    stored.save(tmp_path / "opq.faiss")
+    back = bud.codecs.load(tmp_path / "opq.faiss")
+    assert back.spec == stored.spec and np.array_equal(back.search(q, 10, params={"nprobe": 512})[1], found)
 
 
 def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collection, small_sample):

@@ -36,6 +36,8 @@ class Codec:
     # centroids per codebook; 2: residual quantisers' beam search): a budget fits cheaper candidates first
     fit_rows: ClassVar[int | None] = None  # most vectors ``index build --bytes`` fits it on (a seeded subset of its
     # sample; None: the whole sample): slow fits whose recall a larger sample does not raise
+    fit_rows_at_n: ClassVar[int | None] = None  # most rows it is refitted on inside inverted lists sized for the
+    # collection (``IVFCodec.sized_for``; None: :attr:`fit_rows`)
     spec: CodecSpec
     dim: int  # width D of the vectors it takes and reconstructs
 

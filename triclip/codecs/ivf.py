@@ -29,8 +29,8 @@ keeps in blocks that have no on-disk form).
 Sized for N (:meth:`IVFCodec.sized_for`): ``index build --bytes`` chooses between candidates fitted on a sample
 (their nlist capped by the sample's rows), then refits the kept one for the collection before filling it: nlist =
 :func:`lists_for` N, the coarse quantiser trained on :func:`coarse_rows` rows read from the shards, the inner code
-(and OPQ's rotation) on the residuals of the inner code's own ``fit_rows`` of them, as FAISS's ``IndexIVF.train``
-trains it.
+(and OPQ's rotation) on the residuals of the inner code's own ``fit_rows_at_n`` (else ``fit_rows``) of them, as
+FAISS's ``IndexIVF.train`` trains it.
 
 Each inverted list stores an 8-byte id per vector beside its code: a budget counts the code's bytes (as every
 codec), :meth:`IVFCodec.ram_bytes` what is held (codes, fast scan's block padding, ids).
@@ -137,6 +137,13 @@ class IVFCodec(FaissCodec):
         return lookup(spec.params["inner"]).fit_rows
 
     @classmethod
+    def fit_rows_at_n_of(cls, spec):
+        """Most rows :meth:`sized_for` refits the inner code (and OPQ's rotation) on: its ``fit_rows_at_n``, else
+        :meth:`fit_rows_of` (None: every sampled row)."""
+        inner = lookup(spec.params["inner"])
+        return inner.fit_rows_at_n or inner.fit_rows
+
+    @classmethod
     def faiss_parts(cls, spec, n):
         params = dict(spec.params)
         inner_spec, _, rotation = lookup(params["inner"]).faiss_parts(
@@ -156,17 +163,17 @@ class IVFCodec(FaissCodec):
     def sized_for(self, vectors, seed: int = 0) -> tuple["IVFCodec", dict]:
         """This code refitted for the collection ``vectors`` (``ShardVectors``, N rows): nlist = :func:`lists_for`
         N, the coarse quantiser trained by FAISS (``train_q1``) on :func:`coarse_rows` seeded rows read from the
-        shards, the rotation and the inner code on the residuals of a seeded subset of the inner code's
-        ``fit_rows`` of them (all where it has none); nprobe is kept (tuned at N once filled). Holds the sampled
-        rows twice while the chain applies to them (as read, and remapped / rotated): 2 x rows x D x 4 bytes,
-        537 MB at N = 1M (4,096 lists, 262,144 rows, D = 256), 2.6 GB at N = 100M (32,768 lists, 1.28M rows).
+        shards, the rotation and the inner code on the residuals of a seeded subset of :meth:`fit_rows_at_n_of` of
+        them (all where it has none); nprobe is kept (tuned at N once filled). Holds the sampled rows twice while
+        the chain applies to them (as read, and remapped / rotated): 2 x rows x D x 4 bytes, 537 MB at N = 1M
+        (4,096 lists, 262,144 rows, D = 256), 2.6 GB at N = 100M (32,768 lists, 1.28M rows).
         Returns the empty trained code and what was done (``nlist``, ``coarse_rows``, ``inner_rows``)."""
         n = vectors.count
         nlist = lists_for(n)
         rng = np.random.default_rng(seed)
         rows = np.sort(rng.choice(n, size=coarse_rows(n, nlist), replace=False))
         sample = unit_prefix(np.asarray(vectors.rows(rows, vectors.dim), np.float32), self.spec.m)  # (n_c, D)
-        few = self.fit_rows_of(self.spec)
+        few = self.fit_rows_at_n_of(self.spec)
         inner = sample if few is None or few >= len(sample) else sample[np.sort(rng.choice(len(sample), few, False))]
         spec = CodecSpec(self.spec.codec, self.spec.m, self.spec.bytes_per_vector, {**self.spec.params, "nlist": nlist})
         spec, ivf, rotation = self.faiss_parts(spec, len(sample))  # nlist <= rows / TRAIN_PER_LIST
