@@ -141,7 +141,7 @@ def run(row, x, q, coarse, truth, rng) -> dict:
 
 
 def main(argv=None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("haystack")
     parser.add_argument("code_file")
     parser.add_argument("rows_set", choices=sorted(SETS))
