@@ -59,7 +59,7 @@ class RQBooks:
 
     def apply_settings(self):
         """Encode with :data:`RQ_MEMORY` of distance tables (a setting FAISS does not save in the file)."""
-        faiss.downcast_index(self.index.index).rq.max_mem_distances = RQ_MEMORY
+        self.inner_rq().max_mem_distances = RQ_MEMORY
 
     @classmethod
     def codebooks(cls, inner):

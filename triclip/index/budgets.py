@@ -530,7 +530,7 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     if stored.exhaustive() is None:
         return None
     queries = np.ascontiguousarray(evaluation.queries, np.float32)  # (Q, D)
-    truth = exact_topk(vectors.chunked(EXACT_ROWS), queries, K)  # (Q, K)
+    truth = exact_at_n(vectors, evaluation)  # (Q, K)
     nlist, length = stored.exhaustive()["nprobe"], (choice.kept.shortlist if choice.kept is not None else None) or K
     timed = queries[:TUNE_QUERIES]
     extra = 0.0 if length == K else rules.model.rerank(evaluation.gallery, timed, length)
@@ -554,6 +554,20 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     return {"how": "tuned at N", "n": len(stored), "queries": len(queries), "nlist": int(nlist), "nprobe": nprobe,
             "shortlist": None if length == K else length, "target": round(goal, 4),
             "whole_lists": round(whole, 4), "curve": curve, "reached": reached, "note": note}
+
+
+_EXACT_AT_N: list = []  # the last (vectors, evaluation, exact top 10) of exact_at_n: a side's budgets share one scan
+
+
+def exact_at_n(vectors, evaluation: EvalSet) -> np.ndarray:
+    """(Q, K) the exact float top 10 of the evaluation queries among every row of ``vectors``, streamed
+    (:data:`EXACT_ROWS` rows at a time); the last one is kept, so the budgets of one side read the rows once."""
+    for seen, asked, truth in _EXACT_AT_N:
+        if seen is vectors and asked is evaluation:
+            return truth
+    truth = exact_topk(vectors.chunked(EXACT_ROWS), np.ascontiguousarray(evaluation.queries, np.float32), K)
+    _EXACT_AT_N[:] = [(vectors, evaluation, truth)]
+    return truth
 
 
 def _powers(limit: int) -> list[int]:
