@@ -142,3 +142,48 @@ def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collectio
                            Rules(n=N, recall_target=1.0, model=model))
     assert capped["nprobe"] == 4 == stored.ivf.nprobe and not capped["reached"] and "largest within" in capped["note"]
     assert capped["curve"][-1]["nprobe"] == 8 and capped["curve"][-1]["ms"] > 4.0
+
+
+def test_a_resumed_build_reads_back_the_refit_lists_and_their_tuning(collection, small_sample, tmp_path, monkeypatch):
+    """``index build``'s ``_stored`` keeps the lists refitted for N and their nprobe tuned at N in the parts folder:
+    killed while tuning (here: an error), the same call on the same folder neither refits nor streams the N rows
+    again, and stores what an uninterrupted call stores (same lists, nprobe and manifest entry)."""
+    from triclip.index import build
+    from triclip.index.config import IndexBuildConfig
+    from triclip.index.store import IndexContents
+
+    vectors, evaluation, _ = collection
+    spec = _spec("pq")
+    fitted = bud.codecs.fit(spec, vectors.rows(np.arange(2000), D))
+    choice = bud.Choice(8, fitted, 0.5, [], bud.Variant(fitted, 0.5, bud.Latency(1.0, "given")), bound_ms=10.0)
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    cfg = IndexBuildConfig(out=str(tmp_path / "index"), seed=3)
+
+    def stored(work):
+        work.mkdir(exist_ok=True)
+        contents = IndexContents({}, [], np.zeros((0, D), np.float32), {})
+        return build._stored(choice, vectors, evaluation, rules, cfg, 1 << 30, work, "image.b8.codec", contents)
+
+    clean, clean_entry = stored(tmp_path / "clean")
+    tune = bud.tune_at_n
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt  # the kill, once the lists are refitted and filled
+
+    monkeypatch.setattr(bud, "tune_at_n", killed)
+    with pytest.raises(KeyboardInterrupt):
+        stored(tmp_path / "resumed")
+    assert (tmp_path / "resumed" / "image.b8.codec.sized.pkl").exists()
+    assert not (tmp_path / "resumed" / "image.b8.codec.at_n.pkl").exists()
+    monkeypatch.setattr(bud, "tune_at_n", tune)
+    monkeypatch.setattr(ivf.IVFCodec, "sized_for", lambda *a, **k: pytest.fail("refitted again"))
+    again, entry = stored(tmp_path / "resumed")  # tunes once (the kill came first), from the kept lists
+    monkeypatch.setattr(bud, "exact_at_n", lambda *a, **k: pytest.fail("streamed the N rows again"))
+    third, third_entry = stored(tmp_path / "resumed")  # everything read back
+    q = evaluation.queries
+    for codes, e in [(again, entry), (third, third_entry)]:
+        assert codes.ivf.nlist == 512 and codes.ivf.nprobe == clean.ivf.nprobe == clean_entry["at_n"]["nprobe"]
+        assert np.array_equal(codes.search(q, 10)[1], clean.search(q, 10)[1])
+        assert e["sized_for_n"]["seconds"] == entry["sized_for_n"]["seconds"]  # the first refit's, read back
+        timeless = lambda x: {**x, "sized_for_n": {**x["sized_for_n"], "seconds": None}}  # noqa: E731
+        assert timeless(e) == timeless(clean_entry)

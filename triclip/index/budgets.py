@@ -504,13 +504,19 @@ def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
 # ---------------------------------------------------------------------------- the kept code at the collection's N
 
 
+def resized_for_n(codec: codecs.Codec, vectors) -> bool:
+    """Whether :func:`sized_for_n` refits ``codec`` for the collection ``vectors``: inverted lists at N >=
+    ``IVF_MIN_N``."""
+    from triclip.codecs import ivf
+
+    return hasattr(codec, "sized_for") and vectors.count >= ivf.IVF_MIN_N
+
+
 def sized_for_n(codec: codecs.Codec, vectors, seed: int = 0) -> tuple[codecs.Codec, dict | None]:
     """The kept ``codec`` as it is stored for the collection ``vectors`` (N rows): inverted lists at N >=
     ``IVF_MIN_N`` refitted for N (``IVFCodec.sized_for``: nlist = ``lists_for`` N, not the sample's capped one);
     any other code as it was fitted. Returns it and what was done (None: nothing)."""
-    from triclip.codecs import ivf
-
-    if not hasattr(codec, "sized_for") or vectors.count < ivf.IVF_MIN_N:
+    if not resized_for_n(codec, vectors):
         return codec, None
     started = time.perf_counter()
     sized, done = codec.sized_for(vectors, seed)

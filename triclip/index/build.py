@@ -35,7 +35,8 @@ there are some):
   renamed into the version, not copied; ``.{out}.shard-parts`` under torchrun), removed when the version is
   written. A build from embedding shards in one process resumes from it after a kill: its name is a hash of
   the shards and the options, and everything finished in it is reused (``triclip.index.parts``: the owner's
-  flock, a second build refused, dead builds' folders removed).
+  flock, a second build refused, dead builds' folders removed): the merged indexes, the codes' choices, the
+  lists refitted for N and their nprobe tuned at N, the filled codes.
 
 ``nprobe`` of every IVF index is tuned on held-out queries (captions for the image
 index, images for the caption index, ``tune_queries`` of them, drawn by a seed): the
@@ -249,12 +250,20 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
             contents: IndexContents) -> tuple:
     """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
     (inverted lists refitted for N: ``budgets.sized_for_n``), filled (:func:`fill_codes`), its nprobe tuned at N
-    on the filled lists (``budgets.tune_at_n``)."""
+    on the filled lists (``budgets.tune_at_n``). The refit code and the tuning are kept in the parts folder
+    (:func:`kept_in`): a resumed build reads them back instead of refitting and streaming all N rows again."""
     from triclip.index import budgets as bud
 
-    codec, sized = bud.sized_for_n(choice.codec, vectors, cfg.seed)
+    codec, sized = choice.codec, None
+    if bud.resized_for_n(choice.codec, vectors):
+        codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: bud.sized_for_n(choice.codec, vectors, cfg.seed),
+                               vectors.dim)
     stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents)
-    at_n = bud.tune_at_n(stored, vectors, evaluation, choice, rules) if sized is not None else None
+    at_n = None
+    if sized is not None:
+        at_n = kept_in(work / f"{file}.at_n.pkl", lambda: bud.tune_at_n(stored, vectors, evaluation, choice, rules),
+                       vectors.dim)
+        stored.set_nprobe(at_n["nprobe"])  # tune_at_n sets it; read back on a resume, it is set here
     return stored, bud.manifest_entry(choice, stored, evaluation, file, sized, at_n)
 
 
