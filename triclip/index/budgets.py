@@ -698,9 +698,21 @@ def table(budgets: dict) -> str:
     return "\n".join(lines)
 
 
+def held_at_n(entry: dict) -> dict | None:
+    """What a budget's answers hold at the collection's N, where its inverted lists were tuned there (the manifest
+    entry's ``at_n``): ``{"n", "queries", "of_exact_top10"}``, the share of the exact float top 10 over all N rows
+    found at the kept nprobe (after the re-rank, where there is one: a re-rank keeps every exact top-10 row its
+    shortlist holds). None for an entry without (its ``recall`` is then the whole story)."""
+    at_n = entry.get("at_n")
+    if not at_n:
+        return None
+    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": held}
+
+
 def _at_n_line(at_n: dict, sized: dict | None) -> str:
     """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
-    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    held = held_at_n({"at_n": at_n})["of_exact_top10"]
     lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
                                   f" (chosen as {sized['fitted_on_sample']}); ")
     return (f"at N = {at_n['n']:,}: {lists}nprobe {at_n['nprobe']} tuned at N, its top"
