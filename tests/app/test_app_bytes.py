@@ -169,7 +169,8 @@ def test_lists_tuned_at_n_say_what_they_hold_there(bytes_index):
     assert _searched(view, "4B")["at_n"] is None
     curve = [{"nprobe": 1, "of_exact_top10": 0.1, "ms": 0.2}, {"nprobe": 2, "of_exact_top10": 0.248, "ms": 0.31},
              {"nprobe": 4, "of_exact_top10": 0.3, "ms": 0.6}]  # tuned: nprobe 2 kept
-    view.budgets[4] = {**view.budgets[4], "at_n": {"n": 1_000_000, "queries": 322, "nprobe": 2, "curve": curve}}
+    budgets = view.searcher.manifest["budgets"]  # this test's own Searcher: as a build at N would have written it
+    budgets["4"] = {**budgets["4"], "at_n": {"n": 1_000_000, "queries": 322, "nprobe": 2, "curve": curve}}
     assert "; 0.248 of exact search's top 10 at N = 1,000,000" in app._describe(view, "4B", False)
     assert "Among all 1,000,000 images its answers hold 0.248 of exact full-D search's top 10" in choices_text(view)
     assert _searched(view, "4B")["at_n"] == {"n": 1_000_000, "queries": 322, "of_exact_top10": 0.248}
