@@ -4,10 +4,10 @@
         ``triclip index build --embeddings EMB --out INDEX ...`` in a child process: wall seconds and its peak
         resident memory (``ru_maxrss`` of the child from ``wait4``: what ``/usr/bin/time -v`` reports as
         "Maximum resident set size").
-    python -m benchmarks.bench_stream killed EMB --out INDEX --reference REF [--at 0.5] [--option VALUE ...]
+    python -m benchmarks.bench_stream killed EMB --out INDEX [--reference REF] [--at 0.5] [--option VALUE ...]
         The same build SIGKILL-ed when ``--at`` of its image shard parts exist, then run again (it resumes):
-        both runs' wall and peak memory, their sum, and which files of the version equal REF's (an
-        uninterrupted build of the same command) byte for byte.
+        both runs' wall and peak memory, their sum, and with REF (an uninterrupted build of the same command)
+        which files of the version equal REF's byte for byte; without, the files of the version written.
     python -m benchmarks.bench_stream subset EMB --shards S --out EMB2
         An embeddings folder of EMB's first S shards (linked, not copied): a smaller collection of the same rows.
     python -m benchmarks.bench_stream threads EMB --rows N [--factory IVF1024,PQ64]
@@ -79,19 +79,24 @@ def digests(index: str) -> dict[str, str]:
     return out
 
 
-def killed(emb: str, out: str, reference: str, at: float, options: list[str]) -> dict:
-    """The build killed when ``at`` of the image parts of its first m exist, then resumed; compared to ``reference``."""
+def killed(emb: str, out: str, reference: str | None, at: float, options: list[str]) -> dict:
+    """The build killed when ``at`` of the image parts of its first m exist, then resumed; compared to ``reference``
+    (None: not compared, the version's files listed with their sizes)."""
     shards = json.loads((Path(emb) / "manifest.json").read_text())["num_shards"]
     want = max(1, int(round(at * shards)))
     pattern = str(Path(out).absolute().parent / f".{Path(out).name}.build-*.shard-parts" / "image.m*.part*.faiss")
     first = run_build(emb, out, options, kill_when=lambda: len(glob.glob(pattern)) >= want)
     parts = len(glob.glob(pattern))
     second = run_build(emb, out, options)
-    mine, ref = digests(out), digests(reference)
-    return {"shards": shards, "killed_with_parts": parts, "killed": first, "resumed": second,
+    done = {"shards": shards, "killed_with_parts": parts, "killed": first, "resumed": second,
             "total_seconds": round(first["seconds"] + second["seconds"], 1),
-            "peak_rss_mib": max(first["peak_rss_mib"], second["peak_rss_mib"]),
-            "equal_files": sorted(f for f in ref if mine.get(f) == ref[f]),
+            "peak_rss_mib": max(first["peak_rss_mib"], second["peak_rss_mib"])}
+    if reference is None:
+        current = Path(out) / "CURRENT"  # absent when the second run failed too
+        live = Path(out) / current.read_text().strip() if current.is_file() else None
+        return {**done, "files": {} if live is None else {f.name: f.stat().st_size for f in sorted(live.iterdir())}}
+    mine, ref = digests(out), digests(reference)
+    return {**done, "equal_files": sorted(f for f in ref if mine.get(f) == ref[f]),
             "different_files": sorted(f for f in ref if mine.get(f) != ref[f])}
 
 
@@ -151,7 +156,7 @@ def main(argv=None) -> None:
     for p in (b, k):
         p.add_argument("emb")
         p.add_argument("--out", required=True)
-    k.add_argument("--reference", required=True)
+    k.add_argument("--reference")
     k.add_argument("--at", type=float, default=0.5)
     s = sub.add_parser("subset", allow_abbrev=False)
     s.add_argument("emb")

@@ -152,3 +152,26 @@ def test_header_choices_and_panels_follow_an_overwrite(tmp_path):
         config = httpx.get(url + "config", timeout=30).json()
         shown = {c["props"].get("elem_id") for c in config["components"]}
         assert {"frontier-chart", "frontier-text", "header"} <= shown
+
+
+def test_lists_tuned_at_n_say_what_they_hold_there(bytes_index):
+    """A budget whose inverted lists were tuned at the index's N (the manifest's ``at_n``, ``index build`` at
+    N >= IVF_MIN_N) says in the status line, the choices table and the JSON answer what its answers hold there of
+    exact search's top 10, at the nprobe kept; a budget without says nothing of it."""
+    from triclip.app.endpoints import AppConfig, SearchApp
+    from triclip.app.json_api import _searched
+    from triclip.app.panels import choices_text
+    from triclip.index.search import Searcher
+
+    app = SearchApp(Searcher.load(bytes_index), AppConfig(index=str(bytes_index), follow=0))
+    view = app.live.view()
+    assert "exact search's top 10" not in choices_text(view) + app._describe(view, "4B", False)
+    assert _searched(view, "4B")["at_n"] is None
+    curve = [{"nprobe": 1, "of_exact_top10": 0.1, "ms": 0.2}, {"nprobe": 2, "of_exact_top10": 0.248, "ms": 0.31},
+             {"nprobe": 4, "of_exact_top10": 0.3, "ms": 0.6}]  # tuned: nprobe 2 kept
+    budgets = view.searcher.manifest["budgets"]  # this test's own Searcher: as a build at N would have written it
+    budgets["4"] = {**budgets["4"], "at_n": {"n": 1_000_000, "queries": 322, "nprobe": 2, "curve": curve}}
+    assert "; 0.248 of exact search's top 10 at N = 1,000,000" in app._describe(view, "4B", False)
+    assert "Among all 1,000,000 images its answers hold 0.248 of exact full-D search's top 10" in choices_text(view)
+    assert _searched(view, "4B")["at_n"] == {"n": 1_000_000, "queries": 322, "of_exact_top10": 0.248}
+    assert _searched(view, "8B")["at_n"] is None

@@ -105,3 +105,31 @@ def test_the_nprobe_ladder_by_decoding_is_faiss_at_each_nprobe(clustered, inner)
     assert overlap(search(4, 100), shortlist) >= 0.995 and search(4, 100).shape == (200, 100)
     ranks, lists = codec.list_ranks(q[:5])
     assert ranks.shape == (5, 32) and (np.sort(ranks, axis=1) == np.arange(32)).all() and lists.shape == (3000,)
+
+
+
+def test_at_scale_the_choice_ranks_by_the_share_of_the_exact_top_10_it_holds(clustered):
+    """At N >= IVF_MIN_N every variant carries its fidelity (the share of the exact float top 10 among the tuning
+    sample its answers hold; the kept code's computed here again from its codes) and the kept one is the best by
+    (fidelity up to the recall target, fewer bytes, faster); below IVF_MIN_N by (recall up to the float recall,
+    fewer bytes, faster). Both report recall and fidelity."""
+    x, q = clustered
+    evaluation = EvalSet.of(x[:300], q[:150], np.argmax(q[:150] @ x[:300].T, axis=1), [f"t{i}" for i in range(150)],
+                            "validation", "synthetic")
+    truth = bud.exact_topk(x, q[:150], 10)  # (Q, 10) the tuning queries' exact top 10 in the sample (x, in order)
+    model = GivenLatency(reference=1.0, per_candidate=0.0001)
+    for n, rescore in ((1_000_000, False), (1_000_000, True), (len(x), True)):
+        scale = n > len(x)
+        choice = choose(8, x, evaluation, rules=Rules(n=n, recall_target=0.9, rescore=rescore, model=model))
+        assert choice.ranked_by == ("fidelity" if scale else "recall")
+        measured = [t for t in choice.tried if t["recall"] is not None]
+        assert len(measured) >= 2 and all(0.0 <= t["fidelity"] <= 1.0 for t in measured)
+        assert any(t["shortlist"] for t in measured) == rescore
+        cap = 0.9 if scale else choice.full_recall
+        score = lambda t: (min(t["fidelity"] if scale else t["recall"], cap), -t["bytes"], -t["latency_ms"])  # noqa: E731
+        within = [t for t in measured if t["latency_ms"] <= choice.bound_ms]
+        assert score(choice.kept.entry(D)) == max(score(t) for t in within)
+        if not rescore:  # codes alone: its fidelity is its top 10's overlap with the exact one
+            filled = choice.kept.codec.empty_copy()
+            filled.add(x)
+            assert choice.kept.fidelity == pytest.approx(overlap(filled.search(q[:150], 10)[1], truth), abs=1e-9)

@@ -79,6 +79,7 @@ def test_the_stored_lists_are_refitted_for_n_and_nprobe_holds_the_target_at_n(co
     entry = bud.manifest_entry(choice, stored, evaluation, "codes.8.faiss", {**done, "fitted_on_sample": "x"}, at_n)
     assert entry["spec"]["params"]["nlist"] == 512 and entry["spec"]["params"]["nprobe"] == p
     assert entry["sized_for_n"]["nlist"] == 512 and entry["at_n"]["nprobe"] == p
+    assert bud.held_at_n(entry) == {"n": N, "queries": 200, "of_exact_top10": round(held(p), 4)}
     assert entry["latency"]["how"] == "measured" and entry["latency_on_sample"]["how"] == "given"
     printed = bud.table({"8": {**entry, "code": entry["spec"]}})
     assert f"512 lists trained on {N:,} rows" in printed and f"nprobe {p} tuned at N" in printed

@@ -111,13 +111,17 @@ class JsonSearch:
 
 def _searched(view: IndexView, m) -> dict:
     """What the answer searched: ``m`` (the code's own m for a budget), ``bytes`` (the budget, or None) and, for
-    a budget, ``code`` (its label, codec, m and bytes stored) and ``stored_bytes`` (what each image's code holds)."""
+    a budget, ``code`` (its label, codec, m and bytes stored), ``stored_bytes`` (what each image's code holds) and
+    ``at_n`` (``triclip.index.budgets.held_at_n``: its share of exact search's top 10 at the index's N, where its
+    inverted lists were tuned there; None elsewhere)."""
     if not isinstance(m, str):
         return {"m": m, "bytes": None, "latency_ms": None}
     from triclip.codecs import CodecSpec
+    from triclip.index.budgets import held_at_n
 
     entry = view.budgets[int(m[:-1])]
     spec = CodecSpec.from_json(entry["spec"])
     code = {"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes_per_vector": spec.bytes_per_vector}
     latency = (entry.get("latency") or {}).get("ms")
-    return {"m": spec.m, "bytes": int(m[:-1]), "latency_ms": latency, "code": code, "stored_bytes": spec.bytes_per_vector}
+    return {"m": spec.m, "bytes": int(m[:-1]), "latency_ms": latency, "code": code, "stored_bytes": spec.bytes_per_vector,
+            "at_n": held_at_n(entry)}

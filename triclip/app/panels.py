@@ -201,7 +201,7 @@ def choices_text(view: IndexView) -> str:
     """What each choice costs (bytes stored, index size, latency where recorded) and keeps (recall@10), and each
     code in plain words (``triclip.codecs.describe``), with the noise of the measured recall."""
     from triclip.app.endpoints import text_recall
-    from triclip.index.budgets import human_bytes
+    from triclip.index.budgets import held_at_n, human_bytes
     from triclip.codecs import CodecSpec, describe
 
     if getattr(view.searcher, "served_from", None):
@@ -217,7 +217,11 @@ def choices_text(view: IndexView) -> str:
                      "latency_ms": (entry.get("latency") or {}).get("ms"),
                      "size": human_bytes(entry["index_bytes"]), "t2i": entry.get("recall"),
                      "i2t": (entry.get("text") or {}).get("recall")})
-        words.append(f"- **{budget} B budget**: {describe(spec)}.")
+        at_n = held_at_n(entry)
+        words.append(f"- **{budget} B budget**: {describe(spec)}." + ("" if at_n is None else (
+            f" Among all {at_n['n']:,} images its answers hold {at_n['of_exact_top10']:.3f} of exact full-D search's"
+            f" top 10 ({at_n['queries']} queries); the recall@10 beside it is measured on the"
+            f" {entry.get('split') or 'validation'} images alone.")))
     head = [header for header, _ in CHOICE_COLUMNS.values()]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r) for _, cell in CHOICE_COLUMNS.values()) + " |" for r in rows]

@@ -149,6 +149,14 @@ class Variant:
     shortlist_how: str = "measured"  # measured at N, or extrapolated from the sample (N / n_sample times longer)
     keeps: float = 1.0  # inverted lists: share of the exhaustive answers kept at the tuned nprobe (on the sample)
     code_recall: float = 0.0  # the codes alone, scanned exhaustively, on the evaluation set
+    fidelity: float | None = None  # share of the exact float top 10 on the tuning sample its answers hold (at the
+    # tuned nprobe; re-ranked: what its shortlist holds, which the re-rank keeps)
+    by_fidelity: bool = False  # ranked by fidelity (N >= IVF_MIN_N: see choose), else by recall
+
+    @property
+    def score(self) -> float:
+        """What the choice ranks it by: fidelity at scale, else recall."""
+        return self.fidelity if self.by_fidelity else self.recall
 
     def entry(self, dim: int) -> dict:
         """Its row in ``curves.json``'s candidates and in the build's table."""
@@ -157,7 +165,8 @@ class Variant:
                 "stages": "codes" if self.shortlist is None else "codes + float re-rank", "recall": self.recall,
                 "code_recall": self.code_recall, "keeps": round(self.keeps, 4), "latency_ms": round(self.latency.ms, 4),
                 "latency": self.latency.how, "shortlist": self.shortlist,
-                "disk_bytes_per_query": 4 * dim * (self.shortlist or 0)}
+                "disk_bytes_per_query": 4 * dim * (self.shortlist or 0),
+                "fidelity": None if self.fidelity is None else round(self.fidelity, 4)}
 
 
 @dataclass
@@ -175,6 +184,7 @@ class Choice:
     reference: Latency | None = None  # the float32 scan of N vectors at D
     note: str = ""  # why the kept code is outside the bound, when it is
     full_recall: float | None = None  # the float vectors' own recall@10 at D on the evaluation set (the ceiling)
+    ranked_by: str = "recall"  # what the candidates were ranked by: "recall", or at scale "fidelity" (see choose)
 
 
 def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,
@@ -184,6 +194,10 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
 
     Best: the highest recall@10 on the evaluation set, counted up to the float vectors' own (more is noise of
     the evaluation set: a code cannot know more than the vectors it codes), then the fewer bytes, then the faster.
+    At N >= ``IVF_MIN_N`` a few hundred validation images no longer tell codes apart that differ among N (they all
+    measure near the float recall, within its noise): there the best holds the largest share of the exact float
+    top 10 among the tuning sample (``fidelity``), counted up to ``rules.recall_target``, then fewer bytes, then
+    faster; its recall is still measured and reported.
     Candidates the evidence puts below another candidate are not fitted (:func:`not_worth_trying`); slow-to-fit
     codes are fitted last and left out unfitted when they cannot win: their probe's scan alone is slower than
     the bound, or a kept code already has full-D recall with no more bytes and a faster query. Each one left out
@@ -201,7 +215,9 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     tune = TuneSet.of(_sample(train, seed), evaluation)
     reference = rules.model.float_scan(tune.gallery, tune.queries, rules.n)
     bound = rules.latency_ms if rules.latency_ms is not None else reference.ms
-    ceiling = recall_at_k(exact_topk(evaluation.gallery, evaluation.queries, K), evaluation.positives)
+    full = recall_at_k(exact_topk(evaluation.gallery, evaluation.queries, K), evaluation.positives)
+    by_fidelity = at_scale(rules.n)
+    ceiling = rules.recall_target if by_fidelity else full  # what a variant's score is counted up to
     tried: list[dict | None] = [None] * len(specs)
     found: list[Variant] = []
     order = sorted(range(len(specs)), key=lambda i: (codecs.lookup(specs[i].codec).fit_cost, i))
@@ -216,8 +232,15 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
             if tried[i][0].get("skipped") and i not in evidence:
                 tried[i] = _measure(specs[i], evaluation, tune, rules, found)
     choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
-    choice.full_recall = ceiling
+    choice.full_recall, choice.ranked_by = full, "fidelity" if by_fidelity else "recall"
     return choice
+
+
+def at_scale(n: int) -> bool:
+    """Whether a collection of ``n`` rows is chosen for at scale (inverted lists offered, fidelity ranks)."""
+    from triclip.codecs import ivf
+
+    return n >= ivf.IVF_MIN_N
 
 
 def _measure(spec, evaluation: EvalSet, tune: "TuneSet", rules: Rules, found: list) -> list[dict]:
@@ -261,7 +284,7 @@ def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:
 def _best(found: list[Variant], bound: float, ceiling: float) -> Variant | None:
     """The best variant within ``bound`` (see :func:`choose`), None when none is."""
     within = [v for v in found if v.latency.ms <= bound]
-    return max(within, key=lambda v: (min(v.recall, ceiling), -v.codec.spec.bytes_per_vector, -v.latency.ms),
+    return max(within, key=lambda v: (min(v.score, ceiling), -v.codec.spec.bytes_per_vector, -v.latency.ms),
                default=None)
 
 
@@ -269,12 +292,13 @@ def _left_out(spec, best: Variant | None, bound: float, ceiling: float, rules: R
     """Why a slow-to-fit candidate is not fitted ("" to fit it): it cannot win."""
     if codecs.lookup(spec.codec).fit_cost == 0:
         return ""
-    full = best is not None and best.recall >= ceiling and spec.bytes_per_vector >= best.codec.spec.bytes_per_vector
+    full = best is not None and best.score >= ceiling and spec.bytes_per_vector >= best.codec.spec.bytes_per_vector
     probe = rules.model.probe(spec, tune.gallery.shape[1], rules.n, tune.queries)
     if probe is not None and probe.ms > bound:
         return f"its scan alone takes {probe.ms:.3g} ms at N = {rules.n:,} ({probe.how}), over {bound:.3g} ms"
     if full and (probe is None or probe.ms >= best.latency.ms):
-        return f"cannot win: {_words(best)} already keeps full-D recall in fewer or as many bytes, as fast"
+        what = f"{ceiling:g} of exact search's top 10" if best.by_fidelity else "full-D recall"
+        return f"cannot win: {_words(best)} already keeps {what} in fewer or as many bytes, as fast"
     return ""
 
 
@@ -328,17 +352,19 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
     if rules.rescore and not (codec.spec.codec == "float32" and codec.spec.m == codec.dim):  # exact already
         staged = tune_shortlist(copy, tune, rules.recall_target)
     n_s, n_eval = len(tune.gallery), len(evaluation.gallery)
-    out = []
+    scale, out = at_scale(rules.n), []
     if staged is not None:
-        shortlist, keeps2 = staged
+        shortlist, keeps2, held = staged
         at_n = shortlist if rules.n <= n_s else min(SHORTLIST_MAX, math.ceil(shortlist * rules.n / n_s))
         recall = measure(codec, evaluation, max(K, min(n_eval, math.ceil(at_n * n_eval / max(rules.n, 1)))))
         first = rules.model.search(copy, tune.queries, min(at_n, len(copy)), rules.n)
         latency = first.plus(rules.model.rerank(tune.gallery, tune.queries, at_n))
         out.append(Variant(codec, recall * keeps2, latency, at_n, "measured" if rules.n <= n_s else "extrapolated",
-                           keeps2, code_recall))
+                           keeps2, code_recall, held, scale))
     alone = rules.model.search(copy, tune.queries, K, rules.n)
-    return [Variant(codec, code_recall * keeps, alone, keeps=keeps, code_recall=code_recall)] + out
+    fidelity = overlap(copy.search(tune.queries, K)[1], tune.truth)
+    return [Variant(codec, code_recall * keeps, alone, keeps=keeps, code_recall=code_recall, fidelity=fidelity,
+                    by_fidelity=scale)] + out
 
 
 def tune_nprobe(copy: codecs.Codec, queries: np.ndarray, target: float) -> tuple[int, float]:
@@ -380,10 +406,11 @@ def max_nprobe(nlist: int) -> int:
     return max(1, int(nlist * PROBE_SHARE))
 
 
-def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[int, float] | None:
+def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[int, float, float] | None:
     """The shortest of :data:`SHORTLISTS` whose float re-rank holds ``target`` of the exact top 10 on the sample,
-    and (inverted lists) the share of the exhaustive lists' re-ranked answers kept at the code's nprobe; None
-    when none up to a quarter of the sample does (a longer one is no shortcut over the float scan).
+    (inverted lists) the share of the exhaustive lists' re-ranked answers kept at the code's nprobe, and what it
+    holds of the exact top 10; None when none up to a quarter of the sample does (a longer one is no shortcut
+    over the float scan).
 
     A re-rank by the exact scores keeps every true top-10 row its shortlist holds (they outscore the rest), so
     what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here."""
@@ -397,11 +424,12 @@ def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[in
         end = min(len(lengths), start + 2)
         ids = search(lengths[end - 1])  # (Q, L) best first: shorter ones are prefixes
         for length in lengths[start:end]:
-            if _held(ids[:, :length], tune.truth) >= target:
+            held = _held(ids[:, :length], tune.truth)
+            if held >= target:
                 if copy.exhaustive() is None:
-                    return length, 1.0
+                    return length, 1.0, held
                 whole = exhaustive_ids(copy, tune.queries, length)
-                return length, min(1.0, _held(ids[:, :length], tune.truth) / max(_held(whole, tune.truth), 1e-9))
+                return length, min(1.0, held / max(_held(whole, tune.truth), 1e-9)), held
         start = end
     return None
 
@@ -615,7 +643,8 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
             "latency": None if kept is None else kept.latency.to_json(),
             "latency_bound_ms": round(choice.bound_ms, 4),
             "float_latency": None if choice.reference is None else choice.reference.to_json(), "note": choice.note,
-            "full_recall": choice.full_recall,
+            "full_recall": choice.full_recall, "ranked_by": choice.ranked_by,
+            "fidelity": None if kept is None or kept.fidelity is None else round(kept.fidelity, 4),
             **({} if sized is None else {"sized_for_n": sized}),
             **({} if at_n is None else {"at_n": at_n, "latency_on_sample": None if kept is None else
                                         kept.latency.to_json(), "latency": _at_n_latency(at_n)}),
@@ -693,14 +722,30 @@ def table(budgets: dict) -> str:
     if any(entry.get("text") for entry in budgets.values()):
         lines.append("recall@10: text->image for the image codes, image->text for the caption (text) codes")
     lines.append("stored: the bytes each vector's code holds (a code smaller than its budget can measure best)")
+    if any(e.get("ranked_by") == "fidelity" for entry in budgets.values() for e in (entry, entry.get("text") or {})):
+        lines.append("ranked at N >= 100,000 by the share of exact float search's top 10 each holds among the tuning"
+                     " sample (counted up to the recall target), then fewer bytes, then faster; recall@10 is"
+                     " measured on the evaluation set")
     lines.append("latency: one query, one thread, at the collection's size: measured there, or extrapolated from a"
                  " timed sample (time per code scanned x codes scanned)")
     return "\n".join(lines)
 
 
+def held_at_n(entry: dict) -> dict | None:
+    """What a budget's answers hold at the collection's N, where its inverted lists were tuned there (the manifest
+    entry's ``at_n``): ``{"n", "queries", "of_exact_top10"}``, the share of the exact float top 10 over all N rows
+    found at the kept nprobe (after the re-rank, where there is one: a re-rank keeps every exact top-10 row its
+    shortlist holds). None for an entry without (its ``recall`` is then the whole story)."""
+    at_n = entry.get("at_n")
+    if not at_n:
+        return None
+    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": held}
+
+
 def _at_n_line(at_n: dict, sized: dict | None) -> str:
     """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
-    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    held = held_at_n({"at_n": at_n})["of_exact_top10"]
     lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
                                   f" (chosen as {sized['fitted_on_sample']}); ")
     return (f"at N = {at_n['n']:,}: {lists}nprobe {at_n['nprobe']} tuned at N, its top"
@@ -722,7 +767,8 @@ def _candidate(c: dict) -> str:
     if c.get("recall") is None:
         return f"{c['label']}: {c.get('skipped') or 'not fitted: ' + str(c.get('error'))}"
     stages = "" if not c.get("shortlist") else f" + float top {c['shortlist']}"
-    return (f"{c['label']}{stages}: recall@10 {c['recall']:.4f}, "
+    held = "" if c.get("fidelity") is None else f", {c['fidelity']:.3f} of the exact top 10 (sample)"
+    return (f"{c['label']}{stages}: recall@10 {c['recall']:.4f}{held}, "
             f"{_latency({'ms': c['latency_ms'], 'how': c['latency']})}")
 
 

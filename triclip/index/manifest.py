@@ -13,7 +13,8 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     stored codes), "split", "index_bytes", "bytes_per_vector", "ram_bytes", "rescore" (None, or the float
     re-rank: "with", "shortlist", "shortlist_how", "disk_bytes_per_query"), "code_recall", "keeps",
     "latency" ({"ms", "how"}), "latency_bound_ms", "float_latency", "note", "full_recall" (the float vectors'
-    own recall on the same evaluation), "text" (the caption codes, the
+    own recall on the same evaluation), "ranked_by" ("recall", or at N >= 100,000 "fidelity": the share of the
+    exact float top 10 held on the tuning sample, "fidelity" the kept code's), "text" (the caption codes, the
     same keys, recall = i2t; absent without captions)}}: ``--bytes``, ``triclip.index.budgets``; an inverted
     lists code's nlist and nprobe are in its spec's params),
     created, updated (and on_disk and files, written by ``triclip.index.store``: files maps each file of the
