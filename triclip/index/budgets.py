@@ -348,6 +348,7 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
         codec.set_nprobe(nprobe)
         copy.set_nprobe(nprobe)
     code_recall = measure(codec, evaluation)
+    fidelity = overlap(copy.search(tune.queries, K)[1], tune.truth)  # before a timing fills the copy at random
     staged = None
     if rules.rescore and not (codec.spec.codec == "float32" and codec.spec.m == codec.dim):  # exact already
         staged = tune_shortlist(copy, tune, rules.recall_target)
@@ -362,7 +363,6 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
         out.append(Variant(codec, recall * keeps2, latency, at_n, "measured" if rules.n <= n_s else "extrapolated",
                            keeps2, code_recall, held, scale))
     alone = rules.model.search(copy, tune.queries, K, rules.n)
-    fidelity = overlap(copy.search(tune.queries, K)[1], tune.truth)
     return [Variant(codec, code_recall * keeps, alone, keeps=keeps, code_recall=code_recall, fidelity=fidelity,
                     by_fidelity=scale)] + out
 
