@@ -142,3 +142,27 @@ class FillingLatency(GivenLatency):
     def search(self, codec, queries, k, n, params=None):
         codec.add_random(500, np.random.default_rng(len(codec)))
         return super().search(codec, queries, k, n, params)
+
+
+def test_at_scale_a_budget_keeps_a_smaller_budgets_code_that_ranks_above_its_own(clustered):
+    """A smaller budget's kept code that ranks above a larger budget's (fidelity up to the target, fewer bytes,
+    faster) and answers within the larger one's bound is kept at the larger budget too, with a note; one over the
+    bound, or ranking below, is not."""
+    x, _ = clustered
+    fit = lambda spec: codecs.fit(spec, x)  # noqa: E731
+    small = fit(codecs.CodecSpec("binary", D, 4, {}))  # 4 B stored
+    large = fit(codecs.CodecSpec("int8", 8, 8, {}))  # 8 B stored
+
+    def choice(budget, codec, fidelity, ms, bound=1.0):
+        kept = bud.Variant(codec, 0.5, bud.Latency(ms, "given"), fidelity=fidelity, by_fidelity=True)
+        return bud.Choice(budget, codec, 0.5, [], kept, bound_ms=bound)
+
+    out = bud.no_worse_than_smaller({4: choice(4, small, 0.97, 0.5), 8: choice(8, large, 0.6, 0.2)}, 0.95)
+    assert out[8].codec is small and out[8].kept.fidelity == 0.97 and "4 B budget's code" in out[8].note
+    assert out[4].codec is small and out[8].budget == 8 and out[8].bound_ms == 1.0
+    slow = bud.no_worse_than_smaller({4: choice(4, small, 0.97, 2.0, bound=5.0), 8: choice(8, large, 0.6, 0.2)}, 0.95)
+    assert slow[8].codec is large  # 2 ms is over the 8 B budget's 1 ms bound
+    worse = bud.no_worse_than_smaller({4: choice(4, small, 0.5, 0.1), 8: choice(8, large, 0.6, 0.2)}, 0.95)
+    assert worse[8].codec is large and worse[8].note == ""
+    tie = bud.no_worse_than_smaller({4: choice(4, small, 0.96, 0.5), 8: choice(8, large, 0.99, 0.2)}, 0.95)
+    assert tie[8].codec is small  # both reach the target: the fewer bytes
