@@ -283,9 +283,12 @@ def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:
 
 def _best(found: list[Variant], bound: float, ceiling: float) -> Variant | None:
     """The best variant within ``bound`` (see :func:`choose`), None when none is."""
-    within = [v for v in found if v.latency.ms <= bound]
-    return max(within, key=lambda v: (min(v.score, ceiling), -v.codec.spec.bytes_per_vector, -v.latency.ms),
-               default=None)
+    return max((v for v in found if v.latency.ms <= bound), key=lambda v: _rank(v, ceiling), default=None)
+
+
+def _rank(v: Variant, ceiling: float) -> tuple:
+    """choose's order: the score counted up to ``ceiling``, then fewer bytes, then faster."""
+    return min(v.score, ceiling), -v.codec.spec.bytes_per_vector, -v.latency.ms
 
 
 def _left_out(spec, best: Variant | None, bound: float, ceiling: float, rules: Rules, tune) -> str:
@@ -524,13 +527,12 @@ def no_worse_than_smaller(chosen: dict[int, Choice], cap: float) -> dict[int, Ch
     score up to ``cap``, fewer bytes, faster; within the budget's own latency bound): a code of fewer bytes is a
     code of this budget too, and the budgets' candidates differ (at 1M, RQ fast scan with a re-rank was measured
     at 8 B, not at 16 B). ``note`` says so; ``tried`` stays the budget's own."""
-    rank = lambda v: (min(v.score, cap), -v.codec.spec.bytes_per_vector, -v.latency.ms)  # noqa: E731
     out = dict(chosen)
     for b in sorted(out):
         for s in sorted(x for x in out if x < b):
             own, other = out[b], out[s]
             if (own.kept is not None and other.kept is not None and other.kept.latency.ms <= own.bound_ms
-                    and rank(other.kept) > rank(own.kept)):
+                    and _rank(other.kept, cap) > _rank(own.kept, cap)):
                 out[b] = replace(own, codec=other.codec, recall=other.recall, kept=other.kept,
                                  note=f"the {s} B budget's code ranks above every {b} B candidate: kept here too")
     return out
@@ -554,9 +556,7 @@ def fill(codec: codecs.Codec, vectors) -> codecs.Codec:
 def resized_for_n(codec: codecs.Codec, vectors) -> bool:
     """Whether :func:`sized_for_n` refits ``codec`` for the collection ``vectors``: inverted lists at N >=
     ``IVF_MIN_N``."""
-    from triclip.codecs import ivf
-
-    return hasattr(codec, "sized_for") and vectors.count >= ivf.IVF_MIN_N
+    return hasattr(codec, "sized_for") and at_scale(vectors.count)
 
 
 def sized_for_n(codec: codecs.Codec, vectors, seed: int = 0) -> tuple[codecs.Codec, dict | None]:
