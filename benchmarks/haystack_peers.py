@@ -2,7 +2,7 @@
 
     python -m benchmarks.haystack_peers INDEX --data DATA --work DIR [--n 1000000] [--seeds 0,1,2]
         [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR] [--factory F]
-        [--no-text-codes]
+        [--no-text-codes] [--equal-memory]
 
 Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors) is
 written once under DIR, with a folder of .npy links to its shards that the peers read, and the exact float top 10
@@ -10,7 +10,9 @@ of the test captions and of the val captions (the peers' tuning queries). Per by
 
 - **triclip**: ``triclip index build --embeddings H/embeddings --val-embeddings H/val-embeddings --bytes B,...
   --latency-ms L [--factory F]`` (one build for every budget; its progress lines kept in H/triclip-b....log): the
-  codes are chosen on the val split, like the peers' tuning;
+  codes are chosen on the val split, like the peers' tuning. ``--equal-memory``: one build per budget, with
+  ``--memory-budget`` = :func:`memory_cap` (autofaiss's): its float vectors then exceed it, so the choice charges
+  a re-rank its cold reads from disk;
 - **faiss**: ``IVF{nlist},PQ{2B}x4fs`` in ``IndexRefineFlat`` (the float rows in memory), nprobe and k_factor
   tuned on the val captions to :data:`TARGET` of their exact top 10, FAISS of the main environment;
 - **autofaiss**: ``build_index`` with ``max_index_memory_usage`` = :func:`memory_cap` and
@@ -18,7 +20,7 @@ of the test captions and of the val captions (the peers' tuning queries). Per by
 - **usearch** (same environment): HNSW of ``dtype`` b1 / i8 / f16 where D x bits / 8 = B.
 
 Each peer index is built by ``scripts/peer_worker.py`` in a process of its own and every index is measured in a
-fresh one. Prints a JSON line per (seed, method, budget), then a table of mean ± sd over seeds.
+fresh one, warm and cold (its files evicted from the page cache before each query). Prints a JSON line per (seed, method, budget), then a table of mean ± sd over seeds.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ class PeersConfig:
     cores: int = 2  # threads the peers' builds may use
     factory: str = "auto"  # triclip's float index at D (index build --factory): auto (HNSW32 from 100k rows) or e.g.
     # Flat (built at once; search --bytes reads the codes and the float vectors file, not this index)
+    equal_memory: bool = False  # triclip built per budget within autofaiss's memory (--memory-budget memory_cap)
 
 
 def usearch_dtype(budget: int, dim: int) -> str | None:
@@ -83,9 +86,11 @@ def nlist_for(n: int) -> int:
     return max(16, 2 ** int(round(np.log2(np.sqrt(n)))))
 
 
-def triclip_dir(budgets: list[int], factory: str = "auto") -> str:
-    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets and factory)."""
-    return "triclip-b" + "-".join(map(str, budgets)) + ("" if factory == "auto" else "-" + factory.lower())
+def triclip_dir(budgets: list[int], factory: str = "auto", memory: int | None = None) -> str:
+    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets, factory and
+    memory budget)."""
+    return ("triclip-b" + "-".join(map(str, budgets)) + ("" if factory == "auto" else "-" + factory.lower())
+            + ("" if memory is None else f"-mem{memory}"))
 
 
 # ---------------------------------------------------------------------------- the haystack of one seed
@@ -167,15 +172,26 @@ def built_once(python: str, spec: dict) -> dict:
     return json.loads(path.read_text())
 
 
-def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
-    """``triclip index build`` of every budget over the haystack's shards (reused when built); its manifest."""
-    out = h.root / triclip_dir(cfg.budgets, cfg.factory)
+def triclip_builds(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
+    """budget -> triclip's build record: one build of every budget, or with ``equal_memory`` one per budget
+    within :func:`memory_cap`."""
+    if not cfg.equal_memory:
+        return triclip_build(cfg, h, seed, cfg.budgets)
+    return {b: rec for budget in cfg.budgets
+            for b, rec in triclip_build(cfg, h, seed, [budget], memory_cap(budget, cfg.n)).items()}
+
+
+def triclip_build(cfg: PeersConfig, h: Haystack, seed: int, budgets: list[int], memory: int | None = None) -> dict:
+    """``triclip index build`` of ``budgets`` over the haystack's shards (reused when built), within ``memory``
+    bytes (None: triclip's default); budget -> its record from the manifest."""
+    out = h.root / triclip_dir(budgets, cfg.factory, memory)
     if not (out / "built.json").is_file():
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
                    "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
-                   "--bytes", ",".join(map(str, cfg.budgets)), "--latency-ms", str(cfg.latency_ms),
+                   "--bytes", ",".join(map(str, budgets)), "--latency-ms", str(cfg.latency_ms),
                    "--seed", str(seed), "--factory", cfg.factory, "--overwrite",
-                   *([] if cfg.text_codes else ["--no-text-index"])]
+                   *([] if cfg.text_codes else ["--no-text-index"]),
+                   *([] if memory is None else ["--memory-budget", str(memory)])]
         started = time.perf_counter()
         done = subprocess.run(command, capture_output=True, text=True)
         (h.root / f"{out.name}.log").write_text(done.stderr)  # its progress lines: where the build's time went
@@ -189,7 +205,8 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
     from triclip.codecs import CodecSpec
     return {int(b): {"label": e.get("label") or CodecSpec.from_json(e["spec"]).label(), "code_bytes": int(b),
                      "ram_bytes": e.get("ram_bytes"), "shortlist": (e.get("rescore") or {}).get("shortlist"),
-                     "note": e.get("note", ""), **common} for b, e in budgets.items()}
+                     "reads": (e.get("rescore") or {}).get("reads"), "note": e.get("note", ""), "dir": str(out),
+                     **common} for b, e in budgets.items()}
 
 
 # ---------------------------------------------------------------------------- one seed, every budget
@@ -200,7 +217,7 @@ def specs_for(cfg: PeersConfig, h: Haystack, budget: int, dim: int, tri: dict) -
     base = {"npy": str(h.npy), "queries": str(h.queries), "cores": cfg.cores}
     out, dtype, nlist = {}, usearch_dtype(budget, dim), nlist_for(cfg.n)
     if "triclip" in cfg.methods and budget in tri:
-        out["triclip"] = ({**base, "dir": str(h.root / triclip_dir(cfg.budgets, cfg.factory)), "bytes": budget}, tri[budget])
+        out["triclip"] = ({**base, "dir": tri[budget]["dir"], "bytes": budget}, tri[budget])
     if "faiss" in cfg.methods:
         out["faiss"] = ({**base, "M": 2 * budget, "nlist": nlist, "train_rows": min(cfg.n, 50 * nlist),
                          "tune_queries": str(h.val), "tune_truth": str(h.val_truth), "target": TARGET}, None)
@@ -240,7 +257,7 @@ def run(cfg: PeersConfig) -> list[dict]:
     split, records = hs.read_split(cfg.index, cfg.data), []
     for seed in cfg.seeds:
         h = haystack_of(cfg, seed, split)
-        tri = triclip_build(cfg, h, seed) if "triclip" in cfg.methods else {}
+        tri = triclip_builds(cfg, h, seed) if "triclip" in cfg.methods else {}
         full = 4 * int(np.load(h.queries, mmap_mode="r").shape[1])
         records.append({"seed": seed, "n": cfg.n, "method": "float exact", "budget": full, "code_bytes": full,
                         "recall@10": recall_at_k(h.truth, h.positives), "of_exact_top10": 1.0})
@@ -255,7 +272,8 @@ def run(cfg: PeersConfig) -> list[dict]:
 COLUMNS = [  # (header, record key, scale, digits)
     ("code B/vec", "code_bytes", 1, 0), ("RSS MB", "rss_bytes", 1e-6, 1), ("disk MB", "disk_bytes", 1e-6, 1),
     ("build s", "build_s", 1, 0), ("p50 ms 1t", "p50_ms_1t", 1, 2), ("p99 ms 1t", "p99_ms_1t", 1, 2),
-    ("p50 ms 2t", "p50_ms_2t", 1, 2), ("p99 ms 2t", "p99_ms_2t", 1, 2), ("batch q/s 2t", "batch_qps_2t", 1, 0),
+    ("p50 ms 2t", "p50_ms_2t", 1, 2), ("p99 ms 2t", "p99_ms_2t", 1, 2), ("p50 ms cold", "p50_ms_cold", 1, 2),
+    ("p99 ms cold", "p99_ms_cold", 1, 2), ("batch q/s 2t", "batch_qps_2t", 1, 0),
     ("t2i R@10", "recall@10", 1, 3), ("of exact top 10", "of_exact_top10", 1, 3),
 ]
 
@@ -297,6 +315,8 @@ def parse(argv: list[str] | None) -> PeersConfig:
     p.add_argument("--factory", default=PeersConfig.factory)
     p.add_argument("--no-text-codes", dest="text_codes", action="store_false",
                    help="triclip builds the image codes only (the rows measure text->image search)")
+    p.add_argument("--equal-memory", action="store_true",
+                   help="triclip built per budget with --memory-budget = autofaiss's memory cap")
     return PeersConfig(**vars(p.parse_args(argv)))
 
 

@@ -7,7 +7,8 @@ or in the peers' own (autofaiss, usearch: numpy < 2) and each peer is measured w
 ``method``, ``dir`` (the index folder), ``npy`` (the haystack's float32 rows as NNNN.npy, in row order),
 ``queries`` (Q, D) .npy, ``ids`` (where measure writes their (Q, 10) row ids) and the method's own fields.
 Prints one JSON line: what was built (build s, disk bytes) or measured (load RSS delta, single-query p50 / p99 on
-1 and 2 threads after :data:`WARMUP` untimed queries, batch queries/s on 2 threads).
+1 and 2 threads after :data:`WARMUP` untimed queries, and cold: the index's files evicted from the page cache before
+each query; batch queries/s on 2 threads).
 """
 
 from __future__ import annotations
@@ -170,7 +171,7 @@ def triclip_load(spec: dict):
     from triclip.codecs.threads import set_search_threads
     from triclip.index.search import Searcher
     from triclip.index.store import load_contents
-    contents = load_contents(spec["dir"])
+    contents = load_contents(spec["dir"], indexes="codes")  # not the float indexes per m: search --bytes holds none
     searcher, row = Searcher(contents, None, None, None), {m["id"]: i for i, m in enumerate(contents.meta)}
 
     def search(q: np.ndarray, threads: int) -> np.ndarray:
@@ -203,9 +204,25 @@ def single_query_ms(search, queries: np.ndarray, threads: int, **how) -> list[fl
     return out
 
 
+def cold_query_ms(search, queries: np.ndarray, folder: str) -> list[float]:
+    """Milliseconds of each query searched alone on one thread, every file under ``folder`` evicted from the page
+    cache before it (``triclip.index.diskrows.evict``; not timed): what a query costs when nothing the index
+    reads from disk is cached, only what the process holds in memory."""
+    from triclip.index.diskrows import evict
+    files = [p for p in glob.glob(os.path.join(folder, "**"), recursive=True) if os.path.isfile(p)]
+    out = []
+    for q in queries:
+        for file in files:
+            evict(file)
+        started = time.perf_counter()
+        search(q[None], 1)
+        out.append(1000 * (time.perf_counter() - started))
+    return out
+
+
 def measure(spec: dict) -> dict:
-    """The load's RSS delta and time, single-query p50 / p99 on 1 and 2 threads, batch queries/s on 2 threads
-    (median of 3); the top-10 row ids of every query go to spec["ids"]."""
+    """The load's RSS delta and time, single-query p50 / p99 on 1 and 2 threads and cold (:func:`cold_query_ms`,
+    1 thread), batch queries/s on 2 threads (median of 3); the top-10 row ids of every query go to spec["ids"]."""
     queries = np.ascontiguousarray(np.load(spec["queries"]), np.float32)
     before, started = rss_bytes(), time.perf_counter()
     search = METHODS[spec["method"]][1](spec)
@@ -213,6 +230,8 @@ def measure(spec: dict) -> dict:
     for threads in (1, 2):
         p50, p99 = np.percentile(single_query_ms(search, queries, threads), [50, 99])
         out[f"p50_ms_{threads}t"], out[f"p99_ms_{threads}t"] = round(float(p50), 3), round(float(p99), 3)
+    p50, p99 = np.percentile(cold_query_ms(search, queries, spec["dir"]), [50, 99])
+    out["p50_ms_cold"], out["p99_ms_cold"] = round(float(p50), 3), round(float(p99), 3)
     seconds = []
     for _ in range(3):
         started = time.perf_counter()

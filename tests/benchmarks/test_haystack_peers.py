@@ -36,6 +36,24 @@ def test_memory_cap_nlist_and_folders():
     assert hp.triclip_dir([8, 16], "Flat") == "triclip-b8-16-flat"  # another float index: another build
     assert hp.parse(["I", "--data", "D", "--work", "W", "--factory", "Flat"]).factory == "Flat"
     assert hp.parse(["I", "--data", "D", "--work", "W"]).factory == "auto"
+    assert hp.triclip_dir([8], "Flat", 16_000_000) == "triclip-b8-flat-mem16000000"  # within a memory budget
+    assert hp.parse(["I", "--data", "D", "--work", "W", "--equal-memory"]).equal_memory
+    assert not hp.parse(["I", "--data", "D", "--work", "W"]).equal_memory
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux's per-process I/O counters")
+def test_cold_queries_find_the_index_files_evicted_before_each_one(tmp_path):
+    """Each query timed cold reads the index's files from storage again (the folder's files evicted before it)."""
+    from tests.index.test_diskrows import read_bytes
+    (tmp_path / "sub").mkdir()
+    for name in ("a.npy", "sub/b.npy"):
+        np.save(tmp_path / name, np.ones((1000, 256), np.float32))
+    size = sum((tmp_path / name).stat().st_size for name in ("a.npy", "sub/b.npy"))
+    search = lambda q, threads: [np.load(tmp_path / name) for name in ("a.npy", "sub/b.npy")]  # noqa: E731
+    search(None, 1)
+    before = read_bytes()
+    ms = worker.cold_query_ms(search, np.zeros((3, 4), np.float32), str(tmp_path))
+    assert len(ms) == 3 and read_bytes() - before >= 3 * (size - 8192)
 
 
 def test_table_averages_seeds_and_shows_errors():

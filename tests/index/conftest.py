@@ -92,11 +92,13 @@ def synthetic():
 class GivenLatency:
     """A latency model that times nothing (``triclip.index.latency.LatencyModel``'s interface): each code's query
     takes ``per_byte`` ms per byte of its code (``codes``: ms by codec name instead), a re-rank ``per_candidate``
-    ms per candidate, the float32 scan ``reference`` ms; probes say what the fitted code would."""
+    ms per candidate (and ``per_read`` ms per candidate read cold from disk: ``reads`` records each count asked),
+    the float32 scan ``reference`` ms; probes say what the fitted code would."""
 
     def __init__(self, reference: float = 1.0, per_byte: float = 0.001, per_candidate: float = 0.0,
-                 codes: dict | None = None):
+                 codes: dict | None = None, per_read: float = 0.0):
         self.reference, self.per_byte, self.per_candidate, self.codes = reference, per_byte, per_candidate, codes or {}
+        self.per_read, self.reads = per_read, []
 
     def ms(self, spec) -> float:
         return self.codes.get(spec.codec, self.per_byte * spec.bytes_per_vector)
@@ -108,6 +110,10 @@ class GivenLatency:
 
     def rerank(self, vectors, queries, count):
         return self.per_candidate * count
+
+    def cold_rows(self, file, count):
+        self.reads.append((file, count))
+        return self.per_read * count
 
     def float_scan(self, vectors, queries, n):
         from triclip.index.latency import Latency

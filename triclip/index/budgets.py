@@ -136,6 +136,14 @@ class Rules:
     # hold of the exact float top 10); shortlist: of the exact float top 10
     rescore: bool = True  # also offer each code as the first of two stages (its shortlist re-ranked by float vectors)
     model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
+    reads_from: str | None = None  # the float vectors file a re-rank reads from disk (they exceed the memory
+    # budget): its cold reads are timed and charged, and shorter shortlists offered; None: they stay in memory
+
+    def rerank_ms(self, gallery: np.ndarray, queries: np.ndarray, count: int) -> float:
+        """One query's re-rank of ``count`` candidates: scoring them, plus reading them cold from disk
+        (``reads_from``)."""
+        ms = self.model.rerank(gallery, queries, count)
+        return ms + (self.model.cold_rows(self.reads_from, count) if self.reads_from else 0.0)
 
 
 @dataclass
@@ -147,6 +155,7 @@ class Variant:
     latency: Latency  # one query at N
     shortlist: int | None = None  # candidates re-ranked by the float vectors at N (None: the codes alone)
     shortlist_how: str = "measured"  # measured at N, or extrapolated from the sample (N / n_sample times longer)
+    reads: str = "memory"  # where the re-rank's float vectors come from: "memory" (the page cache), or "disk"
     keeps: float = 1.0  # inverted lists: share of the exhaustive answers kept at the tuned nprobe (on the sample)
     code_recall: float = 0.0  # the codes alone, scanned exhaustively, on the evaluation set
     fidelity: float | None = None  # share of the exact float top 10 on the tuning sample its answers hold (at the
@@ -165,7 +174,7 @@ class Variant:
                 "stages": "codes" if self.shortlist is None else "codes + float re-rank", "recall": self.recall,
                 "code_recall": self.code_recall, "keeps": round(self.keeps, 4), "latency_ms": round(self.latency.ms, 4),
                 "latency": self.latency.how, "shortlist": self.shortlist,
-                "disk_bytes_per_query": 4 * dim * (self.shortlist or 0),
+                "disk_bytes_per_query": 4 * dim * (self.shortlist or 0), "reads": self.reads if self.shortlist else None,
                 "fidelity": None if self.fidelity is None else round(self.fidelity, 4)}
 
 
@@ -352,19 +361,18 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
         copy.set_nprobe(nprobe)
     code_recall = measure(codec, evaluation)
     fidelity = overlap(copy.search(tune.queries, K)[1], tune.truth)  # before a timing fills the copy at random
-    staged = None
+    staged = []
     if rules.rescore and not (codec.spec.codec == "float32" and codec.spec.m == codec.dim):  # exact already
-        staged = tune_shortlist(copy, tune, rules.recall_target)
+        staged = tune_shortlist(copy, tune, rules.recall_target, shorter=rules.reads_from is not None)
     n_s, n_eval = len(tune.gallery), len(evaluation.gallery)
     scale, out = at_scale(rules.n), []
-    if staged is not None:
-        shortlist, keeps2, held = staged
+    for shortlist, keeps2, held in staged:
         at_n = shortlist if rules.n <= n_s else min(SHORTLIST_MAX, math.ceil(shortlist * rules.n / n_s))
         recall = measure(codec, evaluation, max(K, min(n_eval, math.ceil(at_n * n_eval / max(rules.n, 1)))))
         first = rules.model.search(copy, tune.queries, min(at_n, len(copy)), rules.n)
-        latency = first.plus(rules.model.rerank(tune.gallery, tune.queries, at_n))
+        latency = first.plus(rules.rerank_ms(tune.gallery, tune.queries, at_n))
         out.append(Variant(codec, recall * keeps2, latency, at_n, "measured" if rules.n <= n_s else "extrapolated",
-                           keeps2, code_recall, held, scale))
+                           "disk" if rules.reads_from else "memory", keeps2, code_recall, held, scale))
     alone = rules.model.search(copy, tune.queries, K, rules.n)
     return [Variant(codec, code_recall * keeps, alone, keeps=keeps, code_recall=code_recall, fidelity=fidelity,
                     by_fidelity=scale)] + out
@@ -409,11 +417,14 @@ def max_nprobe(nlist: int) -> int:
     return max(1, int(nlist * PROBE_SHARE))
 
 
-def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[int, float, float] | None:
+def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float,
+                   shorter: bool = False) -> list[tuple[int, float, float]]:
     """The shortest of :data:`SHORTLISTS` whose float re-rank holds ``target`` of the exact top 10 on the sample,
-    (inverted lists) the share of the exhaustive lists' re-ranked answers kept at the code's nprobe, and what it
-    holds of the exact top 10; None when none up to a quarter of the sample does (a longer one is no shortcut
-    over the float scan).
+    as ``[(length, keeps, held)]``: (inverted lists) the share of the exhaustive lists' re-ranked answers kept at
+    the code's nprobe, and what it holds of the exact top 10; [] when none up to a quarter of the sample does (a
+    longer one is no shortcut over the float scan). ``shorter``: every shorter length tried too, before it (when
+    the re-rank reads from disk a shorter list may be the best within the latency bound), and with none holding
+    the target, every length tried.
 
     A re-rank by the exact scores keeps every true top-10 row its shortlist holds (they outscore the rest), so
     what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here."""
@@ -422,19 +433,26 @@ def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float) -> tuple[in
     if copy.exhaustive() is not None and copy.scores_decoded() and lengths:  # lists: as FAISS at the code's nprobe
         probed = _probed_by_decoding(copy, tune.queries)
         search = lambda length: probed(copy.spec.params["nprobe"], length)  # noqa: E731
-    start = 0
+    start, tried = 0, []
     while start < len(lengths):  # search ever longer shortlists: long ones cost a heap per query
         end = min(len(lengths), start + 2)
         ids = search(lengths[end - 1])  # (Q, L) best first: shorter ones are prefixes
         for length in lengths[start:end]:
             held = _held(ids[:, :length], tune.truth)
+            tried.append((length, _kept_share(copy, tune, length, held), held))
             if held >= target:
-                if copy.exhaustive() is None:
-                    return length, 1.0, held
-                whole = exhaustive_ids(copy, tune.queries, length)
-                return length, min(1.0, held / max(_held(whole, tune.truth), 1e-9)), held
+                return tried if shorter else tried[-1:]
         start = end
-    return None
+    return tried if shorter else []
+
+
+def _kept_share(copy: codecs.Codec, tune: TuneSet, length: int, held: float) -> float:
+    """Inverted lists: the share of what the exhaustive lists' shortlist of ``length`` holds of the exact top 10
+    that the probed one holds (``held``); 1 for a code without lists."""
+    if copy.exhaustive() is None:
+        return 1.0
+    whole = exhaustive_ids(copy, tune.queries, length)
+    return min(1.0, held / max(_held(whole, tune.truth), 1e-9))
 
 
 def _held(shortlists: np.ndarray, truth: np.ndarray) -> float:
@@ -586,7 +604,7 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     truth = exact_at_n(vectors, evaluation)  # (Q, K)
     nlist, length = stored.exhaustive()["nprobe"], (choice.kept.shortlist if choice.kept is not None else None) or K
     timed = queries[:TUNE_QUERIES]
-    extra = 0.0 if length == K else rules.model.rerank(evaluation.gallery, timed, length)
+    extra = 0.0 if length == K else rules.rerank_ms(evaluation.gallery, timed, length)
     bound = choice.bound_ms or math.inf
     whole = overlap(stored.search(queries, K, params={"nprobe": nlist})[1], truth)
     goal = rules.recall_target * (whole if length == K else 1.0)
@@ -647,14 +665,15 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
     ``index_bytes``: the codes (bytes per vector x n; FAISS's files add a header); ``ram_bytes``: what the
     stored code holds in memory (inverted lists add 8-byte ids, fast scan pads to blocks of 32);
     ``rescore``: None (the codes alone) or the second stage, ``{"with": "float", "shortlist": L,
-    "disk_bytes_per_query": 4 D L}`` (the shortlist's float vectors, memory-mapped from disk); ``lists``: the
+    "disk_bytes_per_query": 4 D L, "reads": "memory" | "disk"}`` (the shortlist's float vectors, memory-mapped:
+    "disk" when they exceed the memory budget, their cold reads charged to the latency); ``lists``: the
     file of inverted lists kept on disk, when they are; ``sized``: the lists refitted for N (:func:`sized_for_n`);
     ``at_n``: nprobe tuned at N (:func:`tune_at_n`), whose latency at N replaces the sample's in ``latency``."""
     size = stored.spec.bytes_per_vector * len(stored)
     kept = choice.kept
     rescore = None if kept is None or kept.shortlist is None else {
         "with": "float", "shortlist": kept.shortlist, "shortlist_how": kept.shortlist_how,
-        "disk_bytes_per_query": 4 * stored.dim * kept.shortlist}
+        "disk_bytes_per_query": 4 * stored.dim * kept.shortlist, "reads": kept.reads}
     return {"spec": stored.spec.to_json(), "file": file, "recall": choice.recall, "split": evaluation.split,
             "index_bytes": int(size), "bytes_per_vector": stored.spec.bytes_per_vector,
             "ram_bytes": int(stored.ram_bytes()), "rescore": rescore,
@@ -728,7 +747,7 @@ def table(budgets: dict) -> str:
                 continue
             spec = codecs.CodecSpec.from_json(e["code"])
             rescore = e.get("rescore")
-            stages = "codes" if not rescore else f"codes + float top {rescore['shortlist']}"
+            stages = "codes" if not rescore else f"codes + float top {rescore['shortlist']}{_cold(rescore)}"
             disk = human_bytes(rescore["disk_bytes_per_query"]) if rescore else "0 B"
             lines.append(f"{b:>6}  {side:<6} {spec.label():<26} {spec.m:>5} {str(spec.bytes_per_vector) + ' B':>7}"
                          f"  {stages:<24} {_recall(e.get('recall')):>9}"
@@ -747,6 +766,10 @@ def table(budgets: dict) -> str:
                      " measured on the evaluation set")
     lines.append("latency: one query, one thread, at the collection's size: measured there, or extrapolated from a"
                  " timed sample (time per code scanned x codes scanned)")
+    if any((e.get("rescore") or {}).get("reads") == "disk" for entry in budgets.values()
+           for e in (entry, entry.get("text") or {})):
+        lines.append("(cold): the float vectors exceed --memory-budget; the re-rank's rows are read from disk, their"
+                     " cold reads timed on this index's vectors file and counted in its latency")
     return "\n".join(lines)
 
 
@@ -785,10 +808,15 @@ def _candidate(c: dict) -> str:
     """One tried candidate's line under its budget in :func:`table`."""
     if c.get("recall") is None:
         return f"{c['label']}: {c.get('skipped') or 'not fitted: ' + str(c.get('error'))}"
-    stages = "" if not c.get("shortlist") else f" + float top {c['shortlist']}"
+    stages = "" if not c.get("shortlist") else f" + float top {c['shortlist']}{_cold(c)}"
     held = "" if c.get("fidelity") is None else f", {c['fidelity']:.3f} of the exact top 10 (sample)"
     return (f"{c['label']}{stages}: recall@10 {c['recall']:.4f}{held}, "
             f"{_latency({'ms': c['latency_ms'], 'how': c['latency']})}")
+
+
+def _cold(stage: dict) -> str:
+    """" (cold)" for a re-rank whose rows are read from disk, their cold reads in its latency."""
+    return " (cold)" if stage.get("reads") == "disk" else ""
 
 
 def human_bytes(n: float) -> str:

@@ -55,7 +55,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import faiss
@@ -222,7 +222,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
         evaluation = bud.indexed_evaluation(coll.image, coll.text, coll.text_rows, coll.meta, bud.EVAL_MAX_IMAGES,
                                             str(coll.origin.source.get("data") or coll.origin.embeddings))
     budgets = bud.parse_budgets(cfg.bytes)
-    rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore)
+    rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore,
+                      reads_from=_reads_from(contents, VECTORS, coll.image, memory))
     entries = {}
     choices = kept_in(work / "codes.image.choices.pkl",
                       lambda: bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image.dim)
@@ -236,14 +237,22 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     curves["bytes"] = bud.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
-        text_choices = kept_in(work / "codes.text.choices.pkl",
-                               lambda: bud.choose_all(budgets, coll.text, reverse, cfg.codec, cfg.seed, rules), coll.text.dim)
+        text_rules = replace(rules, reads_from=_reads_from(contents, TEXT_VECTORS, coll.text, memory))
+        text_choices = kept_in(work / "codes.text.choices.pkl", lambda: bud.choose_all(
+            budgets, coll.text, reverse, cfg.codec, cfg.seed, text_rules), coll.text.dim)
         for choice in text_choices:
             file = code_name(choice.budget, "text")
             contents.text_codes[choice.budget], entries[str(choice.budget)]["text"] = _stored(
-                choice, coll.text, reverse, rules, cfg, memory, work, file, contents)
+                choice, coll.text, reverse, text_rules, cfg, memory, work, file, contents)
         curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
     return entries, curves
+
+
+def _reads_from(contents: IndexContents, name: str, vectors: ShardVectors, memory: int) -> str | None:
+    """The float vectors file a re-rank reads from disk: written to a file (a build from shards) and larger than
+    the ``memory`` budget, so their pages cannot be counted on to stay cached; None: they stay in memory."""
+    file = contents.files.get(name)
+    return str(file) if file is not None and 4 * vectors.count * vectors.dim > memory else None
 
 
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,

@@ -73,6 +73,16 @@ class LatencyModel:
         candidates = rng.integers(0, len(vectors), (1, count))
         return _median_ms(lambda q: rerank(vectors, q, candidates, 10), queries)
 
+    def cold_rows(self, file: str, count: int) -> float:
+        """Milliseconds to read ``count`` random rows of the vectors ``file`` from disk, cold, as a re-rank that
+        reads from disk gathers them (``triclip.index.diskrows.cold_read_ms``; timed once per file and count)."""
+        from triclip.index.diskrows import cold_read_ms
+
+        cache = self.__dict__.setdefault("_cold_rows", {})
+        if (file, count) not in cache:
+            cache[file, count] = cold_read_ms(file, count)
+        return cache[file, count]
+
     def float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
         """The exact float32 scan at full D (``IndexFlatIP``) of ``n`` vectors: a sample ``vectors`` (n_s, D), filled
         up with random rows as :meth:`search` does. Timed once per sample and N (every budget shares it)."""

@@ -52,6 +52,7 @@ import faiss
 import numpy as np
 
 from triclip.index import faiss_index as fi
+from triclip.index.diskrows import DiskRows
 from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
 from triclip.index.metafile import id_rows
 from triclip.index.store import IndexContents, load_contents
@@ -91,6 +92,7 @@ class Searcher:
     _source: tuple = field(default=(), repr=False)  # (run, weights, device, index_dir): to load the model later
     _text_transform: Any = field(default=None, repr=False)  # numpy compact transform for text_encoder's output
     _captions: tuple = field(default=(None, {}), repr=False)  # (id of the contents, caption string -> images carrying it)
+    _rows_on_disk: dict = field(default_factory=dict, repr=False)  # vectors file -> its DiskRows (the last two)
 
     @classmethod
     def load(
@@ -325,6 +327,8 @@ class Searcher:
                 return self._search_codes(codes, queries, k)
             candidates = self._search_codes(codes, queries, wanted)[1]  # (Q, C)
             fine = vectors if rescore in (None, "float") else self._check_bytes(rescore, "rescore", target)
+            if rescore is None and (self._stage(bytes, target) or {}).get("reads") == "disk":
+                fine = self._disk_rows(vectors)
             return rerank_from(fine, queries, candidates, k)
         if funnel is not None:
             small = self._check_m(funnel, "funnel")
@@ -376,12 +380,26 @@ class Searcher:
         if rescore == "none":
             return None
         if rescore is None:
-            entry = (self.manifest.get("budgets") or {}).get(str(int(budget))) or {}
-            stage = (entry if target == "image" else entry.get("text") or {}).get("rescore")
+            stage = self._stage(budget, target)
             if not stage:
                 return None
             return min(n, max(k, -(-int(stage["shortlist"]) * k // 10)))
         return min(n, k * max(1, int(self.shortlist_factor)))
+
+    def _stage(self, budget: int, target: str) -> dict | None:
+        """The second stage the build recorded for ``budget``'s codes (manifest ``budgets[B]["rescore"]``)."""
+        entry = (self.manifest.get("budgets") or {}).get(str(int(budget))) or {}
+        return (entry if target == "image" else entry.get("text") or {}).get("rescore")
+
+    def _disk_rows(self, vectors):
+        """The memory-mapped ``vectors`` read as a re-rank from disk reads them (``diskrows.DiskRows``: one page
+        a row, gathered in parallel), opened once per file; the array itself when it is in memory."""
+        key = getattr(vectors, "filename", None)
+        if key not in self._rows_on_disk:
+            if len(self._rows_on_disk) >= 2:  # images and captions of one version; a newer version replaces them
+                self._rows_on_disk.clear()
+            self._rows_on_disk[key] = DiskRows.of(vectors)
+        return self._rows_on_disk[key] if self._rows_on_disk[key] is not None else vectors
 
     def _search_codes(self, codes, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top k by the codes of one budget (``triclip.codecs``; FAISS-backed ones under the GPU lock if any)."""
@@ -509,7 +527,7 @@ def _rerank_one(vectors: np.ndarray, query: np.ndarray, candidates: np.ndarray, 
 def rerank_from(source, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     """:func:`rerank` against ``source``: stored vectors (N, D), memory-mapped or not, or a codec whose
     decoded vectors (``triclip.codecs.Codec.reconstruct``) are scored; only the candidates are read."""
-    if isinstance(source, np.ndarray):
+    if isinstance(source, (np.ndarray, DiskRows)):
         return rerank(source, queries, candidates, k)
     valid = candidates >= 0
     rows, inverse = np.unique(np.where(valid, candidates, 0), return_inverse=True)

@@ -327,12 +327,13 @@ def read_manifest(path: str | os.PathLike) -> dict:
     return load_contents(path, indexes=False).manifest
 
 
-def load_contents(path: str | os.PathLike, indexes: bool = True) -> IndexContents:
+def load_contents(path: str | os.PathLike, indexes: bool | str = True) -> IndexContents:
     """Read the live version of an index folder, checking that its parts agree.
 
     Args:
         path: the index folder.
-        indexes: also read the FAISS indexes (False: manifest, meta and vectors only).
+        indexes: also read the FAISS indexes and the byte budgets' codes (False: manifest, meta and vectors only;
+            "codes": the codes, not the FAISS indexes per m: what ``search --bytes`` holds).
 
     Raises:
         UserError: no index, the old format, or a damaged part (named in the message).
@@ -365,7 +366,7 @@ def _damaged(folder: Path, what: str) -> UserError:
     return UserError(f"index {folder} is damaged: {what}; rebuild it with triclip index build")
 
 
-def _load_version(folder: Path, indexes: bool) -> IndexContents:
+def _load_version(folder: Path, indexes: bool | str) -> IndexContents:
     """One version, each file checked against its record in the manifest (``triclip.index.filecheck``) before
     it is read; the codes of the byte budgets are only opened here, and read on first use (``lazy_codes``)."""
     manifest = _read_json(folder / MANIFEST, folder)
@@ -383,12 +384,13 @@ def _load_version(folder: Path, indexes: bool) -> IndexContents:
     for m in dims:
         lists = on_disk.get(("image", m))
         contents.image_indexes[m] = (
-            _read_index(folder / image_index_name(m), m, count, folder, records, lists) if indexes else None
+            _read_index(folder / image_index_name(m), m, count, folder, records, lists) if indexes is True else None
         )
         if text_count is not None:
             lists = on_disk.get(("text", m))
             contents.text_indexes[m] = (
-                _read_index(folder / text_index_name(m), m, text_count, folder, records, lists) if indexes else None
+                _read_index(folder / text_index_name(m), m, text_count, folder, records, lists) if indexes is True
+                else None
             )
     if indexes:
         contents.codes = _lazy_codes(manifest, budgets, "image", count, dim, folder, records)
