@@ -8,7 +8,8 @@ the page cache. Two things make that fast enough to be worth choosing:
   page. Measured on the 2-core VM's disk, 1M x 256 float32 (1 GB), the file evicted first: 100 random rows
   300 ms with read-ahead, 8 ms without;
 - **many reads in flight**: the rows are gathered by :data:`GATHER_THREADS` threads (a page fault releases the
-  GIL), so the disk serves them concurrently: 1,000 cold rows 120 ms from one thread, 11-16 ms from 16-32.
+  GIL), so the disk serves them concurrently: 1,000 cold rows 120 ms from one thread; from 8 / 16 / 32 / 64
+  threads 22 / 16 / 14 / 13 ms, and 10,000 rows 206 / 138 / 106 / 94 ms (the same VM, quiet).
 
 :func:`cold_read_ms` times it (the choice charges it to every re-rank that reads from disk:
 ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
@@ -25,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-GATHER_THREADS = 16  # reads in flight per gather (threads waiting on page faults, not computing)
+GATHER_THREADS = 32  # reads in flight per gather (threads waiting on page faults, not computing)
 GATHER_MIN = 64  # fewer rows are gathered by the calling thread
 COLD_REPS = 3  # draws of rows timed cold; the median is kept
 
