@@ -86,11 +86,17 @@ def nlist_for(n: int) -> int:
     return max(16, 2 ** int(round(np.log2(np.sqrt(n)))))
 
 
-def triclip_dir(budgets: list[int], factory: str = "auto", memory: int | None = None) -> str:
-    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets, factory and
-    memory budget)."""
+def triclip_dir(budgets: list[int], factory: str = "auto", memory: int | None = None,
+                latency_ms: float = PeersConfig.latency_ms) -> str:
+    """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets, factory, memory
+    budget and latency bound)."""
     return ("triclip-b" + "-".join(map(str, budgets)) + ("" if factory == "auto" else "-" + factory.lower())
-            + ("" if memory is None else f"-mem{memory}"))
+            + ("" if memory is None else f"-mem{memory}") + bound_suffix(latency_ms))
+
+
+def bound_suffix(latency_ms: float) -> str:
+    """What a folder built for a latency bound other than the default adds to its name."""
+    return "" if latency_ms == PeersConfig.latency_ms else f"-{latency_ms:g}ms"
 
 
 # ---------------------------------------------------------------------------- the haystack of one seed
@@ -184,7 +190,7 @@ def triclip_builds(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
 def triclip_build(cfg: PeersConfig, h: Haystack, seed: int, budgets: list[int], memory: int | None = None) -> dict:
     """``triclip index build`` of ``budgets`` over the haystack's shards (reused when built), within ``memory``
     bytes (None: triclip's default); budget -> its record from the manifest."""
-    out = h.root / triclip_dir(budgets, cfg.factory, memory)
+    out = h.root / triclip_dir(budgets, cfg.factory, memory, cfg.latency_ms)
     if not (out / "built.json").is_file():
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
                    "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
@@ -234,7 +240,8 @@ def run_budget(cfg: PeersConfig, h: Haystack, seed: int, budget: int, tri: dict,
     """Build (unless built) and measure every method at ``budget`` for one seed's haystack: one record each."""
     records, dim = [], int(np.load(h.queries, mmap_mode="r").shape[1])
     for method, (spec, built) in specs_for(cfg, h, budget, dim, tri).items():
-        spec = {"dir": str(h.root / f"{method}-b{budget}"), **spec, "method": method}
+        bound = bound_suffix(cfg.latency_ms) if method in ("triclip", "autofaiss") else ""  # built to the bound
+        spec = {"dir": str(h.root / f"{method}-b{budget}{bound}"), **spec, "method": method}
         spec["ids"] = os.path.join(spec["dir"], "ids.npy")
         rec = {"seed": seed, "n": cfg.n, "method": method, "budget": budget,
                "code_bytes": spec.get("code_bytes", budget), **(built or built_once(python[method], spec))}

@@ -171,8 +171,9 @@ def triclip_load(spec: dict):
     from triclip.codecs.threads import set_search_threads
     from triclip.index.search import Searcher
     from triclip.index.store import load_contents
+    from triclip.index.metafile import id_rows
     contents = load_contents(spec["dir"], indexes="codes")  # not the float indexes per m: search --bytes holds none
-    searcher, row = Searcher(contents, None, None, None), {m["id"]: i for i, m in enumerate(contents.meta)}
+    searcher, row = Searcher(contents, None, None, None), id_rows(contents.meta)  # the Searcher's own id lookup
 
     def search(q: np.ndarray, threads: int) -> np.ndarray:
         set_search_threads(threads)

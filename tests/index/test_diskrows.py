@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 
+from triclip.index import budgets as bud
 from triclip.index.budgets import EvalSet, Rules, choose, table
 from triclip.index.diskrows import GATHER_MIN, DiskRows, evict
 from triclip.index.search import Searcher, rerank, rerank_from
@@ -95,6 +96,10 @@ def test_a_rerank_from_disk_is_charged_its_cold_reads_and_shorter_shortlists_are
         lengths = [t["shortlist"] for t in variants]
         assert lengths == sorted(lengths) and len(set(lengths)) == len(lengths)
         assert [t["fidelity"] for t in variants] == sorted(t["fidelity"] for t in variants)
+    far = choose(8, x, evaluation, force="pq", rules=Rules(n=1_000_000, recall_target=0.999, model=model,
+                                                           reads_from="v.npy", latency_ms=1.0))
+    capped = [t["shortlist"] for t in far.tried if t["shortlist"]]  # lists past SHORTLIST_MAX at N: read once
+    assert max(capped) == bud.SHORTLIST_MAX and len(set(capped)) == len(capped)
     within = [t for t in disk.tried if t["recall"] is not None and t["latency_ms"] <= 1.0]
     assert any(t["latency_ms"] > 1.0 for t in staged) and disk.kept.shortlist and disk.kept.latency.ms <= 1.0
     best = max((min(t["fidelity"], 0.9), -t["bytes"], -t["latency_ms"]) for t in within)

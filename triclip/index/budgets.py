@@ -368,6 +368,8 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
     scale, out = at_scale(rules.n), []
     for shortlist, keeps2, held in staged:
         at_n = shortlist if rules.n <= n_s else min(SHORTLIST_MAX, math.ceil(shortlist * rules.n / n_s))
+        if out and out[-1].shortlist == at_n:  # a longer sample list past SHORTLIST_MAX: no longer read at N
+            break
         recall = measure(codec, evaluation, max(K, min(n_eval, math.ceil(at_n * n_eval / max(rules.n, 1)))))
         first = rules.model.search(copy, tune.queries, min(at_n, len(copy)), rules.n)
         latency = first.plus(rules.rerank_ms(tune.gallery, tune.queries, at_n))
