@@ -277,7 +277,8 @@ def run(cfg: PeersConfig) -> list[dict]:
 
 
 COLUMNS = [  # (header, record key, scale, digits)
-    ("code B/vec", "code_bytes", 1, 0), ("RSS MB", "rss_bytes", 1e-6, 1), ("disk MB", "disk_bytes", 1e-6, 1),
+    ("code B/vec", "code_bytes", 1, 0), ("RSS MB", "rss_bytes", 1e-6, 1), ("RSS after MB", "rss_after_bytes", 1e-6, 1),
+    ("disk MB", "disk_bytes", 1e-6, 1),
     ("build s", "build_s", 1, 0), ("p50 ms 1t", "p50_ms_1t", 1, 2), ("p99 ms 1t", "p99_ms_1t", 1, 2),
     ("p50 ms 2t", "p50_ms_2t", 1, 2), ("p99 ms 2t", "p99_ms_2t", 1, 2), ("p50 ms cold", "p50_ms_cold", 1, 2),
     ("p99 ms cold", "p99_ms_cold", 1, 2), ("batch q/s 2t", "batch_qps_2t", 1, 0),
