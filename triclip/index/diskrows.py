@@ -37,7 +37,7 @@ def evict(file: str | os.PathLike) -> None:
     """Drop ``file``'s pages from the page cache (written back first), so the next reads come from the disk."""
     fd = os.open(file, os.O_RDONLY)
     try:
-        os.fdatasync(fd)
+        getattr(os, "fdatasync", os.fsync)(fd)  # dirty pages are not dropped: written back first
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
