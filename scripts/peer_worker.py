@@ -180,6 +180,7 @@ def triclip_load(spec: dict):
         set_search_threads(threads)
         hits = searcher.search_vectors(q, K, bytes=spec["bytes"])
         return np.array([[row[h["id"]] for h in hs] + [-1] * (K - len(hs)) for hs in hits], np.int64)
+    search.drop = lambda: [r.drop_pages() for r in searcher._rows_on_disk.values() if r is not None]  # cold: unmap
     return search
 
 
@@ -206,14 +207,29 @@ def single_query_ms(search, queries: np.ndarray, threads: int, **how) -> list[fl
     return out
 
 
+def index_files(folder: str) -> list[str]:
+    """Every file under ``folder``."""
+    return [p for p in glob.glob(os.path.join(folder, "**"), recursive=True) if os.path.isfile(p)]
+
+
+def read_through(folder: str) -> None:
+    """Read every file under ``folder`` once, so the warm measurements find them in the page cache (a build may
+    have left them evicted)."""
+    for file in index_files(folder):
+        with open(file, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+
+
 def cold_query_ms(search, queries: np.ndarray, folder: str) -> list[float]:
     """Milliseconds of each query searched alone on one thread, every file under ``folder`` evicted from the page
     cache before it (``triclip.index.diskrows.evict``; not timed): what a query costs when nothing the index
     reads from disk is cached, only what the process holds in memory."""
     from triclip.index.diskrows import evict
-    files = [p for p in glob.glob(os.path.join(folder, "**"), recursive=True) if os.path.isfile(p)]
+    files = index_files(folder)
     out = []
     for q in queries:
+        getattr(search, "drop", lambda: None)()  # a mapped page stays cached: unmapped first
         for file in files:
             evict(file)
         started = time.perf_counter()
@@ -229,11 +245,13 @@ IMPORTS = {  # method -> the modules its load imports: imported before the RSS i
 
 
 def measure(spec: dict) -> dict:
-    """The load's RSS delta (its modules imported first) and time, single-query p50 / p99 on 1 and 2 threads and cold (:func:`cold_query_ms`,
-    1 thread), batch queries/s on 2 threads (median of 3); the top-10 row ids of every query go to spec["ids"]."""
+    """The load's RSS delta (its modules imported first) and time; single-query p50 / p99 on 1 and 2 threads, every
+    file of the index read into the page cache first (:func:`read_through`), and cold (:func:`cold_query_ms`, 1
+    thread); batch queries/s on 2 threads (median of 3). The top-10 row ids of every query go to spec["ids"]."""
     queries = np.ascontiguousarray(np.load(spec["queries"]), np.float32)
     for module in IMPORTS[spec["method"]]:
         importlib.import_module(module)
+    read_through(spec["dir"])
     before, started = rss_bytes(), time.perf_counter()
     search = METHODS[spec["method"]][1](spec)
     out = {"load_s": round(time.perf_counter() - started, 2), "rss_bytes": rss_bytes() - before}

@@ -60,6 +60,18 @@ def test_an_evicted_file_is_read_from_disk_again_and_a_cached_one_is_not(tmp_pat
     before = read_bytes()
     file.read_bytes()
     assert cached < size // 10 and read_bytes() - before >= size - 4096
+    rows = DiskRows(file)
+    rows[np.arange(2000)]  # every page mapped by this DiskRows
+    evict(file)
+    before = read_bytes()
+    file.read_bytes()
+    assert read_bytes() - before < size // 10  # a mapped page stays in the page cache
+    rows.drop_pages()
+    evict(file)
+    before = read_bytes()
+    file.read_bytes()
+    assert read_bytes() - before >= size - 4096
+    np.testing.assert_array_equal(rows[np.arange(5)], np.ones((5, 256), np.float32))  # still readable
 
 
 @pytest.fixture

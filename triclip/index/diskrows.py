@@ -13,7 +13,8 @@ the page cache. Two things make that fast enough to be worth choosing:
 
 :func:`cold_read_ms` times it (the choice charges it to every re-rank that reads from disk:
 ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
-timing and the benchmarks' cold measurements start from). Linux calls; elsewhere a plain gather, and eviction
+timing and the benchmarks' cold measurements start from), all but the pages a process still maps
+(:meth:`DiskRows.drop_pages` unmaps a DiskRows's). Linux calls; elsewhere a plain gather, and eviction
 does nothing.
 """
 
@@ -65,6 +66,12 @@ class DiskRows:
     def __len__(self) -> int:
         return int(self.shape[0])
 
+    def drop_pages(self) -> None:
+        """Unmap the pages this map has touched (``MADV_DONTNEED``): the page cache keeps a mapped page, so
+        :func:`evict` can drop them only after this."""
+        if hasattr(mmap, "MADV_DONTNEED") and self._rows._mmap is not None:
+            self._rows._mmap.madvise(mmap.MADV_DONTNEED)
+
     def __getitem__(self, ids) -> np.ndarray:
         ids = np.asarray(ids, np.int64)
         flat = ids.reshape(-1)  # (R,)
@@ -87,6 +94,7 @@ def cold_read_ms(file: str | os.PathLike, count: int, reps: int = COLD_REPS) -> 
     rng, times = np.random.default_rng(0), []
     for _ in range(reps):
         ids = np.sort(rng.choice(len(rows), count, replace=False))
+        rows.drop_pages()
         evict(file)
         started = time.perf_counter()
         rows[ids]
