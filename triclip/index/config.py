@@ -54,7 +54,7 @@ class IndexBuildConfig:
     lock_timeout: float = bounded(600.0, low=0)  # seconds to wait for another writer of the same index before giving up
     embeddings: str | None = None  # build from `triclip embed` shards instead of --run + --data
     val_embeddings: str | None = None  # with --embeddings and --bytes: the validation split embedded by `triclip embed --split val` with the same run; the codes are chosen on it (None: on the shards' first 5,000 images)
-    memory_budget: int | None = bounded(None, above=0)  # bytes one index may take in memory, e.g. 8G (None: half the available)
+    memory_budget: int | None = bounded(None, above=0)  # bytes one index may take in memory, e.g. 8G (None: half the available); with --bytes, float vectors beyond it are read from disk by a re-rank, whose cold reads the choice times and charges
     on_disk: Literal["auto", "always", "never"] = "auto"  # IVF lists in a mapped file (auto: beyond --memory-budget)
     recall_target: float = bounded(0.95, above=0, high=1)  # IVF nprobe: the smallest reaching this recall@10 against exact search (codes of --bytes: against the code's own exhaustive scan; their float re-rank's shortlist: against exact float32 search)
     tune_queries: int = bounded(1000, low=1)  # held-out queries the nprobe of an IVF index is tuned on
