@@ -440,12 +440,11 @@ def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float,
         end = min(len(lengths), start + 2)
         ids = search(lengths[end - 1])  # (Q, L) best first: shorter ones are prefixes
         for length in lengths[start:end]:
-            held = _held(ids[:, :length], tune.truth)
-            tried.append((length, _kept_share(copy, tune, length, held), held))
-            if held >= target:
-                return tried if shorter else tried[-1:]
+            tried.append((length, _held(ids[:, :length], tune.truth)))
+            if tried[-1][1] >= target:
+                return [(n, _kept_share(copy, tune, n, h), h) for n, h in (tried if shorter else tried[-1:])]
         start = end
-    return tried if shorter else []
+    return [(n, _kept_share(copy, tune, n, h), h) for n, h in tried] if shorter else []
 
 
 def _kept_share(copy: codecs.Codec, tune: TuneSet, length: int, held: float) -> float:
