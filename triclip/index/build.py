@@ -65,6 +65,7 @@ from triclip.codecs.threads import all_cores
 from triclip.index import faiss_index as fi
 from triclip.index.parts import (  # noqa: F401 (OWNER, PARTS_SUFFIX, claim_parts, remove_stale_parts: re-exported)
     OWNER,
+    PLAN,
     PARTS_SUFFIX,
     build_key,
     claim_parts,
@@ -76,7 +77,7 @@ from triclip.index.parts import (  # noqa: F401 (OWNER, PARTS_SUFFIX, claim_part
 from triclip.index.metarows import RENAMES, MetaRows
 from triclip.index.manifest import Origin, attach_curves, make_manifest, summary
 from triclip.index.store import TEXT_VECTORS, VECTORS, IndexContents, ivfdata_name, write_version, writer_lock
-from triclip.index.vectors import ShardVectors, exact_topk
+from triclip.index.vectors import ShardVectors, exact_topk, stored_dtype
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path, write_errors
 from triclip.core.progress import progress
@@ -126,6 +127,11 @@ def build_and_write(
             owner = _claim_shared(cfg.out, work)
         barrier(world)
         builder.work = work
+        try:
+            dtype = _vectors_dtype(cfg, coll, work) if rank == 0 else None  # refused here, before any work
+        except UserError:
+            resumable = resumable and any(p.name not in (OWNER, PLAN) for p in work.iterdir())  # keep earlier work only
+            raise
         if rank == 0 and isinstance(coll.meta, MetaRows):
             coll.meta.kept = work / RENAMES  # the unique ids' renames, found once: a resumed build reads them back
         with all_cores():  # FAISS adds and encodes on every core, whatever a server set for its searches
@@ -137,7 +143,7 @@ def build_and_write(
             "image": {m: tune_nprobe(idx, coll.image, coll.text or coll.image, m, cfg) for m, idx in image_indexes.items()},
             "text": {m: tune_nprobe(idx, coll.text, coll.image, m, cfg) for m, idx in text_indexes.items()},
         }
-        contents = _contents(coll, image_indexes, text_indexes, work)
+        contents = _contents(coll, image_indexes, text_indexes, work, dtype)
         kept = curves(contents.dims) if curves is not None else None
         decided = _decisions(factories, text_factories if coll.text else None, tuning, budget, cfg.recall_target)
         if cfg.bytes:
@@ -179,6 +185,15 @@ def _claim_work(cfg, coll: Collection, builder: "ShardedBuilder", factories: dic
     if resumed:
         print(f"resuming the build of {cfg.out} from {work}", file=sys.stderr, flush=True)
     return work, fd, True
+
+
+def _vectors_dtype(cfg, coll: Collection, work: Path) -> str:
+    """The dtype the full-D vectors are written in (``--vectors``, ``triclip.index.vectors.stored_dtype``); a
+    resumed build keeps the one its vectors file was written in."""
+    if (work / VECTORS).exists():
+        return str(np.load(work / VECTORS, mmap_mode="r").dtype)
+    rows = coll.image.count + (coll.text.count if coll.text is not None else 0)
+    return stored_dtype(cfg.vectors, rows, coll.image.dim, work.parent)
 
 
 def _claim_shared(out: str, work: Path) -> int:
@@ -252,7 +267,8 @@ def _reads_from(contents: IndexContents, name: str, vectors: ShardVectors, memor
     """The float vectors file a re-rank reads from disk: written to a file (a build from shards) and larger than
     the ``memory`` budget, so their pages cannot be counted on to stay cached; None: they stay in memory."""
     file = contents.files.get(name)
-    return str(file) if file is not None and 4 * vectors.count * vectors.dim > memory else None
+    size = 0 if file is None else np.load(file, mmap_mode="r").nbytes
+    return str(file) if file is not None and size > memory else None
 
 
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,
@@ -380,10 +396,10 @@ def _decisions(factories: dict, text_factories: dict | None, tuning: dict, budge
     }
 
 
-def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: Path) -> IndexContents:
-    """The version to write; with an index on disk, its lists are files in ``work``; the vectors too, written
-    shard by shard and memory-mapped, with an index on disk or when they come from shard files (embeddings):
-    never an (N, D) float matrix in memory."""
+def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: Path, dtype: str) -> IndexContents:
+    """The version to write; with an index on disk, its lists are files in ``work``; the vectors too (as
+    ``dtype``), written shard by shard and memory-mapped, with an index on disk or when they come from shard
+    files (embeddings): never an (N, D) float matrix in memory."""
     contents = IndexContents({}, coll.meta, None, image_indexes)
     if coll.text is not None:
         contents.text_rows = np.asarray(coll.text_rows, np.int64).reshape(-1, 2)
@@ -395,15 +411,15 @@ def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: P
                 files[ivfdata_name(kind, m)] = Path(fi.on_disk_lists(index).filename)
     if files or coll.origin.embeddings is not None:  # the vectors go to their file shard by shard
         files[VECTORS] = work / VECTORS
-        contents.vectors = stack_to_file(coll.image, files[VECTORS])  # (N, D) memory-mapped
+        contents.vectors = stack_to_file(coll.image, files[VECTORS], dtype)  # (N, D) memory-mapped
         if coll.text is not None:
             files[TEXT_VECTORS] = work / TEXT_VECTORS
-            contents.text_vectors = stack_to_file(coll.text, files[TEXT_VECTORS])  # (T, D)
+            contents.text_vectors = stack_to_file(coll.text, files[TEXT_VECTORS], dtype)  # (T, D)
         contents.files = files
         return contents
-    contents.vectors = coll.image.full()  # (N, D)
+    contents.vectors = coll.image.full().astype(dtype, copy=False)  # (N, D)
     if coll.text is not None:
-        contents.text_vectors = coll.text.full()  # (T, D)
+        contents.text_vectors = coll.text.full().astype(dtype, copy=False)  # (T, D)
     return contents
 
 
@@ -636,9 +652,9 @@ def tune_nprobe(index, base: ShardVectors, queries_from: ShardVectors, m: int, c
     return {"nprobe": nprobe, "recall": curve[nprobe], "curve": {str(p): r for p, r in curve.items()}, "queries": q}
 
 
-def stack_to_file(vectors: ShardVectors, file: Path) -> np.ndarray:
-    """Write every shard's vectors, float32, into one ``.npy`` file, a shard at a time (atomic: a file there is
-    whole, and an earlier run's is reused). Returns it mapped read-only.
+def stack_to_file(vectors: ShardVectors, file: Path, dtype: str = "float32") -> np.ndarray:
+    """Write every shard's vectors, as ``dtype``, into one ``.npy`` file, a shard at a time (atomic: a file there
+    is whole, and an earlier run's is reused). Returns it mapped read-only.
 
     Plain writes, not a writable memory map: the pages of a map written through count as the process's
     resident memory until it is closed (the whole file at the end), plain writes only pass through the page
@@ -647,12 +663,12 @@ def stack_to_file(vectors: ShardVectors, file: Path) -> np.ndarray:
         return np.load(file, mmap_mode="r")
     rows = progress(desc=f"writing {file.name}", total=vectors.count, unit="row", disable=None)
     with atomic_path(file) as tmp, open(tmp, "wb") as out:
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(np.float32)), "fortran_order": False,
+        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
                   "shape": (vectors.count, vectors.dim)}
         np.lib.format.write_array_header_1_0(out, header)
         for part in vectors.parts:
             if len(part):
-                out.write(np.ascontiguousarray(part[:], dtype=np.float32).tobytes())  # (n_s, D)
+                out.write(np.ascontiguousarray(part[:], dtype=dtype).tobytes())  # (n_s, D)
             rows.update(len(part))
     rows.close()
     return np.load(file, mmap_mode="r")

@@ -17,7 +17,7 @@ from triclip.core.errors import UserError
 from triclip.data.config import check_data
 from triclip.data.records import DataConfig
 
-ADD_KEEPS = ("ordering", "memory_budget", "on_disk", "recall_target", "tune_queries")  # --add: the index's own
+ADD_KEEPS = ("ordering", "memory_budget", "on_disk", "vectors", "recall_target", "tune_queries")  # --add: the index's own
 FLOAT_BYTES = 4  # bytes per dimension of the float vectors: a budget above FLOAT_BYTES * D buys nothing
 SHORTLIST_FACTOR = 20  # funnel / rescore candidates per wanted hit (openclipart titles, m=32: recall@10 0.996 at 20, 0.987 at 10)
 
@@ -56,6 +56,7 @@ class IndexBuildConfig:
     val_embeddings: str | None = None  # with --embeddings and --bytes: the validation split embedded by `triclip embed --split val` with the same run; the codes are chosen on it (None: on the shards' first 5,000 images)
     memory_budget: int | None = bounded(None, above=0)  # bytes one index may take in memory, e.g. 8G (None: half the available); with --bytes, float vectors beyond it are read from disk by a re-rank, whose cold reads the choice times and charges
     on_disk: Literal["auto", "always", "never"] = "auto"  # IVF lists in a mapped file (auto: beyond --memory-budget)
+    vectors: Literal["auto", "float32", "float16"] = "auto"  # precision of the full-D vectors kept on disk for re-ranks, "more like this" and --add: float32 (4 x D bytes a row), float16 (half of that; an inner product of unit vectors moves by at most 2^-11 = 0.00049) or auto (float32 unless it would not fit in the free disk of --out, then float16; refused before any work when neither fits)
     recall_target: float = bounded(0.95, above=0, high=1)  # IVF nprobe: the smallest reaching this recall@10 against exact search (codes of --bytes: against the code's own exhaustive scan; their float re-rank's shortlist: against exact float32 search)
     tune_queries: int = bounded(1000, low=1)  # held-out queries the nprobe of an IVF index is tuned on
 
@@ -223,8 +224,8 @@ def _add_target(cfg: IndexBuildConfig) -> int:
     if not cfg.text_index and manifest.get("text_count") is not None:
         kept.append("--no-text-index")
     if kept:
-        raise UserError(f"--add extends the index as it was built (its ordering, captions, memory budget, lists and"
-                        f" nprobe): {', '.join(kept)} do not apply; leave them out")
+        raise UserError(f"--add extends the index as it was built (its ordering, captions, memory budget, lists,"
+                        f" vectors and nprobe): {', '.join(kept)} do not apply; leave them out")
     from triclip.model.runfile import read_config
 
     read_config(cfg.run)  # UserError: not a run

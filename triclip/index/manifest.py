@@ -92,6 +92,7 @@ def make_manifest(cfg, contents: IndexContents, origin: Origin, build: dict, pre
         "metric": "inner_product",
         "count": len(contents.meta),
         "text_count": None if contents.text_vectors is None else int(len(contents.text_vectors)),
+        "vectors_dtype": "float16" if contents.vectors.dtype == np.float16 else "float32",  # index build --vectors
         "sources": previous.get("sources", []) + [origin.source],
         "skipped": dict(Counter(previous.get("skipped", {})) + Counter(dict(origin.skipped))),
         "embeddings": previous.get("embeddings", origin.embeddings),

@@ -188,28 +188,28 @@ def _mapped(file: Path, shape: tuple, damaged) -> "Rows":
         arr = np.load(file, mmap_mode="r", allow_pickle=False)
     except (ValueError, EOFError) as err:
         raise damaged(f"cannot read {file.name} ({err})") from None
-    if arr.dtype != np.float32 or arr.shape != shape or not arr.flags.c_contiguous:
-        raise damaged(f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 {shape}")
-    return Rows(open(file, "rb"), arr.offset, shape)  # noqa: SIM115 (kept open for the export)
+    if arr.dtype not in (np.float32, np.float16) or arr.shape != shape or not arr.flags.c_contiguous:
+        raise damaged(f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 or float16 {shape}")
+    return Rows(open(file, "rb"), arr.offset, shape, arr.dtype)  # noqa: SIM115 (kept open for the export)
 
 
 class Rows:
-    """Rows of a float32 ``.npy`` matrix read on demand with ``pread``: unlike a memory map, the rows read
-    do not stay resident in this process, so its memory follows the chunk, not the file."""
+    """Rows of a float32 (or float16) ``.npy`` matrix read on demand with ``pread``: unlike a memory map, the rows
+    read do not stay resident in this process, so its memory follows the chunk, not the file."""
 
-    def __init__(self, fh, offset: int, shape: tuple):
-        self.fh, self.offset, self.shape = fh, offset, shape
+    def __init__(self, fh, offset: int, shape: tuple, dtype=np.float32):
+        self.fh, self.offset, self.shape, self.dtype = fh, offset, shape, np.dtype(dtype)
 
     def __len__(self) -> int:
         return self.shape[0]
 
     def __getitem__(self, rows: slice) -> np.ndarray:
         start, stop, _ = rows.indices(self.shape[0])
-        width = self.shape[1] * 4
+        width = self.shape[1] * self.dtype.itemsize
         data = os.pread(self.fh.fileno(), max(0, stop - start) * width, self.offset + start * width)
         if len(data) != max(0, stop - start) * width:
             raise UserError(f"{self.fh.name} is truncated; rebuild the index")
-        return np.frombuffer(data, np.float32).reshape(-1, self.shape[1])  # (stop - start, D)
+        return np.frombuffer(data, self.dtype).astype(np.float32).reshape(-1, self.shape[1])  # (stop - start, D)
 
 
 # ---------------------------------------------------------------------------- the Milvus index per budget

@@ -251,7 +251,7 @@ class Searcher:
             if rid not in self._rows:
                 raise UserError(f"unknown id {rid!r}: no indexed image has it")
             rows.append(self._rows[rid])
-        return self.contents.vectors[rows]
+        return np.asarray(self.contents.vectors[rows], np.float32)
 
     # -- searching
 

@@ -289,7 +289,7 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
     for codec in live.codes.values():  # the codes of --bytes: same trained code, more rows
         codec.add(vectors)
     offset = len(live.meta)
-    live.vectors = np.concatenate([live.vectors, vectors])
+    live.vectors = np.concatenate([live.vectors, vectors.astype(live.vectors.dtype)])  # the index's own precision
     live.meta = live.meta + meta
     if live.text_vectors is not None:
         starts = np.cumsum([0] + [len(r.captions) for r in records])  # caption rows of each record
@@ -298,7 +298,7 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
             fi.add_vectors(index, prefix(picked, m), progress=True)
         for codec in live.text_codes.values():
             codec.add(picked)
-        live.text_vectors = np.concatenate([live.text_vectors, picked])
+        live.text_vectors = np.concatenate([live.text_vectors, picked.astype(live.text_vectors.dtype)])
         live.text_rows = np.concatenate([live.text_rows, text_rows(meta, offset)])
     return len(rows)
 

@@ -6,7 +6,8 @@
     INDEX/v000003/meta.jsonl      one line per image row: {"id", "image", "captions", "label"}
     INDEX/v000003/meta.offsets.npy, meta.idhash.npy, meta.idrow.npy  each line's byte offset, the ids' hashes and
                                   their rows: the rows are read when asked (``triclip.index.metafile``)
-    INDEX/v000003/vectors.npy     (N, D) float32: the full-D compact vectors (unit rows)
+    INDEX/v000003/vectors.npy     (N, D) float32 (or float16: the manifest's ``vectors_dtype``): the full-D compact
+                                  vectors (unit rows)
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
@@ -63,6 +64,7 @@ from triclip.codecs import ondisk
 from triclip.index import faiss_index as fi
 from triclip.index import filecheck, metafile
 from triclip.index.lazy_codes import CodeFile, LazyCodes
+from triclip.index.vectors import VECTOR_BYTES
 from triclip.core.errors import UserError
 from triclip.core.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 from triclip.index.versions import (  # noqa: F401 (re-exported: where the live version is)
@@ -257,17 +259,22 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     return name
 
 
+def _dtype(vectors: np.ndarray) -> str:
+    """The dtype full-D vectors are saved in: their own when it is one ``index build --vectors`` offers, else float32."""
+    return str(vectors.dtype) if str(vectors.dtype) in VECTOR_BYTES else "float32"
+
+
 def _write_files(folder: Path, c: IndexContents) -> None:
     on_disk = _move_in(folder, c)
     for m, index in c.image_indexes.items():
         ondisk.write_index(fi.to_cpu(index), folder / image_index_name(m))
     if VECTORS not in c.files:
-        np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=np.float32))
+        np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=_dtype(c.vectors)))
     if c.text_vectors is not None:
         for m, index in c.text_indexes.items():
             ondisk.write_index(fi.to_cpu(index), folder / text_index_name(m))
         if TEXT_VECTORS not in c.files:
-            np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=np.float32))
+            np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=_dtype(c.text_vectors)))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
     for budget, codec in c.codes.items():
         codec.save(folder / code_name(budget))
@@ -376,10 +383,13 @@ def _load_version(folder: Path, indexes: bool | str) -> IndexContents:
     meta = _read_rows(folder, count, records)
     budgets, text_budgets = _check_budgets(manifest, text_count is not None, folder)
     mmap = bool(on_disk) or bool(budgets)  # too big for memory, or codes in memory: the float vectors are mapped
-    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, records, mmap)
+    dtype = manifest.get("vectors_dtype", "float32")  # older versions: float32
+    if dtype not in VECTOR_BYTES:
+        raise _damaged(folder, f"{MANIFEST} gives the vectors' dtype as {dtype!r}, not one of {sorted(VECTOR_BYTES)}")
+    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, records, mmap, dtype)
     contents = IndexContents(manifest, meta, vectors, {})
     if text_count is not None:
-        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, records, mmap)
+        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, records, mmap, dtype)
         contents.text_rows = _read_text_rows(folder / TEXT_ROWS, text_count, count, folder, records)
     for m in dims:
         lists = on_disk.get(("image", m))
@@ -529,11 +539,13 @@ def _read_array(file: Path, folder: Path, records: dict | None, mmap: bool = Fal
         raise _refused_or_damaged(folder, why, f"cannot read {file.name} ({str(err).splitlines()[0]})") from None
 
 
-def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, records: dict | None, mmap: bool = False) -> np.ndarray:
-    """The float32 vectors; ``mmap``: memory-mapped read-only, values not scanned (only shape and dtype)."""
+def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, records: dict | None, mmap: bool = False,
+                  dtype: str = "float32") -> np.ndarray:
+    """The full-D vectors, of the manifest's ``dtype``; ``mmap``: memory-mapped read-only, values not scanned
+    (only shape and dtype)."""
     arr, why = _read_array(file, folder, records, mmap)
-    if arr.dtype != np.float32 or arr.shape != shape:
-        raise _damaged(folder, f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 {shape}")
+    if arr.dtype != np.dtype(dtype) or arr.shape != shape:
+        raise _damaged(folder, f"{file.name} holds {arr.dtype} {arr.shape}, expected {dtype} {shape}")
     if not mmap and not np.isfinite(arr).all():
         raise _damaged(folder, f"{file.name} holds NaN or infinity")
     if why is not None:

@@ -10,11 +10,34 @@ embedding of any m is the re-normalised prefix (:func:`prefix`).
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
 import faiss
 import numpy as np
+
+from triclip.core.errors import UserError
+
+
+VECTOR_BYTES = {"float32": 4, "float16": 2}  # bytes per dimension of the stored full-D vectors, by dtype
+
+
+def stored_dtype(choice: str, rows: int, dim: int, where: str | os.PathLike, free: int | None = None) -> str:
+    """The dtype the full-D vectors of a build are kept in (``index build --vectors``), or UserError.
+
+    ``choice``: ``float32``, ``float16`` or ``auto`` (float32 unless its ``rows`` x ``dim`` would not fit in the
+    ``free`` bytes of the filesystem holding ``where``, then float16, half the disk). A dtype that does not fit is
+    refused in one line, before any work. ``free``: None, measured (``shutil.disk_usage``).
+    """
+    free = shutil.disk_usage(where).free if free is None else free
+    need = {dtype: rows * dim * size for dtype, size in VECTOR_BYTES.items()}
+    fits = [d for d in ((choice,) if choice != "auto" else ("float32", "float16")) if need[d] <= free]
+    if fits:
+        return fits[0]
+    wanted = " or ".join(f"{need[d] / 1e9:.1f} GB as {d}" for d in ((choice,) if choice != "auto" else need))
+    raise UserError(f"the full-D vectors of {rows:,} rows x {dim} need {wanted} on disk, and {os.fspath(where)}"
+                    f" has {free / 1e9:.1f} GB free: free some space, or build where there is more")
 
 
 def prefix(vectors: np.ndarray, m: int) -> np.ndarray:
