@@ -45,6 +45,8 @@ SHORTLISTS = (20, 50, 100, 200, 500, 1000, 2000, 5000)  # float re-rank shortlis
 PROBE_SHARE = 0.25  # inverted lists scan at most this share of their lists (tune_nprobe); a re-rank's shortlist
 # is likewise at most a quarter of the sample (tune_shortlist)
 EXACT_ROWS = 65_536  # rows read at once for the exact float top 10 at N (tune_at_n): 64 MB at D = 256
+FINALIST_MARGIN = 0.05  # at scale, another code within this share of the exact top 10 of the kept one on the
+# sample is its rival, measured against it at N before one is stored (triclip.index.finalists)
 SHORTLIST_MAX = 50_000  # longest shortlist at N (scaled from the sample): 200 MB of float vectors read per query
 
 
@@ -194,6 +196,8 @@ class Choice:
     note: str = ""  # why the kept code is outside the bound, when it is
     full_recall: float | None = None  # the float vectors' own recall@10 at D on the evaluation set (the ceiling)
     ranked_by: str = "recall"  # what the candidates were ranked by: "recall", or at scale "fidelity" (see choose)
+    rival: Variant | None = None  # at scale: another code within FINALIST_MARGIN of the kept one (_rival)
+    finalists: dict | None = None  # what the kept code and its rival held at N (triclip.index.finalists.settle)
 
 
 def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,
@@ -242,6 +246,7 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
                 tried[i] = _measure(specs[i], evaluation, tune, rules, found)
     choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
     choice.full_recall, choice.ranked_by = full, "fidelity" if by_fidelity else "recall"
+    choice.rival = _rival(found, choice.kept, bound, ceiling) if by_fidelity else None
     return choice
 
 
@@ -288,6 +293,16 @@ def _kept(budget, found, tried, bound, ceiling, reference, rules) -> Choice:
                             f" N = {rules.n:,}: the fastest, {_words(fastest)}, takes {fastest.latency.ms:.3g} ms")
         best, note = fastest, f"no code within the float scan's {bound:.3g} ms at N = {rules.n:,}: the fastest kept"
     return Choice(budget, best.codec, best.recall, tried, best, bound, reference, note)
+
+
+def _rival(found: list[Variant], kept: Variant | None, bound: float, ceiling: float) -> Variant | None:
+    """The best variant of another code than ``kept``'s within ``bound`` whose score (up to ``ceiling``) is within
+    :data:`FINALIST_MARGIN` of the kept one's; None when there is none."""
+    if kept is None:
+        return None
+    close = [v for v in found if v.codec is not kept.codec and v.latency.ms <= bound
+             and min(v.score, ceiling) >= min(kept.score, ceiling) - FINALIST_MARGIN]
+    return max(close, key=lambda v: _rank(v, ceiling), default=None)
 
 
 def _best(found: list[Variant], bound: float, ceiling: float) -> Variant | None:
@@ -685,6 +700,7 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
             "full_recall": choice.full_recall, "ranked_by": choice.ranked_by,
             "fidelity": None if kept is None or kept.fidelity is None else round(kept.fidelity, 4),
             **({} if sized is None else {"sized_for_n": sized}),
+            **({} if not choice.finalists else {"finalists_at_n": choice.finalists}),
             **({} if at_n is None else {"at_n": at_n, "latency_on_sample": None if kept is None else
                                         kept.latency.to_json(), "latency": _at_n_latency(at_n)}),
             **({"lists": f"{file}.ivfdata"} if getattr(stored, "on_disk", lambda: False)() else {})}
@@ -756,6 +772,8 @@ def table(budgets: dict) -> str:
                          f"  {disk:>10}  {human_bytes(e['index_bytes']):>11}")
             if e.get("at_n"):
                 lines.append("        " + _at_n_line(e["at_n"], e.get("sized_for_n")))
+            if e.get("finalists_at_n"):
+                lines.append("        " + _finalists_line(e["finalists_at_n"]))
             for c in e.get("candidates") or []:
                 lines.append("        - " + _candidate(c))
     if any(entry.get("text") for entry in budgets.values()):
@@ -795,6 +813,13 @@ def _at_n_line(at_n: dict, sized: dict | None) -> str:
             f" {at_n['shortlist'] or K} holding {held:.3f} of the exact top 10 (target {at_n['target']:.3f};"
             f" all lists {at_n['whole_lists']:.3f}){'; ' + at_n['note'] if at_n['note'] else ''}; curve "
             + ", ".join(f"{c['nprobe']}: {c['of_exact_top10']:.3f} {c['ms']:.3g} ms" for c in at_n["curve"]))
+
+
+def _finalists_line(finalists: dict) -> str:
+    """The near-tie settled at N (``triclip.index.finalists``), under its budget's row in :func:`table`."""
+    kept, rival = finalists["kept"], finalists["rival"]
+    return (f"a near-tie on the sample, measured as stored at N = {finalists['n']:,}: {kept['label']}"
+            f" {kept['of_exact_top10']:.3f} of the exact top 10 (kept), {rival['label']} {rival['of_exact_top10']:.3f}")
 
 
 def _recall(value) -> str:

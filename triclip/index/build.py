@@ -228,6 +228,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     or with ``--on-disk always``, in a lists file in ``work``: :func:`fill_codes`); returns the manifest's
     ``budgets`` and the curves with their frontiers (``bytes``, ``text_bytes``)."""
     from triclip.index import budgets as bud
+    from triclip.index.finalists import settle
     from triclip.index.store import code_name
 
     if evaluation is None:
@@ -240,8 +241,9 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore,
                       reads_from=_reads_from(contents, VECTORS, coll.image, memory))
     entries = {}
-    choices = kept_in(work / "codes.image.choices.pkl",
-                      lambda: bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image.dim)
+    choices = kept_in(work / "codes.image.choices.pkl", lambda: settle(
+        bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image, evaluation, rules,
+        cfg.seed), coll.image.dim)
     for choice in choices:
         file = code_name(choice.budget)
         contents.codes[choice.budget], entries[str(choice.budget)] = _stored(
@@ -253,8 +255,9 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     if coll.text is not None:
         reverse = evaluation.reverse()
         text_rules = replace(rules, reads_from=_reads_from(contents, TEXT_VECTORS, coll.text, memory))
-        text_choices = kept_in(work / "codes.text.choices.pkl", lambda: bud.choose_all(
-            budgets, coll.text, reverse, cfg.codec, cfg.seed, text_rules), coll.text.dim)
+        text_choices = kept_in(work / "codes.text.choices.pkl", lambda: settle(bud.choose_all(
+            budgets, coll.text, reverse, cfg.codec, cfg.seed, text_rules), coll.text, reverse, text_rules, cfg.seed),
+            coll.text.dim)
         for choice in text_choices:
             file = code_name(choice.budget, "text")
             contents.text_codes[choice.budget], entries[str(choice.budget)]["text"] = _stored(

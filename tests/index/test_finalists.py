@@ -1,0 +1,89 @@
+"""A near-tie on the sample settled at N (``triclip.index.finalists``): the kept code and its rival filled with
+every row, scored against exact search over all of them, the better one kept and both recorded.
+
+Latencies come from an injected model (``GivenLatency``): nothing is timed here."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from triclip.codecs import ivf
+from triclip.index import budgets as bud
+from triclip.index.budgets import Choice, EvalSet, Latency, Rules, Variant, choose, overlap
+from triclip.index.finalists import held_as_stored, settle
+from tests.index.conftest import GivenLatency
+from tests.index.test_ivf_at_n import D, N, _spec, collection, small_sample  # noqa: F401 (the same fixtures)
+
+
+def _variant(spec, vectors, fidelity: float) -> Variant:
+    sample = vectors.rows(np.arange(2000), D)
+    return Variant(bud.codecs.fit(spec, sample), 0.5, Latency(1.0, "given"), fidelity=fidelity, by_fidelity=True)
+
+
+@pytest.fixture
+def two(collection, small_sample):  # noqa: F811
+    """A flat code of 2 B (PQ2x8) and inverted lists of 8 B of PQ, both fitted on 2,000 rows."""
+    vectors = collection[0]
+    return _variant(bud.codecs.CodecSpec("pq", D, 2, {"M": 2, "nbits": 8}), vectors, 0.60), \
+        _variant(_spec("pq"), vectors, 0.58)
+
+
+def test_the_rival_that_holds_more_at_n_is_kept_and_both_are_recorded(collection, two):  # noqa: F811
+    vectors, evaluation, truth = collection
+    flat, lists = two
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    tied = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)
+    [settled] = settle([tied], vectors, evaluation, rules)
+    stored = bud.fill(flat.codec, vectors)
+    flat_held = overlap(stored.search(evaluation.queries, 10)[1], truth)  # brute force over every row
+    assert settled.kept is lists and settled.codec is lists.codec and "kept instead" in settled.note
+    got = settled.finalists
+    nprobe = got["kept"]["nprobe"]  # the lists as stored: refitted for N, their nprobe tuned there
+    assert got["n"] == N and got["kept"]["label"] == f"ivf{ivf.lists_for(N)}/{nprobe},pq8x8 m={D}" and nprobe >= 1
+    assert got["rival"] == {"label": flat.codec.spec.label(), "shortlist": None,
+                            "of_exact_top10": round(flat_held, 4), "nprobe": None}
+    assert got["kept"]["of_exact_top10"] > got["rival"]["of_exact_top10"]
+    [again] = settle([Choice(8, lists.codec, lists.recall, [], lists, bound_ms=10.0, rival=flat)], vectors,
+                     evaluation, rules)
+    assert again.kept is lists and again.note == "" and again.finalists["kept"] == got["kept"]
+    entry = bud.manifest_entry(settled, stored, evaluation, "image.b8.codec")
+    assert entry["finalists_at_n"] == got
+    assert "measured as stored at N = 25,000" in bud.table({"8": {**entry, "code": entry["spec"]}})
+
+
+def test_without_a_rival_or_below_scale_nothing_is_measured(collection, two, monkeypatch):  # noqa: F811
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    monkeypatch.setattr("triclip.index.finalists.held_as_stored", lambda *a, **k: pytest.fail("measured"))
+    alone = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0)
+    assert settle([alone], vectors, evaluation, Rules(n=N)) == [alone]
+    monkeypatch.setattr(ivf, "IVF_MIN_N", N + 1)
+    tied = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)
+    assert settle([tied], vectors, evaluation, Rules(n=N)) == [tied]
+
+
+def test_a_two_stage_finalist_is_scored_by_what_its_shortlist_holds(collection, two):  # noqa: F811
+    """A re-rank keeps every exact top-10 row its shortlist holds: the shortlist's overlap is its score."""
+    vectors, evaluation, truth = collection
+    flat, _ = two
+    staged = Variant(flat.codec, 0.5, Latency(1.0, "given"), shortlist=200, fidelity=0.9, by_fidelity=True)
+    choice = Choice(8, flat.codec, 0.5, [], staged, bound_ms=10.0)
+    got = held_as_stored(staged, choice, vectors, evaluation, Rules(n=N, model=GivenLatency()))
+    shortlists = bud.fill(flat.codec, vectors).search(evaluation.queries, 200)[1]
+    assert got["shortlist"] == 200 and got["of_exact_top10"] == round(overlap(shortlists, truth), 4)
+    assert got["of_exact_top10"] > round(overlap(shortlists[:, :10], truth), 4)
+
+
+def test_the_choice_names_as_rival_the_best_other_code_within_the_margin(collection, small_sample):  # noqa: F811
+    """At scale every near-tie within FINALIST_MARGIN of the kept score, within the bound, of another code."""
+    vectors, evaluation, _ = collection
+    sample = vectors.rows(np.arange(2000), D)
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    choice = choose(8, sample, evaluation, rules=rules)
+    kept = min(choice.kept.score, 0.95)
+    measured = [t for t in choice.tried if t["recall"] is not None and t["label"] != choice.kept.codec.spec.label()]
+    close = [t for t in measured if min(t["fidelity"], 0.95) >= kept - bud.FINALIST_MARGIN and t["latency_ms"] <= 10.0]
+    assert close and choice.rival is not None  # here: rq8x8 kept, lists of RQ within the margin
+    best = max(close, key=lambda t: (min(t["fidelity"], 0.95), -t["bytes"], -t["latency_ms"]))
+    assert choice.rival.codec is not choice.kept.codec and choice.rival.codec.spec.label() == best["label"]
