@@ -50,6 +50,26 @@ def test_the_rival_that_holds_more_at_n_is_kept_and_both_are_recorded(collection
     entry = bud.manifest_entry(settled, stored, evaluation, "image.b8.codec")
     assert entry["finalists_at_n"] == got
     assert "measured as stored at N = 25,000" in bud.table({"8": {**entry, "code": entry["spec"]}})
+    for done in (settled, again):  # the winner as refitted for N, kept for the build to store
+        assert done.sized_at_n[0].ivf.nlist == done.sized_at_n[1]["nlist"] == ivf.lists_for(N)
+
+
+def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection, two, monkeypatch, tmp_path):  # noqa: F811
+    from triclip.index import build
+    from triclip.index.sources import IndexBuildConfig
+    from triclip.index.store import IndexContents
+
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    [settled] = settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)], vectors,
+                       evaluation, rules)
+    monkeypatch.setattr(bud, "sized_for_n", lambda *a, **k: pytest.fail("refitted again"))
+    stored, entry = build._stored(settled, vectors, evaluation, rules, IndexBuildConfig(out=str(tmp_path / "x")),
+                                  1 << 30, tmp_path, "image.b8.codec", IndexContents({}, [], None, {}))
+    assert len(stored) == N and stored.ivf.nlist == ivf.lists_for(N)
+    assert entry["sized_for_n"] == settled.sized_at_n[1] and entry["finalists_at_n"] == settled.finalists
+    assert entry["at_n"]["nprobe"] == settled.finalists["kept"]["nprobe"]
 
 
 def test_without_a_rival_or_below_scale_nothing_is_measured(collection, two, monkeypatch):  # noqa: F811

@@ -198,6 +198,7 @@ class Choice:
     ranked_by: str = "recall"  # what the candidates were ranked by: "recall", or at scale "fidelity" (see choose)
     rival: Variant | None = None  # at scale: another code within FINALIST_MARGIN of the kept one (_rival)
     finalists: dict | None = None  # what the kept code and its rival held at N (triclip.index.finalists.settle)
+    sized_at_n: tuple | None = None  # (codec, what was done): the kept code as sized_for_n refitted it there
 
 
 def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,

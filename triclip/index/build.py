@@ -284,8 +284,8 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
 
     codec, sized = choice.codec, None
     if bud.resized_for_n(choice.codec, vectors):
-        codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: bud.sized_for_n(choice.codec, vectors, cfg.seed),
-                               vectors.dim)
+        codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or bud.sized_for_n(
+            choice.codec, vectors, cfg.seed), vectors.dim)  # refitted already when a near-tie was settled at N
     stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents)
     at_n = None
     if sized is not None:

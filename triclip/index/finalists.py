@@ -31,16 +31,17 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
         if rival is None or choice.kept is None or not bud.at_scale(vectors.count):
             out.append(choice)
             continue
-        kept_at = held_as_stored(choice.kept, choice, vectors, evaluation, rules, seed)
-        rival_at = held_as_stored(rival, choice, vectors, evaluation, rules, seed)
+        kept_at, kept_sized = _as_stored(choice.kept, choice, vectors, evaluation, rules, seed)
+        rival_at, rival_sized = _as_stored(rival, choice, vectors, evaluation, rules, seed)
         finalists = {"n": vectors.count, "queries": len(evaluation.queries), "kept": kept_at, "rival": rival_at}
+        sized = kept_sized
         if rival_at["of_exact_top10"] > kept_at["of_exact_top10"]:
             note = (f"{rival_at['label']} holds {rival_at['of_exact_top10']:.3f} of the exact top 10 at N ="
                     f" {vectors.count:,} against {kept_at['label']}'s {kept_at['of_exact_top10']:.3f}: kept instead")
             choice = replace(choice, codec=rival.codec, recall=rival.recall, kept=rival,
                              note="; ".join(n for n in (choice.note, note) if n))
-            finalists["kept"], finalists["rival"] = rival_at, kept_at
-        out.append(replace(choice, finalists=finalists))
+            finalists["kept"], finalists["rival"], sized = rival_at, kept_at, rival_sized
+        out.append(replace(choice, finalists=finalists, sized_at_n=sized))
     return out
 
 
@@ -50,7 +51,14 @@ def held_as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation
     for N (``budgets.sized_for_n``), filled, its nprobe tuned at N (``budgets.tune_at_n``, within the choice's
     bound), its top 10 (or shortlist) searched for the evaluation queries. The code is filled in memory here,
     (B + 8) N bytes for lists, and freed on return."""
-    codec, _ = bud.sized_for_n(variant.codec, vectors, seed)
+    return _as_stored(variant, choice, vectors, evaluation, rules, seed)[0]
+
+
+def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bud.EvalSet, rules: bud.Rules,
+               seed: int) -> tuple[dict, tuple | None]:
+    """:func:`held_as_stored`, and what ``budgets.sized_for_n`` gave (None for a code it leaves as fitted): the
+    build stores the winner from it instead of refitting it."""
+    codec, done = bud.sized_for_n(variant.codec, vectors, seed)
     stored = bud.fill(codec, vectors)
     at_n = bud.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=variant), rules)
     if at_n is not None:
@@ -58,5 +66,6 @@ def held_as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation
     else:
         queries = np.ascontiguousarray(evaluation.queries, np.float32)  # (Q, D)
         held = bud.overlap(stored.search(queries, variant.shortlist or bud.K)[1], bud.exact_at_n(vectors, evaluation))
-    return {"label": stored.spec.label(), "shortlist": variant.shortlist, "of_exact_top10": round(float(held), 4),
-            "nprobe": None if at_n is None else at_n["nprobe"]}
+    record = {"label": stored.spec.label(), "shortlist": variant.shortlist, "of_exact_top10": round(float(held), 4),
+              "nprobe": None if at_n is None else at_n["nprobe"]}
+    return record, None if done is None else (codec, done)
