@@ -1,9 +1,12 @@
-"""A near-tie on the sample settled at N (``triclip.index.finalists``): the kept code and its rival filled with
-every row, scored against exact search over all of them, the better one kept and both recorded.
+"""A budget's finalists settled at N (``triclip.index.finalists``): the kept code, its rival and the best first
+stage filled with every row, searched alone and with the shortlists of the ladder, scored against exact search
+over all of them, the best within the bound kept and every one recorded.
 
 Latencies come from an injected model (``GivenLatency``): nothing is timed here."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -11,7 +14,7 @@ import pytest
 from triclip.codecs import ivf
 from triclip.index import budgets as bud
 from triclip.index.budgets import Choice, EvalSet, Latency, Rules, Variant, choose, overlap
-from triclip.index.finalists import held_as_stored, settle
+from triclip.index.finalists import LADDER, settle
 from tests.index.conftest import GivenLatency
 from tests.index.test_ivf_at_n import D, N, _spec, collection, small_sample  # noqa: F401 (the same fixtures)
 
@@ -29,7 +32,7 @@ def two(collection, small_sample):  # noqa: F811
         _variant(_spec("pq"), vectors, 0.58)
 
 
-def test_the_rival_that_holds_more_at_n_is_kept_and_both_are_recorded(collection, two):  # noqa: F811
+def test_the_rival_that_holds_more_at_n_is_kept_and_every_finalist_is_recorded(collection, two):  # noqa: F811
     vectors, evaluation, truth = collection
     flat, lists = two
     rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
@@ -37,21 +40,53 @@ def test_the_rival_that_holds_more_at_n_is_kept_and_both_are_recorded(collection
     [settled] = settle([tied], vectors, evaluation, rules)
     stored = bud.fill(flat.codec, vectors)
     flat_held = overlap(stored.search(evaluation.queries, 10)[1], truth)  # brute force over every row
-    assert settled.kept is lists and settled.codec is lists.codec and "kept instead" in settled.note
+    assert settled.kept.codec is lists.codec and settled.codec is lists.codec and "finalists measured" in settled.note
+    assert settled.kept.latency.how == "measured" and settled.kept.shortlist is None
     got = settled.finalists
     nprobe = got["kept"]["nprobe"]  # the lists as stored: refitted for N, their nprobe tuned there
     assert got["n"] == N and got["kept"]["label"] == f"ivf{ivf.lists_for(N)}/{nprobe},pq8x8 m={D}" and nprobe >= 1
-    assert got["rival"] == {"label": flat.codec.spec.label(), "shortlist": None,
-                            "of_exact_top10": round(flat_held, 4), "nprobe": None}
-    assert got["kept"]["of_exact_top10"] > got["rival"]["of_exact_top10"]
+    assert settled.kept.fidelity == got["kept"]["of_exact_top10"]
+    assert got["others"] == [{"label": flat.codec.spec.label(), "shortlist": None, "of_exact_top10": round(flat_held, 4),
+                              "ms": 0.002, "nprobe": None}]  # GivenLatency: 0.001 ms a byte
+    assert got["kept"]["of_exact_top10"] > got["others"][0]["of_exact_top10"]
     [again] = settle([Choice(8, lists.codec, lists.recall, [], lists, bound_ms=10.0, rival=flat)], vectors,
                      evaluation, rules)
-    assert again.kept is lists and again.note == "" and again.finalists["kept"] == got["kept"]
+    assert again.kept.codec is lists.codec and again.note == "" and again.finalists["kept"] == got["kept"]
     entry = bud.manifest_entry(settled, stored, evaluation, "image.b8.codec")
     assert entry["finalists_at_n"] == got
-    assert "measured as stored at N = 25,000" in bud.table({"8": {**entry, "code": entry["spec"]}})
+    assert "finalists measured as stored at N = 25,000" in bud.table({"8": {**entry, "code": entry["spec"]}})
     for done in (settled, again):  # the winner as refitted for N, kept for the build to store
         assert done.sized_at_n[0].ivf.nlist == done.sized_at_n[1]["nlist"] == ivf.lists_for(N)
+
+
+def test_the_longest_shortlist_within_the_bound_at_n_is_kept_with_its_cold_reads(collection, two):  # noqa: F811
+    """A first stage whose re-rank the sample put over the bound: at N each shortlist of the ladder is timed (the
+    re-rank 0.01 ms a row, 0.001 more read cold) and the longest within 10 ms holds the most; it is kept, reading
+    from disk, as the stored code would be searched."""
+    vectors, evaluation, truth = collection
+    flat, _ = two
+    model = GivenLatency(reference=10.0, per_candidate=0.01, per_read=0.001)
+    rules = Rules(n=N, recall_target=0.95, rescore=True, model=model, reads_from="vectors.npy")
+    over = replace(flat, shortlist=2000, latency=Latency(30.0, "extrapolated"))  # the sample's guess: over 10 ms
+    choice = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, first_stage=over)
+    [settled] = settle([choice], vectors, evaluation, rules)
+    fits = max(n for n in LADDER if 0.002 + 0.011 * n <= 10.0)
+    assert fits == 500 and settled.kept.shortlist == fits and settled.kept.reads == "disk"
+    assert settled.kept.shortlist_how == "measured at N" and settled.kept.latency.ms == pytest.approx(0.002 + 0.011 * fits)
+    shortlists = bud.fill(flat.codec, vectors).search(evaluation.queries, fits)[1]
+    assert settled.finalists["kept"]["of_exact_top10"] == round(overlap(shortlists, truth), 4)
+    assert ("vectors.npy", fits) in model.reads and ("vectors.npy", 1000) in model.reads  # timed, then over
+
+
+def test_without_other_finalists_or_below_scale_nothing_is_measured(collection, two, monkeypatch):  # noqa: F811
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    monkeypatch.setattr("triclip.index.finalists._as_stored", lambda *a, **k: pytest.fail("measured"))
+    alone = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0)
+    assert settle([alone], vectors, evaluation, Rules(n=N)) == [alone]
+    monkeypatch.setattr(ivf, "IVF_MIN_N", N + 1)
+    tied = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)
+    assert settle([tied], vectors, evaluation, Rules(n=N)) == [tied]
 
 
 def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection, two, monkeypatch, tmp_path):  # noqa: F811
@@ -72,29 +107,6 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
     assert entry["at_n"]["nprobe"] == settled.finalists["kept"]["nprobe"]
 
 
-def test_without_a_rival_or_below_scale_nothing_is_measured(collection, two, monkeypatch):  # noqa: F811
-    vectors, evaluation, _ = collection
-    flat, lists = two
-    monkeypatch.setattr("triclip.index.finalists.held_as_stored", lambda *a, **k: pytest.fail("measured"))
-    alone = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0)
-    assert settle([alone], vectors, evaluation, Rules(n=N)) == [alone]
-    monkeypatch.setattr(ivf, "IVF_MIN_N", N + 1)
-    tied = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)
-    assert settle([tied], vectors, evaluation, Rules(n=N)) == [tied]
-
-
-def test_a_two_stage_finalist_is_scored_by_what_its_shortlist_holds(collection, two):  # noqa: F811
-    """A re-rank keeps every exact top-10 row its shortlist holds: the shortlist's overlap is its score."""
-    vectors, evaluation, truth = collection
-    flat, _ = two
-    staged = Variant(flat.codec, 0.5, Latency(1.0, "given"), shortlist=200, fidelity=0.9, by_fidelity=True)
-    choice = Choice(8, flat.codec, 0.5, [], staged, bound_ms=10.0)
-    got = held_as_stored(staged, choice, vectors, evaluation, Rules(n=N, model=GivenLatency()))
-    shortlists = bud.fill(flat.codec, vectors).search(evaluation.queries, 200)[1]
-    assert got["shortlist"] == 200 and got["of_exact_top10"] == round(overlap(shortlists, truth), 4)
-    assert got["of_exact_top10"] > round(overlap(shortlists[:, :10], truth), 4)
-
-
 def test_the_choice_names_as_rival_the_best_other_code_within_the_margin(collection, small_sample):  # noqa: F811
     """At scale every near-tie within FINALIST_MARGIN of the kept score, within the bound, of another code."""
     vectors, evaluation, _ = collection
@@ -107,3 +119,18 @@ def test_the_choice_names_as_rival_the_best_other_code_within_the_margin(collect
     assert close and choice.rival is not None  # here: rq8x8 kept, lists of RQ within the margin
     best = max(close, key=lambda t: (min(t["fidelity"], 0.95), -t["bytes"], -t["latency_ms"]))
     assert choice.rival.codec is not choice.kept.codec and choice.rival.codec.spec.label() == best["label"]
+    assert choice.first_stage is None  # no re-rank offered (--no-rescore)
+
+
+def test_the_choice_names_as_first_stage_the_best_shortlist_of_a_code_fast_enough_alone(collection, small_sample):  # noqa: F811
+    """With a re-rank at scale: the staged variant holding the most on the sample among codes whose codes alone
+    take at most half the bound, whether the staged variant itself fits the bound or not."""
+    vectors, evaluation, _ = collection
+    sample = vectors.rows(np.arange(2000), D)
+    model = GivenLatency(reference=10.0, codes={"rq": 6.0}, per_candidate=0.02)  # rq alone: over half the bound
+    choice = choose(8, sample, evaluation, rules=Rules(n=N, recall_target=0.95, rescore=True, model=model))
+    alone = {t["label"]: t["latency_ms"] for t in choice.tried if t["recall"] is not None and not t.get("shortlist")}
+    staged = [t for t in choice.tried if t["recall"] is not None and t.get("shortlist") and alone[t["label"]] <= 5.0]
+    assert staged and any(t["latency_ms"] > 10.0 for t in staged)  # some re-ranks the sample puts over the bound
+    assert choice.first_stage.shortlist is not None and choice.first_stage.codec.spec.codec != "rq"
+    assert round(choice.first_stage.fidelity, 4) == max(t["fidelity"] for t in staged)

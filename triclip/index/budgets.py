@@ -197,6 +197,7 @@ class Choice:
     full_recall: float | None = None  # the float vectors' own recall@10 at D on the evaluation set (the ceiling)
     ranked_by: str = "recall"  # what the candidates were ranked by: "recall", or at scale "fidelity" (see choose)
     rival: Variant | None = None  # at scale: another code within FINALIST_MARGIN of the kept one (_rival)
+    first_stage: Variant | None = None  # at scale, with a re-rank: the best first stage for a shortlist (_first_stage)
     finalists: dict | None = None  # what the kept code and its rival held at N (triclip.index.finalists.settle)
     sized_at_n: tuple | None = None  # (codec, what was done): the kept code as sized_for_n refitted it there
 
@@ -248,6 +249,7 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
     choice.full_recall, choice.ranked_by = full, "fidelity" if by_fidelity else "recall"
     choice.rival = _rival(found, choice.kept, bound, ceiling) if by_fidelity else None
+    choice.first_stage = _first_stage(found, bound) if by_fidelity and rules.rescore else None
     return choice
 
 
@@ -304,6 +306,15 @@ def _rival(found: list[Variant], kept: Variant | None, bound: float, ceiling: fl
     close = [v for v in found if v.codec is not kept.codec and v.latency.ms <= bound
              and min(v.score, ceiling) >= min(kept.score, ceiling) - FINALIST_MARGIN]
     return max(close, key=lambda v: _rank(v, ceiling), default=None)
+
+
+def _first_stage(found: list[Variant], bound: float) -> Variant | None:
+    """The re-ranked variant holding the most on the sample (any shortlist, within the bound or not) of a code whose
+    codes alone answer within half of ``bound``: a first stage that a shortlist measured at N may fit into the
+    bound (``triclip.index.finalists``); None when there is none."""
+    fast = {id(v.codec) for v in found if v.shortlist is None and v.latency.ms <= bound / 2}
+    return max((v for v in found if v.shortlist is not None and id(v.codec) in fast), key=lambda v: v.score,
+               default=None)
 
 
 def _best(found: list[Variant], bound: float, ceiling: float) -> Variant | None:
@@ -817,10 +828,11 @@ def _at_n_line(at_n: dict, sized: dict | None) -> str:
 
 
 def _finalists_line(finalists: dict) -> str:
-    """The near-tie settled at N (``triclip.index.finalists``), under its budget's row in :func:`table`."""
-    kept, rival = finalists["kept"], finalists["rival"]
-    return (f"a near-tie on the sample, measured as stored at N = {finalists['n']:,}: {kept['label']}"
-            f" {kept['of_exact_top10']:.3f} of the exact top 10 (kept), {rival['label']} {rival['of_exact_top10']:.3f}")
+    """The finalists measured as stored at N (``triclip.index.finalists``), under its budget's row in :func:`table`."""
+    each = [f"{f['label']}{'' if not f['shortlist'] else ' + float top ' + str(f['shortlist'])}:"
+            f" {f['of_exact_top10']:.3f} of the exact top 10, {f['ms']:.3g} ms" for f in
+            [finalists["kept"], *finalists["others"]]]
+    return f"finalists measured as stored at N = {finalists['n']:,}: " + "; ".join(each) + " (the first kept)"
 
 
 def _recall(value) -> str:
