@@ -105,6 +105,10 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
     assert len(stored) == N and stored.ivf.nlist == ivf.lists_for(N)
     assert entry["sized_for_n"] == settled.sized_at_n[1] and entry["finalists_at_n"] == settled.finalists
     assert entry["at_n"]["nprobe"] == settled.finalists["kept"]["nprobe"]
+    from triclip.index.manifest import summary
+
+    printed = summary({"budgets": {"8": entry}}, str(tmp_path), 0.0)["budgets"]["8"]  # what index build prints
+    assert printed["finalists_at_n"] == settled.finalists and "finalists measured" in bud.table({"8": printed})
 
 
 def test_the_choice_names_as_rival_the_best_other_code_within_the_margin(collection, small_sample):  # noqa: F811
