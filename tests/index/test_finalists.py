@@ -138,3 +138,23 @@ def test_the_choice_names_as_first_stage_the_best_shortlist_of_a_code_fast_enoug
     assert staged and any(t["latency_ms"] > 10.0 for t in staged)  # some re-ranks the sample puts over the bound
     assert choice.first_stage.shortlist is not None and choice.first_stage.codec.spec.codec != "rq"
     assert round(choice.first_stage.fidelity, 4) == max(t["fidelity"] for t in staged)
+
+
+def test_lists_search_every_list_once_per_code_and_the_ladder_stops_past_the_bound(collection, two, monkeypatch):  # noqa: F811
+    """Tuned again for each shortlist, a code's lists are scanned whole only the first time (what every list holds
+    does not depend on the shortlist); shortlists whose re-rank alone is over the bound are not tuned."""
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    calls, tune = [], bud.tune_at_n
+
+    def counted(stored, vectors, evaluation, choice, rules, whole=None):
+        at_n = tune(stored, vectors, evaluation, choice, rules, whole)
+        if at_n is not None:  # the lists (the flat code has none)
+            calls.append((choice.kept.shortlist, whole, at_n["whole_lists"]))
+        return at_n
+
+    monkeypatch.setattr(bud, "tune_at_n", counted)
+    rules = Rules(n=N, recall_target=0.95, rescore=True, model=GivenLatency(reference=10.0, per_candidate=0.02))
+    settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)], vectors, evaluation, rules)
+    assert [c[0] for c in calls] == [None, 100, 200, 300, 500]  # 1,000 rows: a re-rank of 20 ms alone, not tuned
+    assert calls[0][1] is None and all(c[1] == calls[0][2] for c in calls[1:])

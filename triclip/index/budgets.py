@@ -616,7 +616,8 @@ def sized_for_n(codec: codecs.Codec, vectors, seed: int = 0) -> tuple[codecs.Cod
     return sized, {**done, "fitted_on_sample": codec.spec.label(), "seconds": round(time.perf_counter() - started, 1)}
 
 
-def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice, rules: Rules) -> dict | None:
+def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice, rules: Rules,
+              whole: float | None = None) -> dict | None:
     """nprobe of the filled inverted lists ``stored`` (every row of ``vectors``), tuned at N on the evaluation
     queries against their exact float top 10 among all N rows (streamed: :data:`EXACT_ROWS` rows at a time).
 
@@ -625,7 +626,8 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     variant's shortlist): whose shortlist holds ``rules.recall_target`` of the exact top 10 itself. Each within the
     choice's latency bound (one query, one thread, at N; the re-rank's time added); where no nprobe reaches it,
     the largest within the bound (``note`` says so). Sets it on ``stored``; returns the manifest's ``at_n`` entry
-    (nprobe, its curve, "tuned at N"); None for a code without lists."""
+    (nprobe, its curve, "tuned at N"); None for a code without lists. ``whole``: what every list holds, when known
+    (the same lists tuned again for another shortlist: ``triclip.index.finalists``), else searched here."""
     if stored.exhaustive() is None:
         return None
     queries = np.ascontiguousarray(evaluation.queries, np.float32)  # (Q, D)
@@ -634,7 +636,8 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     timed = queries[:TUNE_QUERIES]
     extra = 0.0 if length == K else rules.rerank_ms(evaluation.gallery, timed, length)
     bound = choice.bound_ms or math.inf
-    whole = overlap(stored.search(queries, K, params={"nprobe": nlist})[1], truth)
+    if whole is None:
+        whole = overlap(stored.search(queries, K, params={"nprobe": nlist})[1], truth)
     goal = rules.recall_target * (whole if length == K else 1.0)
     curve, nprobe, reached = [], 0, False
     for p in _powers(nlist):

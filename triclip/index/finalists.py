@@ -78,7 +78,13 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
     stored = bud.fill(codec, vectors)
     lengths = [None] + ([n for n in LADDER if n < len(stored) // 4] if rules.rescore and variant.codec.spec.codec
                         != "float32" else [])
-    tried = [_at_n(stored, variant, length, choice, vectors, evaluation, rules) for length in lengths]
+    tried, whole = [], None
+    timed = np.ascontiguousarray(evaluation.queries[: bud.TUNE_QUERIES], np.float32)
+    for length in lengths:
+        if length and tried and rules.rerank_ms(evaluation.gallery, timed, length) > choice.bound_ms:
+            break  # its re-rank alone is over the bound, and a longer one's costs more
+        tried.append(_at_n(stored, variant, length, choice, vectors, evaluation, rules, whole))
+        whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
     within = [t for t in tried if t[0]["ms"] <= choice.bound_ms] or [min(tried, key=lambda t: t[0]["ms"])]
     record, best = max(within, key=lambda t: (t[0]["of_exact_top10"], -t[0]["ms"]))
     record = {**record, "label": stored.spec.label() if record["nprobe"] is None else _with_nprobe(stored,
@@ -87,17 +93,18 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
 
 
 def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, vectors, evaluation: bud.EvalSet,
-          rules: bud.Rules) -> tuple[dict, bud.Variant]:
+          rules: bud.Rules, whole: float | None = None) -> tuple[dict, bud.Variant]:
     """The stored code searched at N alone (``length`` None) or for a shortlist of ``length`` re-ranked: what it
-    holds of the exact top 10 and its latency (lists: at the nprobe tuned at N for it)."""
+    holds of the exact top 10 and its latency (lists: at the nprobe tuned at N for it; ``whole``: what their every
+    list holds, when known; the record's "whole" gives it back)."""
     queries = np.ascontiguousarray(evaluation.queries, np.float32)  # (Q, D)
     timed = queries[: bud.TUNE_QUERIES]
     staged = replace(variant, shortlist=length, shortlist_how="measured at N",
                      reads="disk" if rules.reads_from and length else "memory")
-    at_n = bud.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules)
+    at_n = bud.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules, whole)
     if at_n is not None:  # lists: nprobe tuned at N for this length, within the bound where one is
         point = next(c for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
-        held, ms, nprobe = point["of_exact_top10"], point["ms"], at_n["nprobe"]
+        held, ms, nprobe, whole = point["of_exact_top10"], point["ms"], at_n["nprobe"], at_n["whole_lists"]
     else:
         held = bud.overlap(stored.search(queries, length or bud.K)[1], bud.exact_at_n(vectors, evaluation))
         ms = rules.model.search(stored, timed, length or bud.K, len(stored)).ms
@@ -108,7 +115,7 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
                          max(bud.K, min(n_eval, math.ceil(length * n_eval / len(stored)))))
     staged = replace(staged, recall=recall, latency=Latency(ms, "measured"), fidelity=held)
     return {"label": "", "shortlist": length, "of_exact_top10": round(float(held), 4), "ms": round(ms, 4),
-            "nprobe": nprobe}, staged
+            "nprobe": nprobe, "whole": whole}, staged
 
 
 def _with_nprobe(stored, nprobe: int) -> str:
