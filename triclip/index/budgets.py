@@ -198,7 +198,7 @@ class Choice:
     ranked_by: str = "recall"  # what the candidates were ranked by: "recall", or at scale "fidelity" (see choose)
     rival: Variant | None = None  # at scale: another code within FINALIST_MARGIN of the kept one (_rival)
     first_stage: Variant | None = None  # at scale, with a re-rank: the best first stage for a shortlist (_first_stage)
-    finalists: dict | None = None  # what the kept code and its rival held at N (triclip.index.finalists.settle)
+    finalists: dict | None = None  # what each finalist held at N, the kept one first (triclip.index.finalists.settle)
     sized_at_n: tuple | None = None  # (codec, what was done): the kept code as sized_for_n refitted it there
 
 

@@ -239,7 +239,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
                                             str(coll.origin.source.get("data") or coll.origin.embeddings))
     budgets = bud.parse_budgets(cfg.bytes)
     rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore,
-                      reads_from=_reads_from(contents, VECTORS, coll.image, memory))
+                      reads_from=_reads_from(contents.files.get(VECTORS), contents.vectors, memory))
     entries = {}
     choices = kept_in(work / "codes.image.choices.pkl", lambda: settle(
         bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image, evaluation, rules,
@@ -254,7 +254,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     curves["bytes"] = bud.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
-        text_rules = replace(rules, reads_from=_reads_from(contents, TEXT_VECTORS, coll.text, memory))
+        text_rules = replace(rules, reads_from=_reads_from(contents.files.get(TEXT_VECTORS), contents.text_vectors,
+                                                           memory))
         text_choices = kept_in(work / "codes.text.choices.pkl", lambda: settle(bud.choose_all(
             budgets, coll.text, reverse, cfg.codec, cfg.seed, text_rules), coll.text, reverse, text_rules, cfg.seed),
             coll.text.dim)
@@ -266,12 +267,11 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     return entries, curves
 
 
-def _reads_from(contents: IndexContents, name: str, vectors: ShardVectors, memory: int) -> str | None:
-    """The float vectors file a re-rank reads from disk: written to a file (a build from shards) and larger than
-    the ``memory`` budget, so their pages cannot be counted on to stay cached; None: they stay in memory."""
-    file = contents.files.get(name)
-    size = 0 if file is None else np.load(file, mmap_mode="r").nbytes
-    return str(file) if file is not None and size > memory else None
+def _reads_from(file: Path | None, stored: np.ndarray, memory: int) -> str | None:
+    """The float vectors file a re-rank reads from disk: the ``stored`` vectors written to a file (a build from
+    shards) and larger than the ``memory`` budget, so their pages cannot be counted on to stay cached; None: they
+    stay in memory."""
+    return str(file) if file is not None and stored.nbytes > memory else None
 
 
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,

@@ -79,7 +79,7 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
     lengths = [None] + ([n for n in LADDER if n < len(stored) // 4] if rules.rescore and variant.codec.spec.codec
                         != "float32" else [])
     tried, whole = [], None
-    timed = np.ascontiguousarray(evaluation.queries[: bud.TUNE_QUERIES], np.float32)
+    timed = np.ascontiguousarray(evaluation.queries[: bud.TUNE_QUERIES], np.float32)  # (q, D)
     for length in lengths:
         if length and tried and rules.rerank_ms(evaluation.gallery, timed, length) > choice.bound_ms:
             break  # its re-rank alone is over the bound, and a longer one's costs more
@@ -87,8 +87,6 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
         whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
     within = [t for t in tried if t[0]["ms"] <= choice.bound_ms] or [min(tried, key=lambda t: t[0]["ms"])]
     record, best = max(within, key=lambda t: (t[0]["of_exact_top10"], -t[0]["ms"]))
-    record = {**record, "label": stored.spec.label() if record["nprobe"] is None else _with_nprobe(stored,
-                                                                                                  record["nprobe"])}
     return record, None if done is None else (codec, done), best
 
 
@@ -114,11 +112,6 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
     recall = bud.measure(variant.codec, evaluation, None if length is None else
                          max(bud.K, min(n_eval, math.ceil(length * n_eval / len(stored)))))
     staged = replace(staged, recall=recall, latency=Latency(ms, "measured"), fidelity=held)
-    return {"label": "", "shortlist": length, "of_exact_top10": round(float(held), 4), "ms": round(ms, 4),
-            "nprobe": nprobe, "whole": whole}, staged
+    return {"label": stored.spec.label(), "shortlist": length, "of_exact_top10": round(float(held), 4),  # lists: at
+            "ms": round(ms, 4), "nprobe": nprobe, "whole": whole}, staged  # the nprobe tune_at_n just set
 
-
-def _with_nprobe(stored, nprobe: int) -> str:
-    """The stored lists' label at ``nprobe`` (the label names the nprobe a search uses)."""
-    stored.set_nprobe(nprobe)
-    return stored.spec.label()

@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from triclip.index.store import FORMAT, TMP_PREFIX, IndexContents
+from triclip.index.store import FORMAT, TMP_PREFIX, IndexContents, vectors_dtype
 from triclip.core.errors import UserError
 from triclip.core.io import write_errors
 
@@ -92,7 +92,7 @@ def make_manifest(cfg, contents: IndexContents, origin: Origin, build: dict, pre
         "metric": "inner_product",
         "count": len(contents.meta),
         "text_count": None if contents.text_vectors is None else int(len(contents.text_vectors)),
-        "vectors_dtype": "float16" if contents.vectors.dtype == np.float16 else "float32",  # index build --vectors
+        "vectors_dtype": vectors_dtype(contents.vectors),  # index build --vectors
         "sources": previous.get("sources", []) + [origin.source],
         "skipped": dict(Counter(previous.get("skipped", {})) + Counter(dict(origin.skipped))),
         "embeddings": previous.get("embeddings", origin.embeddings),

@@ -209,7 +209,7 @@ class Rows:
         data = os.pread(self.fh.fileno(), max(0, stop - start) * width, self.offset + start * width)
         if len(data) != max(0, stop - start) * width:
             raise UserError(f"{self.fh.name} is truncated; rebuild the index")
-        return np.frombuffer(data, self.dtype).astype(np.float32).reshape(-1, self.shape[1])  # (stop - start, D)
+        return np.frombuffer(data, self.dtype).astype(np.float32, copy=False).reshape(-1, self.shape[1])  # (stop - start, D)
 
 
 # ---------------------------------------------------------------------------- the Milvus index per budget

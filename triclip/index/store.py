@@ -259,7 +259,7 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     return name
 
 
-def _dtype(vectors: np.ndarray) -> str:
+def vectors_dtype(vectors: np.ndarray) -> str:
     """The dtype full-D vectors are saved in: their own when it is one ``index build --vectors`` offers, else float32."""
     return str(vectors.dtype) if str(vectors.dtype) in VECTOR_BYTES else "float32"
 
@@ -269,12 +269,12 @@ def _write_files(folder: Path, c: IndexContents) -> None:
     for m, index in c.image_indexes.items():
         ondisk.write_index(fi.to_cpu(index), folder / image_index_name(m))
     if VECTORS not in c.files:
-        np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=_dtype(c.vectors)))
+        np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=vectors_dtype(c.vectors)))
     if c.text_vectors is not None:
         for m, index in c.text_indexes.items():
             ondisk.write_index(fi.to_cpu(index), folder / text_index_name(m))
         if TEXT_VECTORS not in c.files:
-            np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=_dtype(c.text_vectors)))
+            np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=vectors_dtype(c.text_vectors)))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
     for budget, codec in c.codes.items():
         codec.save(folder / code_name(budget))

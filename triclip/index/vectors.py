@@ -32,10 +32,11 @@ def stored_dtype(choice: str, rows: int, dim: int, where: str | os.PathLike, fre
     """
     free = shutil.disk_usage(where).free if free is None else free
     need = {dtype: rows * dim * size for dtype, size in VECTOR_BYTES.items()}
-    fits = [d for d in ((choice,) if choice != "auto" else ("float32", "float16")) if need[d] <= free]
+    order = ("float32", "float16") if choice == "auto" else (choice,)
+    fits = [d for d in order if need[d] <= free]
     if fits:
         return fits[0]
-    wanted = " or ".join(f"{need[d] / 1e9:.1f} GB as {d}" for d in ((choice,) if choice != "auto" else need))
+    wanted = " or ".join(f"{need[d] / 1e9:.1f} GB as {d}" for d in order)
     raise UserError(f"the full-D vectors of {rows:,} rows x {dim} need {wanted} on disk, and {os.fspath(where)}"
                     f" has {free / 1e9:.1f} GB free: free some space, or build where there is more")
 
