@@ -81,6 +81,12 @@ def test_two_stages_re_rank_a_tuned_shortlist_by_the_float_vectors(collection):
     assert min(two.recall, two.full_recall) == two.full_recall  # the float vectors' own recall
     entry = _kept(two)
     assert entry["stages"] == "codes + float re-rank" and entry["disk_bytes_per_query"] == 4 * D * two.kept.shortlist
+    half = choose(4, x, evaluation, rules=Rules(n=len(x), recall_target=0.9, model=model, vector_bytes=2))
+    assert _kept(half)["disk_bytes_per_query"] == 2 * D * half.kept.shortlist  # float16 vectors: half the reads
+    stored = half.codec.empty_copy()
+    stored.add(x)
+    rescore = bud.manifest_entry(half, stored, evaluation, "image.b4.codec", vector_bytes=2)["rescore"]
+    assert rescore["disk_bytes_per_query"] == 2 * D * half.kept.shortlist
     tune = bud.TuneSet.of(x, evaluation)
     copy = two.codec.empty_copy()
     copy.add(x)

@@ -63,7 +63,11 @@ def test_a_float16_build_records_its_dtype_halves_the_files_and_answers_as_float
     for dtype, folder in folders.items():
         manifest = json.loads((folder / MANIFEST).read_text())
         assert manifest["vectors_dtype"] == dtype
-        assert np.load(folder / "vectors.npy", mmap_mode="r").dtype == dtype
+        row = np.load(folder / "vectors.npy", mmap_mode="r")[0]
+        assert row.dtype == dtype
+        reranks = [c for c in json.loads((folder / "curves.json").read_text())["bytes"]["candidates"]["8"]
+                   if c.get("shortlist")]
+        assert reranks and all(c["disk_bytes_per_query"] == row.nbytes * c["shortlist"] for c in reranks)
     for name in ("vectors.npy", "text_vectors.npy"):
         half, full = ((folders[d] / name).stat().st_size for d in ("float16", "float32"))
         assert half < 0.51 * full

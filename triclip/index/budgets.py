@@ -140,6 +140,7 @@ class Rules:
     model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
     reads_from: str | None = None  # the float vectors file a re-rank reads from disk (they exceed the memory
     # budget): its cold reads are timed and charged, and shorter shortlists offered; None: they stay in memory
+    vector_bytes: int = 4  # bytes per dimension of the stored float vectors a re-rank reads (2: kept as float16)
 
     def rerank_ms(self, gallery: np.ndarray, queries: np.ndarray, count: int) -> float:
         """One query's re-rank of ``count`` candidates: scoring them, plus reading them cold from disk
@@ -169,14 +170,15 @@ class Variant:
         """What the choice ranks it by: fidelity at scale, else recall."""
         return self.fidelity if self.by_fidelity else self.recall
 
-    def entry(self, dim: int) -> dict:
-        """Its row in ``curves.json``'s candidates and in the build's table."""
+    def entry(self, row_bytes: int) -> dict:
+        """Its row in ``curves.json``'s candidates and in the build's table; ``row_bytes``: one stored float
+        vector's (what a re-rank reads per candidate)."""
         spec = self.codec.spec
         return {"label": spec.label(), "codec": spec.codec, "m": spec.m, "bytes": spec.bytes_per_vector,
                 "stages": "codes" if self.shortlist is None else "codes + float re-rank", "recall": self.recall,
                 "code_recall": self.code_recall, "keeps": round(self.keeps, 4), "latency_ms": round(self.latency.ms, 4),
                 "latency": self.latency.how, "shortlist": self.shortlist,
-                "disk_bytes_per_query": 4 * dim * (self.shortlist or 0), "reads": self.reads if self.shortlist else None,
+                "disk_bytes_per_query": row_bytes * (self.shortlist or 0), "reads": self.reads if self.shortlist else None,
                 "fidelity": None if self.fidelity is None else round(self.fidelity, 4)}
 
 
@@ -271,7 +273,8 @@ def _measure(spec, evaluation: EvalSet, tune: "TuneSet", rules: Rules, found: li
     fitted = round(time.perf_counter() - started, 2)
     variants = evaluate(codec, evaluation, tune, rules)
     found.extend(variants)
-    return [{**v.entry(tune.gallery.shape[1]), "fit_seconds": fitted} for v in variants]
+    row_bytes = rules.vector_bytes * tune.gallery.shape[1]
+    return [{**v.entry(row_bytes), "fit_seconds": fitted} for v in variants]
 
 
 def fit_sample(gallery: np.ndarray, spec: codecs.CodecSpec) -> np.ndarray:
@@ -690,21 +693,22 @@ def indexed_evaluation(image, text, text_rows: np.ndarray, meta: list[dict], max
 
 
 def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, file: str, sized: dict | None = None,
-                   at_n: dict | None = None) -> dict:
+                   at_n: dict | None = None, vector_bytes: int = 4) -> dict:
     """The manifest's ``budgets[str(B)]``: the stored code, its measured recall, its size, its latency and stages.
 
     ``index_bytes``: the codes (bytes per vector x n; FAISS's files add a header); ``ram_bytes``: what the
     stored code holds in memory (inverted lists add 8-byte ids, fast scan pads to blocks of 32);
     ``rescore``: None (the codes alone) or the second stage, ``{"with": "float", "shortlist": L,
-    "disk_bytes_per_query": 4 D L, "reads": "memory" | "disk"}`` (the shortlist's float vectors, memory-mapped:
-    "disk" when they exceed the memory budget, their cold reads charged to the latency); ``lists``: the
+    "disk_bytes_per_query": b D L, "reads": "memory" | "disk"}`` (the shortlist's float vectors, ``vector_bytes``
+    = b per dimension, memory-mapped: "disk" when they exceed the memory budget, their cold reads charged to the
+    latency); ``lists``: the
     file of inverted lists kept on disk, when they are; ``sized``: the lists refitted for N (:func:`sized_for_n`);
     ``at_n``: nprobe tuned at N (:func:`tune_at_n`), whose latency at N replaces the sample's in ``latency``."""
     size = stored.spec.bytes_per_vector * len(stored)
     kept = choice.kept
     rescore = None if kept is None or kept.shortlist is None else {
         "with": "float", "shortlist": kept.shortlist, "shortlist_how": kept.shortlist_how,
-        "disk_bytes_per_query": 4 * stored.dim * kept.shortlist, "reads": kept.reads}
+        "disk_bytes_per_query": vector_bytes * stored.dim * kept.shortlist, "reads": kept.reads}
     return {"spec": stored.spec.to_json(), "file": file, "recall": choice.recall, "split": evaluation.split,
             "index_bytes": int(size), "bytes_per_vector": stored.spec.bytes_per_vector,
             "ram_bytes": int(stored.ram_bytes()), "rescore": rescore,

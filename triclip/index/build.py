@@ -239,7 +239,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
                                             str(coll.origin.source.get("data") or coll.origin.embeddings))
     budgets = bud.parse_budgets(cfg.bytes)
     rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore,
-                      reads_from=_reads_from(contents.files.get(VECTORS), contents.vectors, memory))
+                      reads_from=_reads_from(contents.files.get(VECTORS), contents.vectors, memory),
+                      vector_bytes=contents.vectors.dtype.itemsize)
     entries = {}
     choices = kept_in(work / "codes.image.choices.pkl", lambda: settle(
         bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image, evaluation, rules,
@@ -255,7 +256,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     if coll.text is not None:
         reverse = evaluation.reverse()
         text_rules = replace(rules, reads_from=_reads_from(contents.files.get(TEXT_VECTORS), contents.text_vectors,
-                                                           memory))
+                                                           memory), vector_bytes=contents.text_vectors.dtype.itemsize)
         text_choices = kept_in(work / "codes.text.choices.pkl", lambda: settle(bud.choose_all(
             budgets, coll.text, reverse, cfg.codec, cfg.seed, text_rules), coll.text, reverse, text_rules, cfg.seed),
             coll.text.dim)
@@ -292,7 +293,7 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
         at_n = kept_in(work / f"{file}.at_n.pkl", lambda: bud.tune_at_n(stored, vectors, evaluation, choice, rules),
                        vectors.dim)
         stored.set_nprobe(at_n["nprobe"])  # tune_at_n sets it; read back on a resume, it is set here
-    return stored, bud.manifest_entry(choice, stored, evaluation, file, sized, at_n)
+    return stored, bud.manifest_entry(choice, stored, evaluation, file, sized, at_n, rules.vector_bytes)
 
 
 def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Path, file: str,
