@@ -61,7 +61,8 @@ class PeersConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])  # haystack seeds
     budgets: list[int] = field(default_factory=lambda: [4, 8, 16, 32])  # bytes per image
     latency_ms: float = 10.0  # the single-query bound given to triclip (--latency-ms) and autofaiss
-    text_codes: bool = True  # triclip also builds the caption codes (--bytes's image->text side; no row reads them)
+    text_codes: bool = True  # caption distractors in the haystack, and triclip builds their codes (--bytes's
+    # image->text side; no row reads them)
     methods: list[str] = field(default_factory=lambda: list(METHODS))  # which to run
     venv: str = "/work/scratch/peers/venv-autofaiss"  # the peers' environment (made when missing)
     cores: int = 2  # threads the peers' builds may use
@@ -119,7 +120,7 @@ def haystack_of(cfg: PeersConfig, seed: int, split: hs.Split) -> Haystack:
     """The haystack of ``seed`` under cfg.work (built when missing), its links and exact answers."""
     root = Path(cfg.work) / f"n{cfg.n}-seed{seed}"
     if not (root / "haystack.json").is_file():
-        hs.build(hs.BuildConfig(cfg.index, cfg.data, str(root), cfg.n, seed, text=True), split)  # captions: --bytes
+        hs.build(hs.BuildConfig(cfg.index, cfg.data, str(root), cfg.n, seed, text=cfg.text_codes), split)
     npy, val = root / "npy", root / "val_queries.npy"
     if not npy.is_dir():
         npy.mkdir()
@@ -322,7 +323,8 @@ def parse(argv: list[str] | None) -> PeersConfig:
     p.add_argument("--cores", type=int, default=PeersConfig.cores)
     p.add_argument("--factory", default=PeersConfig.factory)
     p.add_argument("--no-text-codes", dest="text_codes", action="store_false",
-                   help="triclip builds the image codes only (the rows measure text->image search)")
+                   help="a haystack without caption distractors and triclip's image codes only (the rows measure "
+                        "text->image search)")
     p.add_argument("--equal-memory", action="store_true",
                    help="triclip built per budget with --memory-budget = autofaiss's memory cap")
     return PeersConfig(**vars(p.parse_args(argv)))
