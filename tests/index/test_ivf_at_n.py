@@ -141,8 +141,15 @@ def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collectio
     assert p == 1 or overlap(stored.search(q, 200, params={"nprobe": p // 2})[1], truth) < 0.9
     capped = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=4.0),
                            Rules(n=N, recall_target=1.0, model=model))
-    assert capped["nprobe"] == 4 == stored.ivf.nprobe and not capped["reached"] and "largest within" in capped["note"]
+    assert not capped["reached"] and "fewest lists holding the most" in capped["note"]
     assert capped["curve"][-1]["nprobe"] == 8 and capped["curve"][-1]["ms"] > 4.0
+    within = {c["nprobe"]: c["of_exact_top10"] for c in capped["curve"] if c["ms"] <= 4.0}  # nprobe 1, 2, 4
+    assert capped["nprobe"] == stored.ivf.nprobe == min(p for p, held in within.items() if held == max(within.values()))
+    wide = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=1e9),
+                         Rules(n=N, recall_target=1.01, model=model))  # unreachable: every nprobe is timed
+    held = {c["nprobe"]: c["of_exact_top10"] for c in wide["curve"]}
+    assert max(held) == stored.ivf.nlist and wide["nprobe"] < max(held)  # a plateau before every list ...
+    assert held[wide["nprobe"]] == max(held.values()) > held[wide["nprobe"] // 2]  # ... starts at the one kept
 
 
 def test_a_resumed_build_reads_back_the_refit_lists_and_their_tuning(collection, small_sample, tmp_path, monkeypatch):
