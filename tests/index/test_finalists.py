@@ -99,10 +99,15 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
     rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
     [settled] = settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)], vectors,
                        evaluation, rules)
+    fresh = bud.fill(settled.sized_at_n[0], vectors)  # what encoding the N rows again would store
     monkeypatch.setattr(bud, "sized_for_n", lambda *a, **k: pytest.fail("refitted again"))
+    monkeypatch.setattr(bud, "fill", lambda *a, **k: pytest.fail("the N rows encoded again"))
     stored, entry = build._stored(settled, vectors, evaluation, rules, IndexBuildConfig(out=str(tmp_path / "x")),
                                   1 << 30, tmp_path, "image.b8.codec", IndexContents({}, [], None, {}))
-    assert len(stored) == N and stored.ivf.nlist == ivf.lists_for(N)
+    assert stored is settled.filled_at_n and len(stored) == N and stored.ivf.nlist == ivf.lists_for(N)
+    every = {"nprobe": stored.ivf.nlist}
+    assert np.array_equal(stored.search(evaluation.queries, 10, params=every)[1],
+                          fresh.search(evaluation.queries, 10, params=every)[1])
     assert entry["sized_for_n"] == settled.sized_at_n[1] and entry["finalists_at_n"] == settled.finalists
     assert entry["at_n"]["nprobe"] == settled.finalists["kept"]["nprobe"]
     from triclip.index.manifest import summary

@@ -202,6 +202,7 @@ class Choice:
     first_stage: Variant | None = None  # at scale, with a re-rank: the best first stage for a shortlist (_first_stage)
     finalists: dict | None = None  # what each finalist held at N, the kept one first (triclip.index.finalists.settle)
     sized_at_n: tuple | None = None  # (codec, what was done): the kept code as sized_for_n refitted it there
+    filled_at_n: codecs.Codec | None = None  # the kept code filled with every row by the finalists: stored as it is
 
 
 def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,

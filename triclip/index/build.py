@@ -278,7 +278,8 @@ def _reads_from(file: Path | None, stored: np.ndarray, memory: int) -> str | Non
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,
             contents: IndexContents) -> tuple:
     """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
-    (inverted lists refitted for N: ``budgets.sized_for_n``), filled (:func:`fill_codes`), its nprobe tuned at N
+    (inverted lists refitted for N: ``budgets.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
+    it when they made one), its nprobe tuned at N
     on the filled lists (``budgets.tune_at_n``). The refit code and the tuning are kept in the parts folder
     (:func:`kept_in`): a resumed build reads them back instead of refitting and streaming all N rows again."""
     from triclip.index import budgets as bud
@@ -287,7 +288,7 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
     if bud.resized_for_n(choice.codec, vectors):
         codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or bud.sized_for_n(
             choice.codec, vectors, cfg.seed), vectors.dim)  # refitted already when a near-tie was settled at N
-    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents)
+    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents, choice.filled_at_n)
     at_n = None
     if sized is not None:
         at_n = kept_in(work / f"{file}.at_n.pkl", lambda: bud.tune_at_n(stored, vectors, evaluation, choice, rules),
@@ -297,10 +298,11 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
 
 
 def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Path, file: str,
-               contents: IndexContents):
+               contents: IndexContents, filled=None):
     """``codec`` (trained) filled with every row of ``vectors``: in memory, or for inverted lists (not fast-scan
     ones) beyond ``memory`` bytes (``on_disk`` "auto"; "always": any size) in ``{file}.ivfdata``, written in
-    ``work`` and named in ``contents.files`` so the version takes it in."""
+    ``work`` and named in ``contents.files`` so the version takes it in. ``filled``: the same code already
+    filled in memory (by the finalists), kept as it is where the lists stay in memory."""
     from triclip.index import budgets as bud
 
     lists = fi.ivf_list_bytes(codec.index, vectors.count) if hasattr(codec, "filled_on_disk") else None
@@ -308,7 +310,7 @@ def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Pa
         faiss.downcast_InvertedLists(faiss.extract_index_ivf(codec.index).invlists), faiss.BlockInvertedLists)
     with all_cores():  # a search of the choice may have set the serving count in this thread
         if lists is None or blocked or on_disk == "never" or (on_disk == "auto" and lists <= memory):
-            return _filled(codec, vectors, work / f"{file}.filled")
+            return filled if filled is not None else _filled(codec, vectors, work / f"{file}.filled")
         name = f"{file}.ivfdata"
         contents.files[name] = work / name
         with write_errors(work / name):

@@ -19,7 +19,9 @@ every row (lists refitted for N), and measured at N for its codes alone and for 
 :data:`LADDER` re-ranked (latency: the code searched at N, plus the re-rank and its cold reads when the vectors
 are read from disk; lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over
 all N rows within the bound is kept (then the faster). A re-rank keeps every exact top-10 row its shortlist holds,
-so a shortlist is scored by what it holds. The cost: the finalists filled and searched at N, one to three codes.
+so a shortlist is scored by what it holds. The cost: the finalists filled and searched at N, one to three codes;
+the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
+encoded once.
 """
 
 from __future__ import annotations
@@ -45,20 +47,27 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
         if not others or choice.kept is None or not bud.at_scale(vectors.count):
             out.append(choice)
             continue
-        measured, codes = [], set()
+        records, best, codes = [], None, set()
         for variant in [choice.kept, *others]:
             if id(variant.codec) not in codes:
                 codes.add(id(variant.codec))
-                measured.append(_as_stored(variant, choice, vectors, evaluation, rules, seed))
-        best = max(measured, key=lambda m: (m[0]["of_exact_top10"], -m[0]["ms"]))
-        record, sized, variant = best
+                measured = _as_stored(variant, choice, vectors, evaluation, rules, seed)
+                records.append(measured[0])
+                if best is None or _rank(measured[0]) > _rank(best[0]):
+                    best = measured  # a loser's filled codes are freed here: at most two held at once
+        record, sized, variant, filled = best
         finalists = {"n": vectors.count, "queries": len(evaluation.queries), "kept": record,
-                     "others": [m[0] for m in measured if m is not best]}
+                     "others": [r for r in records if r is not record]}
         note = f"kept by the finalists measured at N = {vectors.count:,}" if variant.codec is not choice.kept.codec \
             or variant.shortlist != choice.kept.shortlist else ""
         out.append(replace(choice, codec=variant.codec, recall=variant.recall, kept=variant, finalists=finalists,
-                           sized_at_n=sized, note="; ".join(n for n in (choice.note, note) if n)))
+                           sized_at_n=sized, filled_at_n=filled, note="; ".join(n for n in (choice.note, note) if n)))
     return out
+
+
+def _rank(record: dict) -> tuple:
+    """How finalists compare: the most of the exact top 10 held at N, then the faster."""
+    return record["of_exact_top10"], -record["ms"]
 
 
 def held_as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bud.EvalSet, rules: bud.Rules,
@@ -71,9 +80,10 @@ def held_as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation
 
 
 def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bud.EvalSet, rules: bud.Rules,
-               seed: int) -> tuple[dict, tuple | None, bud.Variant]:
+               seed: int) -> tuple[dict, tuple | None, bud.Variant, bud.codecs.Codec]:
     """:func:`held_as_stored`, what ``budgets.sized_for_n`` gave (None for a code it leaves as fitted: the build
-    stores the winner from it instead of refitting it), and the variant measured best."""
+    stores the winner from it instead of refitting it), the variant measured best, and the code filled with every
+    row (the build stores the winner's as it is instead of encoding the N rows again)."""
     codec, done = bud.sized_for_n(variant.codec, vectors, seed)
     stored = bud.fill(codec, vectors)
     lengths = [None] + ([n for n in LADDER if n < len(stored) // 4] if rules.rescore and variant.codec.spec.codec
@@ -87,7 +97,7 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
         whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
     within = [t for t in tried if t[0]["ms"] <= choice.bound_ms] or [min(tried, key=lambda t: t[0]["ms"])]
     record, best = max(within, key=lambda t: (t[0]["of_exact_top10"], -t[0]["ms"]))
-    return record, None if done is None else (codec, done), best
+    return record, None if done is None else (codec, done), best, stored
 
 
 def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, vectors, evaluation: bud.EvalSet,
