@@ -70,20 +70,15 @@ def _rank(record: dict) -> tuple:
     return record["of_exact_top10"], -record["ms"]
 
 
-def held_as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bud.EvalSet, rules: bud.Rules,
-                   seed: int = 0) -> dict:
-    """The best way to search ``variant``'s code when stored, within the choice's bound, and what it holds of the
-    exact float top 10 over every row of ``vectors``: ``{"label", "shortlist", "of_exact_top10", "ms", "nprobe"}``.
-    The code is sized for N (``budgets.sized_for_n``), filled in memory ((B + 8) N bytes for lists, freed on
-    return), and searched alone and (``rules.rescore``) with each shortlist of :data:`LADDER`."""
-    return _as_stored(variant, choice, vectors, evaluation, rules, seed)[0]
-
-
 def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bud.EvalSet, rules: bud.Rules,
                seed: int) -> tuple[dict, tuple | None, bud.Variant, bud.codecs.Codec]:
-    """:func:`held_as_stored`, what ``budgets.sized_for_n`` gave (None for a code it leaves as fitted: the build
-    stores the winner from it instead of refitting it), the variant measured best, and the code filled with every
-    row (the build stores the winner's as it is instead of encoding the N rows again)."""
+    """The best way to search ``variant``'s code when stored, within the choice's bound, and what it holds of the
+    exact float top 10 over every row of ``vectors``: ``{"label", "shortlist", "of_exact_top10", "ms", "nprobe"}``.
+    The code is sized for N (``budgets.sized_for_n``), filled in memory ((B + 8) N bytes for lists), and searched
+    alone and (``rules.rescore``) with each shortlist of :data:`LADDER`. Also returns what ``sized_for_n`` gave
+    (None for a code it leaves as fitted: the build stores the winner from it instead of refitting it), the
+    variant measured best, and the code filled with every row (the build stores the winner's as it is instead of
+    encoding the N rows again)."""
     codec, done = bud.sized_for_n(variant.codec, vectors, seed)
     stored = bud.fill(codec, vectors)
     lengths = [None] + ([n for n in LADDER if n < len(stored) // 4] if rules.rescore and variant.codec.spec.codec
