@@ -14,6 +14,8 @@ from benchmarks import haystack_peers as hp
 
 sys.path.insert(0, str(hp.WORKER.parent))
 import peer_worker as worker  # noqa: E402  (scripts/ is no package: the worker runs by path in either environment)
+from tests.index.conftest import run_dir, shapes_dir  # noqa: E402,F401 (the fixtures of a tiny trained run)
+from tests.index.test_from_embeddings import emb  # noqa: E402,F401
 
 PEERS_PYTHON = os.path.join(hp.PeersConfig.venv, "bin", "python")
 NEEDS_VENV = pytest.mark.skipif(not os.path.isfile(PEERS_PYTHON), reason=(
@@ -156,3 +158,23 @@ def test_autofaiss_against_exact_search(small):
     assert rec["autofaiss"] == "2.18.0" and rec["faiss"] == "1.8.0" and rec["label"]
     assert rec["of_exact_top10"] >= 0.9  # (at 6,000 rows it takes HNSW over float rows, past the 24 B cap)
     assert rec["code_bytes"] * 6000 <= rec["disk_bytes"]  # bytes per vector: the index's own
+
+
+def test_triclip_is_measured_cold_with_and_without_the_hits_meta_rows_and_both_answer_the_same_rows(emb, tmp_path):  # noqa: F811
+    """The worker's triclip search maps each hit's meta id back to its row; its ``rows`` search returns the rows
+    the codes rank, without reading the meta: the same answers, and ``measure`` times both cold."""
+    from triclip.index.sources import IndexBuildConfig, build_index
+    from triclip.index.store import load_contents
+
+    out = tmp_path / "index"
+    build_index(IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], bytes=[8], factory="Flat"))
+    queries = np.asarray(load_contents(str(out), indexes=False).text_vectors[:30], np.float32)  # (30, D)
+    np.save(tmp_path / "queries.npy", queries)
+    search = worker.triclip_load({"dir": str(out), "bytes": 8})
+    rows = search(queries, 1)
+    assert rows.shape == (30, 10) and (rows >= 0).all() and np.array_equal(search.rows(queries, 1), rows)
+    spec = {"method": "triclip", "dir": str(out), "bytes": 8, "queries": str(tmp_path / "queries.npy"),
+            "ids": str(tmp_path / "ids.npy")}
+    got = worker.measure(spec)
+    assert got["p50_ms_cold_rows"] > 0 and got["p99_ms_cold_rows"] >= got["p50_ms_cold_rows"]
+    assert np.array_equal(np.load(spec["ids"]), rows)
