@@ -707,8 +707,8 @@ def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, fi
     ``rescore``: None (the codes alone) or the second stage, ``{"with": "float", "shortlist": L,
     "disk_bytes_per_query": b D L, "reads": "memory" | "disk"}`` (the shortlist's float vectors, ``vector_bytes``
     = b per dimension, memory-mapped: "disk" when they exceed the memory budget, their cold reads charged to the
-    latency); ``lists``: the
-    file of inverted lists kept on disk, when they are; ``sized``: the lists refitted for N (:func:`sized_for_n`);
+    latency); ``lists``: the file of inverted lists kept on disk, when they are; ``sized``: the lists refitted for
+    N (:func:`sized_for_n`);
     ``at_n``: nprobe tuned at N (:func:`tune_at_n`), whose latency at N replaces the sample's in ``latency``."""
     size = stored.spec.bytes_per_vector * len(stored)
     kept = choice.kept

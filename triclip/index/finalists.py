@@ -91,7 +91,7 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
         tried.append(_at_n(stored, variant, length, choice, vectors, evaluation, rules, whole))
         whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
     within = [t for t in tried if t[0]["ms"] <= choice.bound_ms] or [min(tried, key=lambda t: t[0]["ms"])]
-    record, best = max(within, key=lambda t: (t[0]["of_exact_top10"], -t[0]["ms"]))
+    record, best = max(within, key=lambda t: _rank(t[0]))
     return record, None if done is None else (codec, done), best, stored
 
 
