@@ -16,6 +16,7 @@ from __future__ import annotations
 import glob
 import importlib
 import json
+import mmap
 import os
 import sys
 import time
@@ -172,17 +173,32 @@ def triclip_load(spec: dict):
     from triclip.codecs.threads import set_search_threads
     from triclip.index.search import Searcher
     from triclip.index.store import load_contents
-    from triclip.index.metafile import id_rows
     contents = load_contents(spec["dir"], indexes="codes")  # not the float indexes per m: search --bytes holds none
-    searcher, row = Searcher(contents, None, None, None), id_rows(contents.meta)  # the Searcher's own id lookup
+    searcher = Searcher(contents, None, None, None)
+
+    def rows(q: np.ndarray, threads: int) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and row ids of the top K (Q, K), by the stages the build recorded; no meta read."""
+        set_search_threads(threads)
+        return searcher._ranked(q, K, None, "image", None, spec["bytes"], None)
 
     def search(q: np.ndarray, threads: int) -> np.ndarray:
-        set_search_threads(threads)
-        hits = searcher.search_vectors(q, K, bytes=spec["bytes"])
-        return np.array([[row[h["id"]] for h in hs] + [-1] * (K - len(hs)) for hs in hits], np.int64)
-    search.drop = lambda: [r.drop_pages() for r in searcher._rows_on_disk.values() if r is not None]  # cold: unmap
-    search.rows = lambda q, threads: searcher._ranked(q, K, None, "image", None, spec["bytes"], None)[1]  # no meta
-    search.rows.drop = search.drop
+        """The hits as ``search_vectors`` gives them (their meta rows read), the row ids returned as they rank."""
+        scores, ids = rows(q, threads)
+        for s, i in zip(scores, ids):
+            searcher._hits(s, i, "image")
+        return ids
+
+    def drop() -> None:  # cold: the pages this process maps stay cached, so they are unmapped first
+        for disk in searcher._rows_on_disk.values():
+            if disk is not None:
+                disk.drop_pages()
+        for name in ("offsets", "hashes", "order"):  # the meta's arrays (a version read whole has none)
+            mapped = getattr(getattr(contents.meta, name, None), "_mmap", None)
+            if mapped is not None:
+                mapped.madvise(mmap.MADV_DONTNEED)
+    search.drop = drop
+    search.rows = lambda q, threads: rows(q, threads)[1]  # without the hits' meta rows
+    search.rows.drop = drop
     return search
 
 
@@ -242,7 +258,7 @@ def cold_query_ms(search, queries: np.ndarray, folder: str) -> list[float]:
 
 IMPORTS = {  # method -> the modules its load imports: imported before the RSS is read, so it counts the index only
     "faiss": ("faiss",), "autofaiss": ("faiss",), "usearch": ("usearch.index",),
-    "triclip": ("triclip.index.search", "triclip.index.store", "triclip.index.metafile", "triclip.codecs.threads"),
+    "triclip": ("triclip.index.search", "triclip.index.store", "triclip.codecs.threads"),
 }
 
 

@@ -92,13 +92,15 @@ def synthetic():
 class GivenLatency:
     """A latency model that times nothing (``triclip.index.latency.LatencyModel``'s interface): each code's query
     takes ``per_byte`` ms per byte of its code (``codes``: ms by codec name instead), a re-rank ``per_candidate``
-    ms per candidate (and ``per_read`` ms per candidate read cold from disk: ``reads`` records each count asked),
-    the float32 scan ``reference`` ms; probes say what the fitted code would."""
+    ms per candidate (and ``per_read`` ms per candidate read cold from disk: ``reads`` records each count asked;
+    a two-stage search timed end to end cold, the sum plus ``cold_extra`` ms: ``cold`` records each), the float32
+    scan ``reference`` ms; probes say what the fitted code would."""
 
     def __init__(self, reference: float = 1.0, per_byte: float = 0.001, per_candidate: float = 0.0,
-                 codes: dict | None = None, per_read: float = 0.0):
+                 codes: dict | None = None, per_read: float = 0.0, cold_extra: float = 0.0):
         self.reference, self.per_byte, self.per_candidate, self.codes = reference, per_byte, per_candidate, codes or {}
         self.per_read, self.reads = per_read, []
+        self.cold_extra, self.cold = cold_extra, []  # ms an end-to-end cold search adds to the sum of its parts
 
     def ms(self, spec) -> float:
         return self.codes.get(spec.codec, self.per_byte * spec.bytes_per_vector)
@@ -114,6 +116,10 @@ class GivenLatency:
     def cold_rows(self, file, count):
         self.reads.append((file, count))
         return self.per_read * count
+
+    def cold_search(self, codes, file, queries, length, k=10):
+        self.cold.append((codes.spec.label(), file, length))
+        return self.ms(codes.spec) + (self.per_candidate + self.per_read) * length + self.cold_extra
 
     def float_scan(self, vectors, queries, n):
         from triclip.index.latency import Latency

@@ -150,3 +150,23 @@ def test_a_build_beyond_its_memory_budget_charges_cold_reads_and_its_search_read
         assert bool(searcher._rows_on_disk) == (reads == "disk")
     assert answers["disk"] == answers["memory"]
     assert isinstance(next(iter(searcher._rows_on_disk.values())), DiskRows)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux's per-process I/O counters")
+def test_an_end_to_end_cold_search_reads_each_querys_shortlist_from_disk(tmp_path, monkeypatch):
+    """``LatencyModel.cold_search`` (what the choice charges a re-rank from disk at N): each timed query asks the
+    codes for the shortlist's length and gathers those rows from the file, evicted first, so they come from disk."""
+    from triclip.codecs import CodecSpec, fit
+    from triclip.index import latency
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((4000, 256)).astype(np.float32)  # 1 KB a row: a page holds 4
+    np.save(tmp_path / "v.npy", x)
+    codes = fit(CodecSpec("pq", 256, 8, {"M": 8, "nbits": 4}), x)
+    codes.add(x)
+    asked, search = [], codes.search
+    codes.search = lambda q, k, params=None: (asked.append(k), search(q, k, params=params))[1]
+    before = read_bytes()
+    ms = latency.LatencyModel().cold_search(codes, str(tmp_path / "v.npy"), x[:5] + 0.1, 200)
+    assert ms > 0 and asked == [200] * (latency.REPS + 1)  # the warm-up query, then the timed ones
+    assert read_bytes() - before >= latency.REPS * 100 * 4096  # 200 rows of 1,000 pages: ~180 pages each, cold

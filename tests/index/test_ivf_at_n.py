@@ -152,6 +152,28 @@ def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collectio
     assert held[wide["nprobe"]] == max(held.values()) > held[wide["nprobe"] // 2]  # ... starts at the one kept
 
 
+def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_at_the_nprobe_kept(collection, small_sample):
+    """Where the re-rank reads its rows from disk, the kept nprobe's two stages are timed together, cold; that
+    time is the manifest's latency, and a note says when it is over the bound the summed parts met."""
+    vectors, evaluation, _ = collection
+    fitted = bud.codecs.fit(_spec("pq"), vectors.rows(np.arange(2000), D))
+    stored = bud.fill(bud.sized_for_n(fitted, vectors)[0], vectors)
+    kept = bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200, reads="disk")
+    for extra, over in ((0.5, False), (30.0, True)):
+        model = GivenLatency(per_read=0.01, cold_extra=extra)
+        model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
+        choice = bud.Choice(8, fitted, 0.5, [], kept, bound_ms=10.0)
+        at_n = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model, reads_from="v.npy"))
+        assert model.cold == [(stored.spec.label(), "v.npy", 200)]  # once, for the nprobe kept
+        assert stored.ivf.nprobe == at_n["nprobe"]
+        assert at_n["cold_ms"] == pytest.approx(stored.spec.bytes_per_vector * 0.001 + 2.0 + extra)
+        entry = bud.manifest_entry(choice, stored, evaluation, "image.b8.codec", at_n=at_n)
+        assert entry["latency"] == {"ms": at_n["cold_ms"], "how": "measured cold"}
+        assert ("end to end, cold" in at_n["note"]) == over
+    in_memory = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model))
+    assert "cold_ms" not in in_memory and len(model.cold) == 1  # vectors in memory: the sum is the cost
+
+
 def test_a_resumed_build_reads_back_the_refit_lists_and_their_tuning(collection, small_sample, tmp_path, monkeypatch):
     """``index build``'s ``_stored`` keeps the lists refitted for N and their nprobe tuned at N in the parts folder:
     killed while tuning (here: an error), the same call on the same folder neither refits nor streams the N rows

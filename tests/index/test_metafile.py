@@ -48,6 +48,36 @@ def test_lazy_rows_equal_the_list(tmp_path):
     assert [json.loads(line) for line in lines] == rows  # the file itself is what the list reader reads
 
 
+def test_rows_read_together_equal_them_one_by_one_and_are_asked_for_first(tmp_path, monkeypatch):
+    rows = _rows(60)
+    meta = _open(tmp_path, rows)
+    asked = []
+    monkeypatch.setattr(metafile.os, "posix_fadvise", lambda fd, start, length, how: asked.append((fd, start, length)),
+                        raising=False)
+    want = [7, 59, 0, -1, 7]
+    assert meta.rows(want) == [rows[i] for i in want] and meta.rows([]) == [] and meta.rows([3]) == [rows[3]]
+    offsets = np.load(tmp_path / metafile.OFFSETS)
+    lines = [(meta._fd, int(offsets[i]), int(offsets[i + 1] - offsets[i])) for i in (7, 59, 0, 59, 7)]
+    assert [a for a in asked if a[0] == meta._fd] == lines  # every line asked for before the first is read
+    assert [a[1:] for a in asked if a[0] != meta._fd] == [(meta.offsets.offset + 8 * i, 16) for i in (7, 59, 0, 59, 7)]
+    with pytest.raises(IndexError):
+        meta.rows([1, 60])
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="Linux: the mapping's flags are read from smaps")
+def test_the_arrays_are_mapped_for_random_reads(tmp_path):
+    meta = _open(tmp_path, _rows(60))
+    flags, current = {}, None
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            current = line.split()[-1] if len(line.split()) >= 6 else None
+        elif line.startswith("VmFlags:") and current:
+            flags.setdefault(Path(current).name, []).append(line.split()[1:])
+    for name in metafile.FILES:  # "rr": MADV_RANDOM, a fault reads one page and no read-ahead window
+        assert flags.get(name) and all("rr" in f for f in flags[name]), (name, flags.get(name))
+    assert meta[3]["id"] == "img_3"
+
+
 def test_lookups_equal_the_dict(tmp_path):
     rows = _rows(60)
     ids, want = id_rows(_open(tmp_path, rows)), {row["id"]: i for i, row in enumerate(rows)}
@@ -185,3 +215,4 @@ def test_rows_outlive_the_version_folder(tmp_path):
     meta = _open(folder, rows)
     shutil.rmtree(folder)
     assert meta[4321] == rows[4321] and list(meta) == rows and meta.ids["img_7"] == 7
+    assert meta.rows([4321, 7]) == [rows[4321], rows[7]]  # the offsets' file was opened with the version

@@ -16,8 +16,8 @@ So the kept variant's code and up to two more are finalists (``Choice.rival``: a
 ``budgets.FINALIST_MARGIN`` of its score on the sample; ``Choice.first_stage``: the code whose re-ranked
 shortlist holds the most on the sample and whose codes alone take at most half the bound). Each is filled with
 every row (lists refitted for N), and measured at N for its codes alone and for each shortlist of
-:data:`LADDER` re-ranked (latency: the code searched at N, plus the re-rank and its cold reads when the vectors
-are read from disk; lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over
+:data:`LADDER` re-ranked (latency: the code searched at N, plus the re-rank; when the vectors are read from disk,
+the two stages timed end to end, cold: ``budgets.cold_ms``; lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over
 all N rows within the bound is kept (then the faster). A re-rank keeps every exact top-10 row its shortlist holds,
 so a shortlist is scored by what it holds. The cost: the finalists filled and searched at N, one to three codes;
 the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
@@ -107,11 +107,14 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
     at_n = bud.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules, whole)
     if at_n is not None:  # lists: nprobe tuned at N for this length, within the bound where one is
         point = next(c for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
-        held, ms, nprobe, whole = point["of_exact_top10"], point["ms"], at_n["nprobe"], at_n["whole_lists"]
+        held, ms, nprobe, whole = point["of_exact_top10"], bud.at_n_latency(at_n)["ms"], at_n["nprobe"], \
+            at_n["whole_lists"]
     else:
         held = bud.overlap(stored.search(queries, length or bud.K)[1], bud.exact_at_n(vectors, evaluation))
-        ms = rules.model.search(stored, timed, length or bud.K, len(stored)).ms
-        ms += rules.rerank_ms(evaluation.gallery, timed, length) if length else 0.0
+        ms = bud.cold_ms(stored, rules, timed, length)
+        if ms is None:
+            ms = rules.model.search(stored, timed, length or bud.K, len(stored)).ms
+            ms += rules.rerank_ms(evaluation.gallery, timed, length) if length else 0.0
         nprobe = None
     n_eval = len(evaluation.gallery)
     recall = bud.measure(variant.codec, evaluation, None if length is None else

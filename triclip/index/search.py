@@ -54,7 +54,7 @@ import numpy as np
 from triclip.index import faiss_index as fi
 from triclip.index.diskrows import DiskRows
 from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
-from triclip.index.metafile import id_rows
+from triclip.index.metafile import id_rows, meta_rows
 from triclip.index.store import IndexContents, load_contents
 from triclip.codecs.threads import in_search_thread
 from triclip.index.vectors import prefix
@@ -436,12 +436,11 @@ class Searcher:
         return shortlist_flat(base, queries, count)
 
     def _hits(self, scores: np.ndarray, ids: np.ndarray, target: str) -> list[dict]:
+        found = [(s, v) for s, v in zip(scores.tolist(), ids.tolist()) if v >= 0]  # an approximate index: maybe < k
+        places = [(v, 0) if target == "image" else tuple(map(int, self.contents.text_rows[v])) for _, v in found]
+        metas = meta_rows(self.contents.meta, [row for row, _ in places])  # (image row, caption) -> the image's row
         hits = []
-        for score, vid in zip(scores.tolist(), ids.tolist()):
-            if vid < 0:  # an approximate index found fewer than k
-                continue
-            row, caption = (vid, 0) if target == "image" else map(int, self.contents.text_rows[vid])
-            meta = self.contents.meta[row]
+        for (score, _), (_, caption), meta in zip(found, places, metas):
             text = meta["captions"][caption] if caption < len(meta["captions"]) else ""  # an image without captions
             hits.append({"id": meta["id"], "image": meta["image"], "caption": text, "score": score})
         return hits
