@@ -168,5 +168,5 @@ def test_an_end_to_end_cold_search_reads_each_querys_shortlist_from_disk(tmp_pat
     codes.search = lambda q, k, params=None: (asked.append(k), search(q, k, params=params))[1]
     before = read_bytes()
     ms = latency.LatencyModel().cold_search(codes, str(tmp_path / "v.npy"), x[:5] + 0.1, 200)
-    assert ms > 0 and asked == [200] * (latency.REPS + 1)  # the warm-up query, then the timed ones
-    assert read_bytes() - before >= latency.REPS * 100 * 4096  # 200 rows of 1,000 pages: ~180 pages each, cold
+    assert ms > 0 and asked == [200] * (latency.COLD_QUERIES + 1)  # the warm-up query, then the timed ones
+    assert read_bytes() - before >= latency.COLD_QUERIES * 100 * 4096  # 200 rows of 1,000 pages: ~180 pages each, cold

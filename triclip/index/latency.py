@@ -30,6 +30,7 @@ import numpy as np
 from triclip.codecs.threads import search_threads, set_search_threads
 
 REPS = 25  # single queries timed per measurement (the median is kept)
+COLD_QUERIES = 75  # single queries timed end to end, cold (cold_search): the median of 25 moved by 1 ms at 10M
 TINY = 64  # rows of the copy that times a query's fixed cost (before the scan)
 TIME_ROWS = 200_000  # entries a code (or the float reference) is timed at before its time is scaled to N
 
@@ -98,7 +99,8 @@ class LatencyModel:
         def cold() -> None:
             rows.drop_pages()  # a mapped page stays cached: unmapped first
             evict(file)
-        return _median_ms(lambda q: rerank(rows, q, codes.search(q, length)[1], k), queries, prepare=cold)
+        return _median_ms(lambda q: rerank(rows, q, codes.search(q, length)[1], k), queries, prepare=cold,
+                          reps=COLD_QUERIES)
 
     def float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
         """The exact float32 scan at full D (``IndexFlatIP``) of ``n`` vectors: a sample ``vectors`` (n_s, D), filled
@@ -123,15 +125,15 @@ class LatencyModel:
         return None if twin is None else self.search(twin, queries, 10, n)
 
 
-def _median_ms(search, queries: np.ndarray, prepare=lambda: None) -> float:
-    """Median milliseconds of ``search(q)`` over single queries, :data:`REPS` of them (cycling), one thread;
-    ``prepare()`` runs untimed before each."""
+def _median_ms(search, queries: np.ndarray, prepare=lambda: None, reps: int = REPS) -> float:
+    """Median milliseconds of ``search(q)`` over ``reps`` single queries (cycling), one thread; ``prepare()`` runs
+    untimed before each."""
     before = search_threads()
     set_search_threads(1)
     try:
         search(queries[:1])  # warm: first-call allocations
         times = []
-        for i in range(REPS):
+        for i in range(reps):
             q = queries[i % len(queries) : i % len(queries) + 1]
             prepare()
             started = time.perf_counter()
