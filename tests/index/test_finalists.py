@@ -89,6 +89,7 @@ def test_a_shortlist_whose_end_to_end_cold_search_is_over_the_bound_is_dropped(c
     [settled] = settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, first_stage=over)], vectors,
                        evaluation, rules)
     assert settled.kept.shortlist == 300 and settled.kept.latency.ms == pytest.approx(0.002 + 0.011 * 300 + 5.0)
+    assert settled.kept.latency.how == "measured cold"
     assert [length for _, _, length in model.cold] == [100, 200, 300, 500]  # 1,000 rows' re-rank alone is over
 
 
@@ -146,8 +147,8 @@ def test_the_choice_names_as_rival_the_best_other_code_within_the_margin(collect
 
 
 def test_the_choice_names_as_first_stage_the_best_shortlist_of_a_code_fast_enough_alone(collection, small_sample):  # noqa: F811
-    """With a re-rank at scale: the staged variant holding the most on the sample among codes whose codes alone
-    take at most half the bound, whether the staged variant itself fits the bound or not."""
+    """With a re-rank at scale: among codes whose codes alone take at most half the bound, each one's shortest
+    staged variant on the sample (within the bound or not), the one holding the most."""
     vectors, evaluation, _ = collection
     sample = vectors.rows(np.arange(2000), D)
     model = GivenLatency(reference=10.0, codes={"rq": 6.0}, per_candidate=0.02)  # rq alone: over half the bound
@@ -156,7 +157,28 @@ def test_the_choice_names_as_first_stage_the_best_shortlist_of_a_code_fast_enoug
     staged = [t for t in choice.tried if t["recall"] is not None and t.get("shortlist") and alone[t["label"]] <= 5.0]
     assert staged and any(t["latency_ms"] > 10.0 for t in staged)  # some re-ranks the sample puts over the bound
     assert choice.first_stage.shortlist is not None and choice.first_stage.codec.spec.codec != "rq"
-    assert round(choice.first_stage.fidelity, 4) == max(t["fidelity"] for t in staged)
+    shortest = {}
+    for t in staged:
+        shortest[t["label"]] = min(shortest.get(t["label"], t), t, key=lambda t: t["shortlist"])
+    best = max(shortest.values(), key=lambda t: (t["fidelity"], -t["shortlist"]))
+    assert (choice.first_stage.codec.spec.label(), choice.first_stage.shortlist) == (best["label"], best["shortlist"])
+    assert round(choice.first_stage.fidelity, 4) == best["fidelity"]
+
+
+def test_the_first_stage_is_ranked_by_each_codes_shortest_shortlist_not_its_longest():
+    """At 1M and 32 B (docs/results_scale.md): flat 4-bit PQ's top 25,000 held the most of the sample's exact top
+    10, lists of OPQ's top 1,000 more than its top 1,000; the shortlists that fit at N are the short ones. A code
+    whose codes alone take over half the bound is no first stage, however much its shortlists hold."""
+    flat, lists, slow = object(), object(), object()
+
+    def variant(codec, shortlist, held, ms=1.0):
+        return Variant(codec, 0.5, Latency(ms, "given"), shortlist=shortlist, fidelity=held, by_fidelity=True)
+    found = [variant(flat, None, .389), variant(flat, 1000, .560), variant(flat, 25000, .987),
+             variant(lists, None, .712), variant(lists, 1000, .866), variant(lists, 25000, .901),
+             variant(slow, None, .800, ms=6.8), variant(slow, 1000, .970)]
+    picked = bud._first_stage(found, bound=10.0)
+    assert picked.codec is lists and picked.shortlist == 1000
+    assert bud._first_stage([v for v in found if v.codec is slow], bound=10.0) is None
 
 
 def test_lists_search_every_list_once_per_code_and_the_ladder_stops_past_the_bound(collection, two, monkeypatch):  # noqa: F811

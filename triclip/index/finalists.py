@@ -107,19 +107,20 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
     at_n = bud.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules, whole)
     if at_n is not None:  # lists: nprobe tuned at N for this length, within the bound where one is
         point = next(c for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
-        held, ms, nprobe, whole = point["of_exact_top10"], bud.at_n_latency(at_n)["ms"], at_n["nprobe"], \
+        latency = bud.at_n_latency(at_n)
+        held, ms, how, nprobe, whole = point["of_exact_top10"], latency["ms"], latency["how"], at_n["nprobe"], \
             at_n["whole_lists"]
     else:
         held = bud.overlap(stored.search(queries, length or bud.K)[1], bud.exact_at_n(vectors, evaluation))
-        ms = bud.cold_ms(stored, rules, timed, length)
+        ms, how, nprobe = bud.cold_ms(stored, rules, timed, length), "measured cold", None
         if ms is None:
             ms = rules.model.search(stored, timed, length or bud.K, len(stored)).ms
             ms += rules.rerank_ms(evaluation.gallery, timed, length) if length else 0.0
-        nprobe = None
+            how = "measured"
     n_eval = len(evaluation.gallery)
     recall = bud.measure(variant.codec, evaluation, None if length is None else
                          max(bud.K, min(n_eval, math.ceil(length * n_eval / len(stored)))))
-    staged = replace(staged, recall=recall, latency=Latency(ms, "measured"), fidelity=held)
+    staged = replace(staged, recall=recall, latency=Latency(ms, how), fidelity=held)
     return {"label": stored.spec.label(), "shortlist": length, "of_exact_top10": round(float(held), 4),  # lists: at
             "ms": round(ms, 4), "nprobe": nprobe, "whole": whole}, staged  # the nprobe tune_at_n just set
 
