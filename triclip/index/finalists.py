@@ -13,8 +13,9 @@ N / 20,000. Both misjudge N:
   cold from disk take longer than 10 ms, so no re-rank from disk was offered within 10 ms.
 
 So the kept variant's code and up to two more are finalists (``Choice.rival``: another code within
-``budgets.FINALIST_MARGIN`` of its score on the sample; ``Choice.first_stage``: the code whose re-ranked
-shortlist holds the most on the sample and whose codes alone take at most half the bound). Each is filled with
+``budgets.FINALIST_MARGIN`` of its score on the sample; ``Choice.first_stage``: among the codes whose codes
+alone take at most half the bound, the one whose shortest re-ranked shortlist holds the most on the sample:
+``budgets._first_stage``). Each is filled with
 every row (lists refitted for N), and measured at N for its codes alone and for each shortlist of
 :data:`LADDER` re-ranked (latency: the code searched at N, plus the re-rank; when the vectors are read from disk,
 the two stages timed end to end, cold: ``budgets.cold_ms``; lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over
