@@ -15,11 +15,11 @@ N / 20,000. Both misjudge N:
 So the kept variant's code and up to two more are finalists (``Choice.rival``: another code within
 ``budgets.FINALIST_MARGIN`` of its score on the sample; ``Choice.first_stage``: among the codes whose codes
 alone take at most half the bound, the one whose shortest re-ranked shortlist holds the most on the sample:
-``budgets._first_stage``). Each is filled with
-every row (lists refitted for N), and measured at N for its codes alone and for each shortlist of
-:data:`LADDER` re-ranked (latency: the code searched at N, plus the re-rank; when the vectors are read from disk,
-the two stages timed end to end, cold: ``budgets.cold_ms``; lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over
-all N rows within the bound is kept (then the faster). A re-rank keeps every exact top-10 row its shortlist holds,
+``budgets._first_stage``). Each is filled with every row (lists refitted for N), and measured at N for its
+codes alone and for each shortlist of :data:`LADDER` re-ranked (latency: the code searched at N, plus the
+re-rank; when the vectors are read from disk, the two stages timed end to end, cold: ``budgets.cold_ms``;
+lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over all N rows within
+the bound is kept (then the faster). A re-rank keeps every exact top-10 row its shortlist holds,
 so a shortlist is scored by what it holds. The cost: the finalists filled and searched at N, one to three codes;
 the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
 encoded once.

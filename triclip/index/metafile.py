@@ -15,9 +15,9 @@ Read cold (nothing in the page cache), a row costs a read of the offsets and one
 that small (measured at 10M rows, 10 random rows, every file evicted: ``benchmarks/meta_cold.py``):
 
 - the arrays are mapped for random access (``MADV_RANDOM``): a fault reads one page, not the kernel's read-ahead
-  window around it (8 MB on this machine): 36 ms -> 1.3 ms;
+  window around it (8 MB on this machine): 38 ms -> 1.4 ms;
 - :meth:`LazyMeta.rows` (a search's k hits) asks the kernel for every row's offsets, then every line, at once
-  (``POSIX_FADV_WILLNEED``) before reading them, so the disk serves them together: 1.3 ms -> 0.3 ms.
+  (``POSIX_FADV_WILLNEED``) before reading them, so the disk serves them together: 1.4 ms -> 0.3 ms.
 
 The arrays are files of the version like any other, vouched for by its manifest (``triclip.index.filecheck``);
 a version written without them is read whole into a list, as before (``triclip.index.store``).
@@ -91,7 +91,8 @@ class LazyMeta(Sequence):
         self._offsets_fd, self._offsets_at = None, 0  # the offsets' file and where their data begin, when mapped
         if isinstance(offsets, np.memmap) and offsets.filename:
             try:
-                self._offsets_fd, self._offsets_at = os.open(offsets.filename, os.O_RDONLY | os.O_CLOEXEC), offsets.offset
+                self._offsets_fd = os.open(offsets.filename, os.O_RDONLY | os.O_CLOEXEC)
+                self._offsets_at = offsets.offset
                 weakref.finalize(self, os.close, self._offsets_fd)
             except OSError:  # the version was removed since it was mapped: its rows are read without the hint
                 pass
