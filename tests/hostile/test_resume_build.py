@@ -58,38 +58,63 @@ def reference(emb, tmp_path_factory) -> Path:
     return out
 
 
-def triclip(args, tmp: Path, **popen) -> subprocess.CompletedProcess | subprocess.Popen:
-    """``triclip ARGS`` in a child process: run to the end, or started (``popen=True``) to be killed."""
+# The child signals itself at its first audited call after NAME is renamed into the parts folder (every file
+# there is a temporary file + ``os.replace``): the signal lands exactly there, however fast the build runs on.
+SIGNAL_AFTER = """
+import os, runpy, signal, sys
+name, sig = os.environ["SIGNAL_AFTER"].split(":")
+state = []
+def hook(event, args):
+    if state == ["renamed"]:
+        state.append("sent")
+        os.kill(os.getpid(), getattr(signal, sig))
+    elif not state and event == "os.rename" and os.path.basename(os.fsdecode(args[1])) == name:
+        state.append("renamed")
+sys.addaudithook(hook)
+sys.argv[0] = "triclip"
+runpy.run_module("triclip", run_name="__main__", alter_sys=True)
+"""
+
+
+def triclip(args, tmp: Path, signal_after: str | None = None) -> subprocess.CompletedProcess | subprocess.Popen:
+    """``triclip ARGS`` in a child process run to the end; or started, to signal itself after a file
+    (``signal_after="NAME:SIGKILL"``)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", TRICLIP_CACHE=str(tmp / "cache"),
                PYTHONPATH=str(REPO))  # fmt: skip
-    cmd = [sys.executable, "-m", "triclip", *map(str, args)]
-    if popen.pop("popen", False):
+    if signal_after:
+        cmd = [sys.executable, "-c", SIGNAL_AFTER, *map(str, args)]
+        env["SIGNAL_AFTER"] = signal_after
         return subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    cmd = [sys.executable, "-m", "triclip", *map(str, args)]
     return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=300)
 
 
-def wait_for(out: Path, name: str, proc: subprocess.Popen, timeout: float = 120) -> Path:
-    """The file ``name`` in the build's parts folder, as soon as it exists (the build still running)."""
-    pattern = str(out.parent / f".{out.name}.build-*.shard-parts" / name)
+def parts_of(out: Path) -> Path:
+    """The build's parts folder."""
+    found = glob.glob(str(out.parent / f".{out.name}.build-*.shard-parts"))
+    assert len(found) == 1, found
+    return Path(found[0])
+
+
+def stop_at(out: Path, name: str, args: list, tmp: Path, timeout: float = 120) -> subprocess.Popen:
+    """The build started and stopped (SIGSTOP, still alive) right after ``name`` was written to its parts folder."""
+    proc = triclip(args, tmp, signal_after=f"{name}:SIGSTOP")
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = glob.glob(pattern)
-        if found:
-            return Path(found[0])
+    while Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
         assert proc.poll() is None, f"the build ended before {name} appeared: {proc.communicate()[1][-2000:]}"
-        time.sleep(0.0005)
-    raise AssertionError(f"{name} did not appear within {timeout} s")
+        assert time.monotonic() < deadline, f"{name} did not appear within {timeout} s"
+        time.sleep(0.01)
+    return proc
 
 
 def kill_at(out: Path, name: str, emb: Path, options=OPTIONS) -> Path:
-    """Start the build, SIGKILL it when ``name`` appears in its parts folder; returns that folder."""
-    proc = triclip(["index", "build", "--embeddings", emb, "--out", out, *options], out.parent, popen=True)
-    found = wait_for(out, name, proc)
-    proc.send_signal(signal.SIGKILL)
-    _, err = proc.communicate(timeout=60)
+    """The build SIGKILLed right after ``name`` was written to its parts folder; returns that folder."""
+    proc = triclip(["index", "build", "--embeddings", emb, "--out", out, *options], out.parent,
+                   signal_after=f"{name}:SIGKILL")  # fmt: skip
+    _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err  # killed, not finished
     assert not (out / "CURRENT").exists()  # no version was written
-    return found.parent
+    return parts_of(out)
 
 
 def digests(index: Path) -> dict[str, str]:
@@ -154,9 +179,9 @@ def test_other_options_after_a_kill_do_not_reuse_the_parts(emb, reference, tmp_p
 
 def test_a_second_build_of_the_same_index_is_refused_while_the_first_runs(emb, reference, tmp_path):
     out = tmp_path / "index"
-    first = triclip(["index", "build", "--embeddings", emb, "--out", out, *OPTIONS], tmp_path, popen=True)
-    work = wait_for(out, "image.m32.part00001.faiss", first).parent
-    first.send_signal(signal.SIGSTOP)  # alive, holding its parts folder
+    first = stop_at(out, "image.m32.part00001.faiss", ["index", "build", "--embeddings", emb, "--out", out, *OPTIONS],
+                    tmp_path)  # fmt: skip
+    work = parts_of(out)  # the first build alive, holding its parts folder
     try:
         second = triclip(["index", "build", "--embeddings", emb, "--out", out, *OPTIONS], tmp_path)
         line = one_line_error(second.returncode, second.stderr)
@@ -175,9 +200,9 @@ def test_a_reader_during_the_rebuild_is_answered_from_the_live_version(emb, refe
                     tmp_path)  # fmt: skip
     assert first.returncode == 0, first.stderr
     before, live = hits(out), (out / "CURRENT").read_text()
-    build = triclip(["index", "build", "--embeddings", emb, "--out", out, "--overwrite", *OPTIONS], tmp_path, popen=True)
-    wait_for(out, "text.m8.part00004.faiss", build)
-    build.send_signal(signal.SIGSTOP)  # in the middle of its part writes
+    build = stop_at(out, "text.m8.part00004.faiss",
+                    ["index", "build", "--embeddings", emb, "--out", out, "--overwrite", *OPTIONS], tmp_path)  # fmt: skip
+    # stopped in the middle of its part writes
     try:
         answer = triclip(["search", "--index", out, "--text", "a red circle", "-k", "5", "--m", "8", "--json"],
                          tmp_path)  # fmt: skip
