@@ -41,6 +41,30 @@ def test_disk_rows_are_the_files_rows_for_any_shape_of_ids_and_rerank_the_same(t
             np.testing.assert_array_equal(got, want)
 
 
+def test_every_rows_read_is_requested_before_any_row_is_gathered(tmp_path, monkeypatch):
+    """A gather of R > 1 rows first asks the kernel for each row's bytes (``POSIX_FADV_WILLNEED``: the reads start
+    together), then copies them, by one thread or many: the rows are the file's either way."""
+    x = np.arange(3000 * 16, dtype=np.float32).reshape(3000, 16)
+    np.save(tmp_path / "v.npy", x)
+    rows = DiskRows(tmp_path / "v.npy")
+    events = []
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, start, length, how: events.append(("ask", start, length, how)),
+                        raising=False)  # fmt: skip
+    gather = rows.gather
+    monkeypatch.setattr(rows, "gather", lambda ids, threads=None: events.append(("gather",)) or gather(ids, threads))
+    offset = np.load(tmp_path / "v.npy", mmap_mode="r").offset
+    ids = np.array([[7, 2999], [0, -1]])
+    np.testing.assert_array_equal(rows[ids], x[ids])
+    want = [("ask", offset + 64 * i, 64, os.POSIX_FADV_WILLNEED) for i in (7, 2999, 0, 2999)]
+    assert events == [*want, ("gather",)]
+    events.clear()
+    np.testing.assert_array_equal(rows[[5]], x[[5]])
+    assert events == [("gather",)]  # one row: nothing to overlap
+    many = np.arange(2 * GATHER_MIN) % 3000
+    for threads in (None, 1, 7):
+        np.testing.assert_array_equal(rows.gather(many, threads), x[many])
+
+
 def read_bytes() -> int:
     """Bytes this process has had read from storage (``/proc/self/io``): page-cache hits do not count."""
     with open("/proc/self/io") as fh:

@@ -7,9 +7,19 @@ the page cache. Two things make that fast enough to be worth choosing:
   (8 MB on this machine); :class:`DiskRows` maps the file with ``MADV_RANDOM``, so a missing row costs one
   page. Measured on the 2-core VM's disk, 1M x 256 float32 (1 GB), the file evicted first: 100 random rows
   300 ms with read-ahead, 8 ms without;
-- **many reads in flight**: the rows are gathered by :data:`GATHER_THREADS` threads (a page fault releases the
-  GIL), so the disk serves them concurrently: 1,000 cold rows 120 ms from one thread; from 8 / 16 / 32 / 64
-  threads 22 / 16 / 14 / 13 ms, and 10,000 rows 206 / 138 / 106 / 94 ms (the same VM, quiet).
+- **every read in flight at once**: before a row is touched, the kernel is asked for all of them
+  (:meth:`DiskRows.ask`: ``POSIX_FADV_WILLNEED`` per row starts its read and returns), so the disk serves them
+  together, up to its queue's depth (256 here), not one per waiting thread. They are then gathered by the
+  calling thread below :data:`GATHER_MIN` rows, else by :data:`GATHER_THREADS` threads (a fault releases the
+  GIL). ``python -m benchmarks.rows_cold VECTORS.npy --rows 300,500,1000,10000`` (1M x 256 float32, fresh rows
+  per draw, median of 25; 2026-11-27), milliseconds cold / warm:
+
+  | rows | 32 threads | asked, 1 thread | asked, 32 threads |
+  |---:|---:|---:|---:|
+  | 300 | 7.9 / 1.5 | 3.5 / 0.28 | 4.0 / 1.7 |
+  | 500 | 9.9 / 1.4 | 5.8 / 0.50 | 6.2 / 2.0 |
+  | 1,000 | 16.9 / 2.6 | 12.4 / 1.2 | 11.8 / 3.0 |
+  | 10,000 | 174 / 8 | 157 / 13 | 142 / 13 |
 
 :func:`cold_read_ms` times it (the choice charges it to every re-rank that reads from disk:
 ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
@@ -23,12 +33,13 @@ from __future__ import annotations
 import mmap
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
 GATHER_THREADS = 32  # reads in flight per gather (threads waiting on page faults, not computing)
-GATHER_MIN = 64  # fewer rows are gathered by the calling thread
+GATHER_MIN = 1_000  # fewer rows (asked for first) are gathered by the calling thread: as fast cold, 1 ms less warm
 COLD_REPS = 7  # draws of rows timed cold; the median is kept (of 3, at 10M rows: 7.2, 7.2 and 12.4 ms)
 
 _POOL: ThreadPoolExecutor | None = None
@@ -56,6 +67,9 @@ class DiskRows:
         self._rows = np.memmap(file, arr.dtype, "r", offset=arr.offset, shape=arr.shape)  # (N, D)
         if hasattr(mmap, "MADV_RANDOM") and self._rows._mmap is not None:
             self._rows._mmap.madvise(mmap.MADV_RANDOM)
+        self._at, self._row_bytes = arr.offset, arr.strides[0]  # where row 0 begins in the file, and a row's size
+        self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)  # for the read requests (the map keeps its own)
+        weakref.finalize(self, os.close, self._fd)
 
     @classmethod
     def of(cls, vectors) -> "DiskRows | None":
@@ -75,15 +89,35 @@ class DiskRows:
     def __getitem__(self, ids) -> np.ndarray:
         ids = np.asarray(ids, np.int64)
         flat = ids.reshape(-1)  # (R,)
-        if len(flat) < GATHER_MIN:
-            return np.asarray(self._rows[flat]).reshape(*ids.shape, self.shape[1])
-        out = np.empty((len(flat), self.shape[1]), self.dtype)  # (R, D)
-        bounds = np.linspace(0, len(flat), GATHER_THREADS + 1).astype(int)
+        if len(flat) > 1:
+            self.ask(flat)
+        return self.gather(flat).reshape(*ids.shape, self.shape[1])
+
+    def ask(self, ids: np.ndarray) -> None:
+        """Start reading the rows ``ids`` (R,) from disk, every one at once, without waiting for any."""
+        starts = self._at + np.where(ids < 0, ids + len(self), ids) * self._row_bytes  # (R,) byte offsets
+        will_need(self._fd, [(start, self._row_bytes) for start in starts.tolist()])
+
+    def gather(self, ids: np.ndarray, threads: int | None = None) -> np.ndarray:
+        """(R, D) the rows ``ids`` (R,), copied by ``threads`` threads (default: the calling thread below
+        :data:`GATHER_MIN` rows, else :data:`GATHER_THREADS`), each waiting on its rows' page faults."""
+        threads = threads or (1 if len(ids) < GATHER_MIN else GATHER_THREADS)
+        if threads == 1:
+            return np.asarray(self._rows[ids])
+        out = np.empty((len(ids), self.shape[1]), self.dtype)  # (R, D)
+        bounds = np.linspace(0, len(ids), threads + 1).astype(int)
 
         def copy(i: int) -> None:
-            out[bounds[i] : bounds[i + 1]] = self._rows[flat[bounds[i] : bounds[i + 1]]]
-        list(_pool().map(copy, range(GATHER_THREADS)))
-        return out.reshape(*ids.shape, self.shape[1])
+            out[bounds[i] : bounds[i + 1]] = self._rows[ids[bounds[i] : bounds[i + 1]]]
+        list(_pool().map(copy, range(threads)))
+        return out
+
+def will_need(fd: int | None, spans: list[tuple[int, int]]) -> None:
+    """Start reading the byte ``spans`` (start, length) of the file ``fd`` into the page cache, without waiting
+    (nothing for None, or where the OS has no such call)."""
+    if fd is not None and hasattr(os, "posix_fadvise"):
+        for start, length in spans:
+            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
 
 
 def cold_read_ms(file: str | os.PathLike, count: int, reps: int = COLD_REPS) -> float:

@@ -37,6 +37,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from triclip.core.errors import UserError
+from triclip.index.diskrows import will_need
 from triclip.index.metarows import id_hash, row_index
 
 OFFSETS = "meta.offsets.npy"  # (N + 1,) int64 byte offsets of the lines of meta.jsonl
@@ -112,8 +113,8 @@ class LazyMeta(Sequence):
         their offsets, then their lines (``POSIX_FADV_WILLNEED`` starts a read and returns)."""
         rows = [row_index(i, len(self)) for i in rows]
         if len(rows) > 1:
-            _will_need(self._offsets_fd, [(self._offsets_at + 8 * i, 16) for i in rows])
-            _will_need(self._fd, [(int(self.offsets[i]), int(self.offsets[i + 1]) - int(self.offsets[i]))
+            will_need(self._offsets_fd, [(self._offsets_at + 8 * i, 16) for i in rows])
+            will_need(self._fd, [(int(self.offsets[i]), int(self.offsets[i + 1]) - int(self.offsets[i]))
                                   for i in rows])
         return [self[i] for i in rows]
 
@@ -214,10 +215,3 @@ def _random_access(array: np.ndarray) -> None:
     if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
         mapped.madvise(mmap.MADV_RANDOM)
 
-
-def _will_need(fd: int | None, spans: list[tuple[int, int]]) -> None:
-    """Start reading the byte ``spans`` (start, length) of the file ``fd`` into the page cache, without waiting
-    (nothing for None, or where the OS has no such call)."""
-    if fd is not None and hasattr(os, "posix_fadvise"):
-        for start, length in spans:
-            os.posix_fadvise(fd, start, length, os.POSIX_FADV_WILLNEED)
