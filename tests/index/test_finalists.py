@@ -117,6 +117,7 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
     fresh = bud.fill(settled.sized_at_n[0], vectors)  # what encoding the N rows again would store
     monkeypatch.setattr(bud, "sized_for_n", lambda *a, **k: pytest.fail("refitted again"))
     monkeypatch.setattr(bud, "fill", lambda *a, **k: pytest.fail("the N rows encoded again"))
+    monkeypatch.setattr(bud, "tune_at_n", lambda *a, **k: pytest.fail("tuned at N again"))
     stored, entry = build._stored(settled, vectors, evaluation, rules, IndexBuildConfig(out=str(tmp_path / "x")),
                                   1 << 30, tmp_path, "image.b8.codec", IndexContents({}, [], None, {}))
     assert stored is settled.filled_at_n and len(stored) == N and stored.ivf.nlist == ivf.lists_for(N)
@@ -125,6 +126,7 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
                           fresh.search(evaluation.queries, 10, params=every)[1])
     assert entry["sized_for_n"] == settled.sized_at_n[1] and entry["finalists_at_n"] == settled.finalists
     assert entry["at_n"]["nprobe"] == settled.finalists["kept"]["nprobe"]
+    assert entry["at_n"] == settled.tuned_at_n and settled.tuned_at_n["curve"]  # the finalists' own tuning
     from triclip.index.manifest import summary
 
     printed = summary({"budgets": {"8": entry}}, str(tmp_path), 0.0)["budgets"]["8"]  # what index build prints

@@ -203,6 +203,7 @@ class Choice:
     finalists: dict | None = None  # what each finalist held at N, the kept one first (triclip.index.finalists.settle)
     sized_at_n: tuple | None = None  # (codec, what was done): the kept code as sized_for_n refitted it there
     filled_at_n: codecs.Codec | None = None  # the kept code filled with every row by the finalists: stored as it is
+    tuned_at_n: dict | None = None  # tune_at_n of the kept variant on filled_at_n by the finalists: recorded as it is
 
 
 def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | None = None, seed: int = 0,

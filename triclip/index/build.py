@@ -279,9 +279,9 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
             contents: IndexContents) -> tuple:
     """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
     (inverted lists refitted for N: ``budgets.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
-    it when they made one), its nprobe tuned at N
-    on the filled lists (``budgets.tune_at_n``). The refit code and the tuning are kept in the parts folder
-    (:func:`kept_in`): a resumed build reads them back instead of refitting and streaming all N rows again."""
+    it when they made one), its nprobe tuned at N on the filled lists (``budgets.tune_at_n``; the finalists'
+    tuning when this is their fill). The refit code and the tuning are kept in the parts folder (:func:`kept_in`):
+    a resumed build reads them back instead of refitting and streaming all N rows again."""
     from triclip.index import budgets as bud
 
     codec, sized = choice.codec, None
@@ -291,8 +291,9 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
     stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents, choice.filled_at_n)
     at_n = None
     if sized is not None:
-        at_n = kept_in(work / f"{file}.at_n.pkl", lambda: bud.tune_at_n(stored, vectors, evaluation, choice, rules),
-                       vectors.dim)
+        tuned = choice.tuned_at_n if stored is choice.filled_at_n else None  # the finalists' tuning of this code
+        at_n = kept_in(work / f"{file}.at_n.pkl", lambda: tuned or bud.tune_at_n(stored, vectors, evaluation, choice,
+                                                                                 rules), vectors.dim)
         stored.set_nprobe(at_n["nprobe"])  # tune_at_n sets it; read back on a resume, it is set here
     return stored, bud.manifest_entry(choice, stored, evaluation, file, sized, at_n, rules.vector_bytes)
 
