@@ -112,6 +112,7 @@ class DiskRows:
         list(_pool().map(copy, range(threads)))
         return out
 
+
 def will_need(fd: int | None, spans: list[tuple[int, int]]) -> None:
     """Start reading the byte ``spans`` (start, length) of the file ``fd`` into the page cache, without waiting
     (nothing for None, or where the OS has no such call)."""
