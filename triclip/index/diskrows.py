@@ -65,8 +65,7 @@ class DiskRows:
         arr = np.load(file, mmap_mode="r", allow_pickle=False)
         self.file, self.shape, self.dtype = str(file), arr.shape, arr.dtype
         self._rows = np.memmap(file, arr.dtype, "r", offset=arr.offset, shape=arr.shape)  # (N, D)
-        if hasattr(mmap, "MADV_RANDOM") and self._rows._mmap is not None:
-            self._rows._mmap.madvise(mmap.MADV_RANDOM)
+        random_access(self._rows)
         self._at, self._row_bytes = arr.offset, arr.strides[0]  # where row 0 begins in the file, and a row's size
         self._fd = os.open(file, os.O_RDONLY | os.O_CLOEXEC)  # for the read requests (the map keeps its own)
         weakref.finalize(self, os.close, self._fd)
@@ -111,6 +110,13 @@ class DiskRows:
             out[bounds[i] : bounds[i + 1]] = self._rows[ids[bounds[i] : bounds[i + 1]]]
         list(_pool().map(copy, range(threads)))
         return out
+
+
+def random_access(array: np.ndarray) -> None:
+    """A memory-mapped ``array`` read a page per fault (``MADV_RANDOM``), not a read-ahead window per fault."""
+    mapped = getattr(array, "_mmap", None)
+    if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
 
 
 def will_need(fd: int | None, spans: list[tuple[int, int]]) -> None:

@@ -26,7 +26,6 @@ a version written without them is read whole into a list, as before (``triclip.i
 from __future__ import annotations
 
 import json
-import mmap
 import os
 import weakref
 from array import array
@@ -37,7 +36,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.index.diskrows import will_need
+from triclip.index.diskrows import random_access, will_need
 from triclip.index.metarows import id_hash, row_index
 
 OFFSETS = "meta.offsets.npy"  # (N + 1,) int64 byte offsets of the lines of meta.jsonl
@@ -115,7 +114,7 @@ class LazyMeta(Sequence):
         if len(rows) > 1:
             will_need(self._offsets_fd, [(self._offsets_at + 8 * i, 16) for i in rows])
             will_need(self._fd, [(int(self.offsets[i]), int(self.offsets[i + 1]) - int(self.offsets[i]))
-                                  for i in rows])
+                                 for i in rows])
         return [self[i] for i in rows]
 
     def __iter__(self) -> Iterator[dict]:
@@ -205,13 +204,6 @@ def open_meta(folder: Path, meta_name: str, count: int, arrays: dict, damaged) -
     if int(offsets[0]) != 0 or int(offsets[-1]) != size:
         raise damaged(f"{OFFSETS} does not span {meta_name} ({int(offsets[-1]):,} of {size:,} bytes)")
     for array in (offsets, hashes, order):
-        _random_access(array)
+        random_access(array)
     return LazyMeta(folder / meta_name, offsets, hashes, order, damaged)
-
-
-def _random_access(array: np.ndarray) -> None:
-    """A memory-mapped ``array`` read a page per fault (``MADV_RANDOM``), not a read-ahead window per fault."""
-    mapped = getattr(array, "_mmap", None)
-    if mapped is not None and hasattr(mmap, "MADV_RANDOM"):
-        mapped.madvise(mmap.MADV_RANDOM)
 
