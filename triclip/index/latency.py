@@ -8,10 +8,15 @@ entries to min(N, :data:`TIME_ROWS`) (a scan's cost depends on how many codes it
 - ``measured``: N <= :data:`TIME_ROWS`; the median of single-query searches at N entries.
 - ``extrapolated``: a larger N. The time of a query at :data:`TIME_ROWS` entries is split into what comes before
   the scan (timed on a copy holding :data:`TINY` rows: lookup tables, the coarse quantiser of inverted lists) and
-  the scan, which grows with the codes scanned: ``fixed + (timed - fixed) x N / TIME_ROWS`` (inverted lists keep
-  their nlist, so a query scans N / TIME_ROWS times more codes there too). Timing grows faster than linearly
-  where the codes stop fitting in the CPU caches (a flat float32 scan of D = 256, one thread, shared 2 cores:
-  1.8 ms at 20k, 87 ms at 100k), so :data:`TIME_ROWS` is past that point; beyond it the scan streams from memory.
+  the scan, which grows with the codes scanned: ``fixed + (timed - fixed) x N / TIME_ROWS``. Timing grows faster
+  than linearly where the codes stop fitting in the CPU caches (a flat float32 scan of D = 256, one thread, shared
+  2 cores: 1.8 ms at 20k, 87 ms at 100k), so :data:`TIME_ROWS` is past that point; beyond it the scan streams
+  from memory.
+- ``extrapolated``, inverted lists: the code stored at N is refitted with the lists N will have
+  (``triclip.codecs.ivf.lists_for``), not the sample's (capped by its 20,000 rows), so a query there scans
+  nprobe / nlist_N of N rows, not the sample's share (:func:`lists_ms`). At 10M rows and 32 B, lists of OPQ timed
+  with the sample's 128 lists (16 probed: 12.5% of the rows) were put at 14.7 ms and never measured at N; with
+  16,384 lists a probe of 64 reads 0.4% of them.
 
 Before a slow-to-train code is fitted, its *probe* (:meth:`LatencyModel.probe`) times a twin with the same
 structure and random codebooks (nothing to train), filled with random codes: a code whose scan alone is slower
@@ -25,14 +30,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import faiss
 import numpy as np
 
+from triclip.codecs.ivf import lists_for
 from triclip.codecs.threads import search_threads, set_search_threads
 
 REPS = 25  # single queries timed per measurement (the median is kept)
 COLD_QUERIES = 75  # single queries timed end to end, cold (cold_search): the median of 25 moved by 1 ms at 10M
 TINY = 64  # rows of the copy that times a query's fixed cost (before the scan)
 TIME_ROWS = 200_000  # entries a code (or the float reference) is timed at before its time is scaled to N
+NPROBE_GROWTH = 4  # lists at N are charged this many times the sample's nprobe (at most a quarter of nlist_N):
+# tuned at N, nprobe was 0.5-4 x the sample's in the 10 builds at 1M and 10M rows of docs/results_scale.md
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,25 @@ class LatencyModel:
         tiny = codec.empty_copy()
         tiny.add_random(TINY, np.random.default_rng(1))
         fixed = min(timed, _median_ms(lambda q: tiny.search(q, min(k, TINY), params=params), queries))
-        return Latency(fixed + (timed - fixed) * n / len(codec), "extrapolated")
+        lists = codec.exhaustive()
+        if lists is None:
+            return Latency(fixed + (timed - fixed) * n / len(codec), "extrapolated")
+        nprobe = int((params or {}).get("nprobe", codec.spec.params["nprobe"]))
+        coarse = self.coarse_ms(codec.spec.m, *lists_at_n(n, nprobe), queries)
+        return Latency(lists_ms(timed, fixed, coarse, len(codec), lists["nprobe"], nprobe, n), "extrapolated")
+
+    def coarse_ms(self, m: int, nlist: int, nprobe: int, queries: np.ndarray) -> float:
+        """Milliseconds to pick the ``nprobe`` nearest of ``nlist`` lists for one query (a flat inner-product scan
+        of ``nlist`` random centroids of width ``m``, as an IVF's coarse quantiser does); timed once per shape."""
+        cache = self.__dict__.setdefault("_coarse", {})
+        if (m, nlist, nprobe) not in cache:
+            rng = np.random.default_rng(0)
+            centroids = rng.standard_normal((nlist, m), dtype=np.float32)
+            quantiser = faiss.IndexFlatIP(m)
+            quantiser.add(centroids / np.linalg.norm(centroids, axis=1, keepdims=True))
+            x = np.ascontiguousarray(np.resize(queries, (len(queries), m)), np.float32)  # only the time matters
+            cache[m, nlist, nprobe] = _median_ms(lambda q: quantiser.search(q, nprobe), x)
+        return cache[m, nlist, nprobe]
 
     def rerank(self, vectors: np.ndarray, queries: np.ndarray, count: int) -> float:
         """Milliseconds to re-rank ``count`` candidates of one query by the float vectors (N, D) in memory."""
@@ -123,6 +150,23 @@ class LatencyModel:
 
         twin = lookup(spec.codec).probe(spec, dim)
         return None if twin is None else self.search(twin, queries, 10, n)
+
+
+def lists_at_n(n: int, nprobe: int) -> tuple[int, int]:
+    """The lists a code refitted for ``n`` rows will have, and the nprobe it is charged there: the sample's
+    ``nprobe`` times :data:`NPROBE_GROWTH`, at most a quarter of those lists (what tuning allows)."""
+    nlist = lists_for(n)
+    return nlist, max(1, min(NPROBE_GROWTH * nprobe, nlist // 4))
+
+
+def lists_ms(timed: float, fixed: float, coarse: float, rows: int, nlist: int, nprobe: int, n: int) -> float:
+    """One query's milliseconds on inverted lists holding ``n`` rows, from a timing on ``rows`` random entries in
+    the sample's ``nlist`` lists at ``nprobe`` (``timed``; ``fixed`` of it before the scan): the cost per code
+    scanned there, times the codes a query scans at N (:func:`lists_at_n`'s nprobe of its nlist, of ``n`` rows),
+    plus ``fixed`` and the coarse search over N's lists (``coarse``)."""
+    per_code = (timed - fixed) / (rows * min(nprobe, nlist) / nlist)
+    nlist_n, nprobe_n = lists_at_n(n, nprobe)
+    return fixed + coarse + per_code * n * nprobe_n / nlist_n
 
 
 def _median_ms(search, queries: np.ndarray, prepare=lambda: None, reps: int = REPS) -> float:
