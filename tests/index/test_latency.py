@@ -70,6 +70,19 @@ def test_a_flat_code_is_still_scaled_by_the_rows(monkeypatch):
     assert got.ms == pytest.approx(0.5 + 1.5 * 100_000 / 1000) and got.how == "extrapolated"
 
 
+def test_binary_lists_keep_the_samples_lists_at_n_and_are_scaled_by_the_rows(monkeypatch):
+    """Binary inverted lists are not refitted for N (no ``sized_for``): N's rows fill the sample's lists."""
+    x = unit_vectors(np.random.default_rng(3), 2000, 32)
+    codec = codecs.fit(codecs.CodecSpec("binary_ivf", 32, 4, {"nlist": 16, "nprobe": 2}), x)
+    codec.add(x)
+    assert codec.exhaustive() is not None and not hasattr(codec, "sized_for")
+    timings = iter([2.0, 0.5])
+    monkeypatch.setattr(latency, "_median_ms", lambda search, queries, **kw: next(timings))
+    monkeypatch.setattr(latency, "TIME_ROWS", 4000)
+    got = latency.LatencyModel().search(codec, x[:5], 10, 1_000_000)
+    assert got.ms == pytest.approx(0.5 + 1.5 * 1_000_000 / 4000)
+
+
 def test_the_coarse_search_is_timed_once_per_shape(monkeypatch):
     calls = []
     monkeypatch.setattr(latency, "_median_ms", lambda search, queries, **kw: calls.append(search(queries[:1])) or 1.5)

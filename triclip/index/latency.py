@@ -73,7 +73,8 @@ class LatencyModel:
         tiny = codec.empty_copy()
         tiny.add_random(TINY, np.random.default_rng(1))
         fixed = min(timed, _median_ms(lambda q: tiny.search(q, min(k, TINY), params=params), queries))
-        lists = codec.exhaustive()
+        # lists refitted for N (IVFCodec.sized_for) get N's lists; binary lists keep the sample's: scaled by the rows
+        lists = codec.exhaustive() if hasattr(codec, "sized_for") else None
         if lists is None:
             return Latency(fixed + (timed - fixed) * n / len(codec), "extrapolated")
         nprobe = int((params or {}).get("nprobe", codec.spec.params["nprobe"]))
