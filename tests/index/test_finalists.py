@@ -46,12 +46,15 @@ def test_the_rival_that_holds_more_at_n_is_kept_and_every_finalist_is_recorded(c
     nprobe = got["kept"]["nprobe"]  # the lists as stored: refitted for N, their nprobe tuned there
     assert got["n"] == N and got["kept"]["label"] == f"ivf{ivf.lists_for(N)}/{nprobe},pq8x8 m={D}" and nprobe >= 1
     assert settled.kept.fidelity == got["kept"]["of_exact_top10"]
-    assert got["others"] == [{"label": flat.codec.spec.label(), "shortlist": None, "of_exact_top10": round(flat_held, 4),
-                              "ms": 0.002, "nprobe": None}]  # GivenLatency: 0.001 ms a byte
+    assert all(f["fill_s"] >= 0 for f in (got["kept"], *got["others"])) and "not_filled" not in got  # untimed: filled
+    assert [{k: v for k, v in f.items() if k != "fill_s"} for f in got["others"]] == [
+        {"label": flat.codec.spec.label(), "shortlist": None, "of_exact_top10": round(flat_held, 4), "ms": 0.002,
+         "nprobe": None}]  # GivenLatency: 0.001 ms a byte
     assert got["kept"]["of_exact_top10"] > got["others"][0]["of_exact_top10"]
     [again] = settle([Choice(8, lists.codec, lists.recall, [], lists, bound_ms=10.0, rival=flat)], vectors,
                      evaluation, rules)
-    assert again.kept.codec is lists.codec and again.note == "" and again.finalists["kept"] == got["kept"]
+    untimed = lambda record: {k: v for k, v in record.items() if k != "fill_s"}  # noqa: E731 (a wall time)
+    assert again.kept.codec is lists.codec and again.note == "" and untimed(again.finalists["kept"]) == untimed(got["kept"])
     entry = bud.manifest_entry(settled, stored, evaluation, "image.b8.codec")
     assert entry["finalists_at_n"] == got
     assert "finalists measured as stored at N = 25,000" in bud.table({"8": {**entry, "code": entry["spec"]}})
@@ -201,3 +204,58 @@ def test_lists_search_every_list_once_per_code_and_the_ladder_stops_past_the_bou
     settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)], vectors, evaluation, rules)
     assert [c[0] for c in calls] == [None, 100, 200, 300, 500]  # 1,000 rows: a re-rank of 20 ms alone, not tuned
     assert calls[0][1] is None and all(c[1] == calls[0][2] for c in calls[1:])
+
+
+def test_a_finalist_tied_on_the_sample_and_slow_to_encode_is_not_filled():
+    """At 10M and 16 B (docs/results_scale.md) lists of RQ and of OPQ tied on the sample and both were filled: RQ
+    encodes ~6 x slower and the build took 3,762 s against 1,196. A tied finalist more than FILL_RATIO x slower to
+    encode than the cheapest is left out; one ahead by more than the margin, or untimed, is filled."""
+    from triclip.index.finalists import FILL_RATIO, worth_filling
+
+    def variant(label, held, encode_us):
+        codec = type("C", (), {"spec": type("S", (), {"label": lambda self, label=label: label})()})()
+        return Variant(codec, 0.5, Latency(1.0, "given"), fidelity=held, by_fidelity=True, encode_us=encode_us)
+
+    rq, opq = variant("ivf128/8,rq16x8", .62, 210.0), variant("ivf128/16,opq16x8", .60, 35.0)
+    filling, unfilled = worth_filling([rq, opq], 10_000_000)
+    assert filling == [opq] and [u["label"] for u in unfilled] == ["ivf128/8,rq16x8"]
+    assert "~2,100 s to encode, 6.0 x ivf128/16,opq16x8's" in unfilled[0]["not_filled"]
+    ahead = variant("ivf128/8,rq16x8", .60 + bud.FINALIST_MARGIN + .01, 210.0)
+    assert worth_filling([ahead, opq], 10_000_000) == ([ahead, opq], [])
+    near = variant("ivf128/8,rq16x8", .62, 35.0 * FILL_RATIO)  # not more than FILL_RATIO x slower
+    assert worth_filling([near, opq], 10_000_000) == ([near, opq], [])
+    untimed = variant("ivf128/8,rq16x8", .62, None)
+    assert worth_filling([untimed, opq], 10_000_000) == ([untimed, opq], [])
+
+
+def test_settling_leaves_the_slow_kept_code_unfilled_and_keeps_its_rival(collection, two, monkeypatch):  # noqa: F811
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    slow, fast = replace(flat, encode_us=100.0), replace(lists, encode_us=10.0)
+    filled = []
+    as_stored = __import__("triclip.index.finalists", fromlist=["_as_stored"])._as_stored
+
+    def recorded(variant, *args):
+        filled.append(variant.codec)
+        return as_stored(variant, *args)
+
+    monkeypatch.setattr("triclip.index.finalists._as_stored", recorded)
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    [settled] = settle([Choice(8, slow.codec, slow.recall, [], slow, bound_ms=10.0, rival=fast)], vectors,
+                       evaluation, rules)
+    assert filled == [fast.codec] and settled.kept.codec is fast.codec and "finalists measured" in settled.note
+    got = settled.finalists
+    assert got["others"] == [] and got["kept"]["fill_s"] >= 0
+    assert got["not_filled"] == [{"label": flat.codec.spec.label(), "not_filled": (
+        f"its {N:,} rows would take ~2 s to encode, 10.0 x {lists.codec.spec.label()}'s, which the sample puts"
+        f" within {bud.FINALIST_MARGIN:g} of it")}]
+    entry = bud.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
+    assert f"{flat.codec.spec.label()} not filled: its {N:,} rows" in bud.table({"8": {**entry, "code": entry["spec"]}})
+
+
+def test_the_sample_fill_times_each_codes_encoding(collection, small_sample):  # noqa: F811
+    vectors, evaluation, _ = collection
+    sample = vectors.rows(np.arange(2000), D)
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    choice = choose(8, sample, evaluation, rules=rules)
+    assert choice.kept.encode_us > 0 and (choice.rival is None or choice.rival.encode_us > 0)

@@ -164,6 +164,7 @@ class Variant:
     fidelity: float | None = None  # share of the exact float top 10 on the tuning sample its answers hold (at the
     # tuned nprobe; re-ranked: what its shortlist holds, which the re-rank keeps)
     by_fidelity: bool = False  # ranked by fidelity (N >= IVF_MIN_N: see choose), else by recall
+    encode_us: float | None = None  # microseconds to encode one row, timed filling the sample's copy (None: untimed)
 
     @property
     def score(self) -> float:
@@ -392,7 +393,9 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
     times the share kept at the tuned nprobe (``keeps``), with the shortlist the same share of its gallery as at N.
     """
     copy = codec.empty_copy()
+    started = time.perf_counter()
     copy.add(tune.gallery)
+    encode_us = 1e6 * (time.perf_counter() - started) / max(len(tune.gallery), 1)  # weighs a finalist's fill at N
     keeps = 1.0
     if copy.exhaustive() is not None:
         nprobe, keeps = tune_nprobe(copy, tune.queries, rules.recall_target)
@@ -413,10 +416,10 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
         first = rules.model.search(copy, tune.queries, min(at_n, len(copy)), rules.n)
         latency = first.plus(rules.rerank_ms(tune.gallery, tune.queries, at_n))
         out.append(Variant(codec, recall * keeps2, latency, at_n, "measured" if rules.n <= n_s else "extrapolated",
-                           "disk" if rules.reads_from else "memory", keeps2, code_recall, held, scale))
+                           "disk" if rules.reads_from else "memory", keeps2, code_recall, held, scale, encode_us))
     alone = rules.model.search(copy, tune.queries, K, rules.n)
     return [Variant(codec, code_recall * keeps, alone, keeps=keeps, code_recall=code_recall, fidelity=fidelity,
-                    by_fidelity=scale)] + out
+                    by_fidelity=scale, encode_us=encode_us)] + out
 
 
 def tune_nprobe(copy: codecs.Codec, queries: np.ndarray, target: float) -> tuple[int, float]:
@@ -869,9 +872,12 @@ def _at_n_line(at_n: dict, sized: dict | None) -> str:
 def _finalists_line(finalists: dict) -> str:
     """The finalists measured as stored at N (``triclip.index.finalists``), under its budget's row in :func:`table`."""
     each = [f"{f['label']}{'' if not f['shortlist'] else ' + float top ' + str(f['shortlist'])}:"
-            f" {f['of_exact_top10']:.3f} of the exact top 10, {f['ms']:.3g} ms" for f in
+            f" {f['of_exact_top10']:.3f} of the exact top 10, {f['ms']:.3g} ms"
+            + ("" if f.get("fill_s") is None else f", filled in {f['fill_s']:,.0f} s") for f in
             [finalists["kept"], *finalists["others"]]]
-    return f"finalists measured as stored at N = {finalists['n']:,}: " + "; ".join(each) + " (the first kept)"
+    unfilled = "".join(f"; {f['label']} not filled: {f['not_filled']}" for f in finalists.get("not_filled", []))
+    return f"finalists measured as stored at N = {finalists['n']:,}: " + "; ".join(each) + " (the first kept)" \
+        + unfilled
 
 
 def _recall(value) -> str:

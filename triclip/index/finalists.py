@@ -24,11 +24,20 @@ so a shortlist is scored by what it holds. The cost: the finalists filled and se
 the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
 encoded once, and its tuning at N is the one the build records (``Choice.tuned_at_n``): a second tuning of the
 same code re-timed it cold, and at 10M, 8 B, once said 10.45 ms where the finalists had measured 9.26.
+
+Filling is most of a build's time at N, and codes encode at very different rates: at 10M and 16 B, lists of RQ
+and of OPQ tied on the sample, both were filled, and the build took 3,762 s where OPQ alone took 1,196 (RQ lost at
+N: .855 against .947). So a finalist whose N rows would take more than :data:`FILL_RATIO` times the cheapest
+finalist's to encode (each code's rate timed filling the sample, ``Variant.encode_us``, times N), while its score
+on the sample is within ``budgets.FINALIST_MARGIN`` of that cheapest one's, is not filled (:func:`worth_filling`):
+the sample cannot tell the two apart, and the slow one would cost the build, and every ``--add``, its encoding.
+It is recorded as not filled, with its estimate; each filled one records its refit and fill time (``fill_s``).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -37,6 +46,8 @@ from triclip.index import budgets as bud
 from triclip.index.latency import Latency
 
 LADDER = (100, 200, 300, 500, 1000, 2000, 5000, 10_000)  # shortlists tried at N for a finalist (with --rescore)
+FILL_RATIO = 3.0  # a finalist tied with a faster-to-encode one is not filled when its N rows take this many times
+# longer to encode (RQ16x8 against OPQ16x8: ~6 x)
 
 
 def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: bud.Rules,
@@ -49,23 +60,45 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
         if not others or choice.kept is None or not bud.at_scale(vectors.count):
             out.append(choice)
             continue
-        records, best, codes = [], None, set()
+        distinct = {}  # one variant per code, the kept one first
         for variant in [choice.kept, *others]:
-            if id(variant.codec) not in codes:
-                codes.add(id(variant.codec))
-                measured = _as_stored(variant, choice, vectors, evaluation, rules, seed)
-                records.append(measured[0])
-                if best is None or _rank(measured[0]) > _rank(best[0]):
-                    best = measured  # a loser's filled codes are freed here: at most two held at once
+            distinct.setdefault(id(variant.codec), variant)
+        filling, unfilled = worth_filling(list(distinct.values()), vectors.count)
+        records, best = [], None
+        for variant in filling:
+            measured = _as_stored(variant, choice, vectors, evaluation, rules, seed)
+            records.append(measured[0])
+            if best is None or _rank(measured[0]) > _rank(best[0]):
+                best = measured  # a loser's filled codes are freed here: at most two held at once
         record, sized, variant, filled, tuned = best
         finalists = {"n": vectors.count, "queries": len(evaluation.queries), "kept": record,
-                     "others": [r for r in records if r is not record]}
+                     "others": [r for r in records if r is not record], **({"not_filled": unfilled} if unfilled else {})}
         note = f"kept by the finalists measured at N = {vectors.count:,}" if variant.codec is not choice.kept.codec \
             or variant.shortlist != choice.kept.shortlist else ""
         out.append(replace(choice, codec=variant.codec, recall=variant.recall, kept=variant, finalists=finalists,
                            sized_at_n=sized, filled_at_n=filled, tuned_at_n=tuned,
                            note="; ".join(n for n in (choice.note, note) if n)))
     return out
+
+
+def worth_filling(variants: list[bud.Variant], n: int) -> tuple[list[bud.Variant], list[dict]]:
+    """The finalists to fill with the ``n`` rows, in order, and a record ``{"label", "not_filled"}`` of each one left
+    out: its encoding of ``n`` rows (``encode_us`` x n) would take more than :data:`FILL_RATIO` times the cheapest
+    finalist's, and its score on the sample is within ``FINALIST_MARGIN`` of that one's. Untimed ones are filled."""
+    timed = [v for v in variants if v.encode_us is not None]
+    if not timed:
+        return variants, []
+    cheapest = min(timed, key=lambda v: v.encode_us)
+    filling, unfilled = [], []
+    for v in variants:
+        slow = v.encode_us is not None and v.encode_us > FILL_RATIO * cheapest.encode_us
+        if slow and v.score <= cheapest.score + bud.FINALIST_MARGIN:
+            unfilled.append({"label": v.codec.spec.label(), "not_filled": (
+                f"its {n:,} rows would take ~{v.encode_us * n / 1e6:,.0f} s to encode, {v.encode_us / cheapest.encode_us:.1f}"
+                f" x {cheapest.codec.spec.label()}'s, which the sample puts within {bud.FINALIST_MARGIN:g} of it")})
+        else:
+            filling.append(v)
+    return filling, unfilled
 
 
 def _rank(record: dict) -> tuple:
@@ -83,8 +116,10 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
     variant measured best, the code filled with every row (the build stores the winner's as it is instead of
     encoding the N rows again), and that variant's ``budgets.tune_at_n`` on it (None for a flat code: nothing
     to tune), which the build records instead of tuning the same code again."""
+    started = time.perf_counter()
     codec, done = bud.sized_for_n(variant.codec, vectors, seed)
     stored = bud.fill(codec, vectors)
+    fill_s = round(time.perf_counter() - started, 1)  # the refit for N and the fill: what this finalist cost
     lengths = [None] + ([n for n in LADDER if n < len(stored) // 4] if rules.rescore and variant.codec.spec.codec
                         != "float32" else [])
     tried, whole = [], None
@@ -96,6 +131,7 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
         whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
     within = [t for t in tried if t[0]["ms"] <= choice.bound_ms] or [min(tried, key=lambda t: t[0]["ms"])]
     record, best, tuned = max(within, key=lambda t: _rank(t[0]))
+    record["fill_s"] = fill_s
     return record, None if done is None else (codec, done), best, stored, tuned
 
 

@@ -73,13 +73,13 @@ class LatencyModel:
         tiny = codec.empty_copy()
         tiny.add_random(TINY, np.random.default_rng(1))
         fixed = min(timed, _median_ms(lambda q: tiny.search(q, min(k, TINY), params=params), queries))
-        # lists refitted for N (IVFCodec.sized_for) get N's lists; binary lists keep the sample's: scaled by the rows
-        lists = codec.exhaustive() if hasattr(codec, "sized_for") else None
-        if lists is None:
-            return Latency(fixed + (timed - fixed) * n / len(codec), "extrapolated")
+        if not hasattr(codec, "sized_for"):  # a flat code, or binary lists (not refitted for N: N's rows fill the
+            return Latency(fixed + (timed - fixed) * n / len(codec), "extrapolated")  # sample's lists): by the rows
+        # lists refitted for N (IVFCodec.sized_for) get N's lists
+        nlist = codec.exhaustive()["nprobe"]  # an exhaustive search probes every list
         nprobe = int((params or {}).get("nprobe", codec.spec.params["nprobe"]))
         coarse = self.coarse_ms(codec.spec.m, *lists_at_n(n, nprobe), queries)
-        return Latency(lists_ms(timed, fixed, coarse, len(codec), lists["nprobe"], nprobe, n), "extrapolated")
+        return Latency(lists_ms(timed, fixed, coarse, len(codec), nlist, nprobe, n), "extrapolated")
 
     def coarse_ms(self, m: int, nlist: int, nprobe: int, queries: np.ndarray) -> float:
         """Milliseconds to pick the ``nprobe`` nearest of ``nlist`` lists for one query (a flat inner-product scan
