@@ -159,7 +159,8 @@ def test_the_choice_names_as_first_stage_the_best_shortlist_of_a_code_fast_enoug
     model = GivenLatency(reference=10.0, codes={"rq": 6.0}, per_candidate=0.02)  # rq alone: over half the bound
     choice = choose(8, sample, evaluation, rules=Rules(n=N, recall_target=0.95, rescore=True, model=model))
     alone = {t["label"]: t["latency_ms"] for t in choice.tried if t["recall"] is not None and not t.get("shortlist")}
-    staged = [t for t in choice.tried if t["recall"] is not None and t.get("shortlist") and alone[t["label"]] <= 5.0]
+    staged = [t for t in choice.tried if t["recall"] is not None and t.get("shortlist") and alone[t["label"]] <= 5.0
+              and t["label"] != choice.kept.codec.spec.label()]  # the kept code is a finalist already
     assert staged and any(t["latency_ms"] > 10.0 for t in staged)  # some re-ranks the sample puts over the bound
     assert choice.first_stage.shortlist is not None and choice.first_stage.codec.spec.codec != "rq"
     shortest = {}
@@ -183,6 +184,8 @@ def test_the_first_stage_is_ranked_by_each_codes_shortest_shortlist_not_its_long
              variant(slow, None, .800, ms=6.8), variant(slow, 1000, .970)]
     picked = bud._first_stage(found, bound=10.0)
     assert picked.codec is lists and picked.shortlist == 1000
+    # the kept code is a finalist already (its shortlists measured at N): the first stage is another code's
+    assert bud._first_stage(found, bound=10.0, kept=found[3]).codec is flat
     assert bud._first_stage([v for v in found if v.codec is slow], bound=10.0) is None
 
 
@@ -228,6 +231,25 @@ def test_a_finalist_tied_on_the_sample_and_slow_to_encode_is_not_filled():
     assert worth_filling([untimed, opq], 10_000_000) == ([untimed, opq], [])
 
 
+def test_finalists_are_compared_by_their_codes_alone_not_a_shortlist_against_codes():
+    """At 10M, 16 B, seed 2: lists of RQ kept alone (.643 of the sample's exact top 10), lists of OPQ a first stage
+    whose top 10,000 held .767 (alone .579). By codes alone RQ is .064 ahead, past the margin: it is filled."""
+    from triclip.index.finalists import worth_filling
+
+    def variant(label, held, encode_us, shortlist=None):
+        codec = type("C", (), {"spec": type("S", (), {"label": lambda self, label=label: label})()})()
+        return Variant(codec, 0.5, Latency(1.0, "given"), shortlist=shortlist, fidelity=held, by_fidelity=True,
+                       encode_us=encode_us)
+
+    rq, opq = variant("ivf128/16,rq16x8", .643, 145.0), variant("ivf128/8,opq16x8", .767, 11.7, shortlist=10_000)
+    alone = {"ivf128/16,rq16x8": .643, "ivf128/8,opq16x8": .579}
+    assert worth_filling([rq, opq], 10_000_000, alone) == ([rq, opq], [])
+    assert worth_filling([rq, opq], 10_000_000)[0] == [opq]  # shortlist against codes: what the first rule did
+    tied = dict(alone, **{"ivf128/16,rq16x8": .60})
+    filling, unfilled = worth_filling([rq, opq], 10_000_000, tied)
+    assert filling == [opq] and unfilled[0]["not_filled"].endswith("within 0.05 of its (0.579 against 0.600)")
+
+
 def test_settling_leaves_the_slow_kept_code_unfilled_and_keeps_its_rival(collection, two, monkeypatch):  # noqa: F811
     vectors, evaluation, _ = collection
     flat, lists = two
@@ -247,8 +269,8 @@ def test_settling_leaves_the_slow_kept_code_unfilled_and_keeps_its_rival(collect
     got = settled.finalists
     assert got["others"] == [] and got["kept"]["fill_s"] >= 0
     assert got["not_filled"] == [{"label": flat.codec.spec.label(), "not_filled": (
-        f"its {N:,} rows would take ~2 s to encode, 10.0 x {lists.codec.spec.label()}'s, which the sample puts"
-        f" within {bud.FINALIST_MARGIN:g} of it")}]
+        f"its {N:,} rows would take ~2 s to encode, 10.0 x {lists.codec.spec.label()}'s, whose codes alone the"
+        f" sample puts within {bud.FINALIST_MARGIN:g} of its (0.580 against 0.600)")}]
     entry = bud.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
     assert f"{flat.codec.spec.label()} not filled: its {N:,} rows" in bud.table({"8": {**entry, "code": entry["spec"]}})
 

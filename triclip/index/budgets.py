@@ -254,7 +254,7 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     choice = _kept(budget, found, [e for entries in tried for e in entries], bound, ceiling, reference, rules)
     choice.full_recall, choice.ranked_by = full, "fidelity" if by_fidelity else "recall"
     choice.rival = _rival(found, choice.kept, bound, ceiling) if by_fidelity else None
-    choice.first_stage = _first_stage(found, bound) if by_fidelity and rules.rescore else None
+    choice.first_stage = _first_stage(found, bound, choice.kept) if by_fidelity and rules.rescore else None
     return choice
 
 
@@ -314,14 +314,18 @@ def _rival(found: list[Variant], kept: Variant | None, bound: float, ceiling: fl
     return max(close, key=lambda v: _rank(v, ceiling), default=None)
 
 
-def _first_stage(found: list[Variant], bound: float) -> Variant | None:
+def _first_stage(found: list[Variant], bound: float, kept: Variant | None = None) -> Variant | None:
     """A first stage that a shortlist measured at N may fit into the bound (``triclip.index.finalists``): among the
     codes whose codes alone answer within half of ``bound``, each one's shortest re-ranked variant on the sample
     (the nearest to the shortlists that fit at N, within the bound or not), the one holding the most, then the
     shorter; None when there is none. A long shortlist's share says little about a short one's: at 1M and 32 B,
     flat 4-bit PQ's top 25,000 held .987 of the sample's exact top 10 and lists of OPQ's nothing past .901, but
-    their tops of 1,000 held .560 and .866, and 4-bit PQ's re-rank of 300 rows held .639 at N."""
-    fast = {id(v.codec) for v in found if v.shortlist is None and v.latency.ms <= bound / 2}
+    their tops of 1,000 held .560 and .866, and 4-bit PQ's re-rank of 300 rows held .639 at N.
+    Not ``kept``'s code: it is a finalist already, and every finalist's shortlists are measured at N. At 1M and
+    16 B, lists of RQ were kept and were also the best first stage (their top 1,000 .844 on the sample, OPQ's
+    .778), so lists of OPQ were never measured at N: RQ's slower scan left room for a top 100 there (.907)."""
+    fast = {id(v.codec) for v in found if v.shortlist is None and v.latency.ms <= bound / 2
+            and (kept is None or v.codec is not kept.codec)}
     shortest: dict[int, Variant] = {}
     for v in found:
         if v.shortlist is not None and id(v.codec) in fast:
