@@ -5,6 +5,7 @@ Latencies come from an injected model (``GivenLatency``): nothing is timed here.
 
 from __future__ import annotations
 
+import faiss
 import numpy as np
 import pytest
 
@@ -217,3 +218,76 @@ def test_a_resumed_build_reads_back_the_refit_lists_and_their_tuning(collection,
         assert e["sized_for_n"]["seconds"] == entry["sized_for_n"]["seconds"]  # the first refit's, read back
         timeless = lambda x: {**x, "sized_for_n": {**x["sized_for_n"], "seconds": None}}  # noqa: E731
         assert timeless(e) == timeless(clean_entry)
+
+
+@pytest.fixture
+def large_lists(monkeypatch):
+    """The collection's 512 lists count as many: two-level k-means, rows assigned through groups of centroids."""
+    monkeypatch.setattr(ivf, "LARGE_LISTS", 256)
+
+
+def _nearest_lists(stored, vectors) -> np.ndarray:
+    """Each row's nearest list by the stored (flat) quantiser, as exact assignment would give. Shape: (N,)."""
+    x = np.asarray(vectors.rows(np.arange(vectors.count), D), np.float32)
+    for i in range(stored.index.chain.size()):
+        x = stored.index.chain.at(i).apply(x)
+    return stored.ivf.quantizer.search(np.ascontiguousarray(x), 1)[1][:, 0]
+
+
+def test_many_lists_are_trained_two_level_and_rows_assigned_through_groups_of_centroids(collection, small_sample,
+                                                                                        large_lists, tmp_path):
+    """From LARGE_LISTS lists on, the refit trains the centroids by two-level k-means (recorded) and the fill
+    assigns rows through an IVF over them: nearly every row in its nearest list, the stored quantiser flat
+    again (saved and read back as such), and the lists as good as exact assignment's for the queries."""
+    vectors, evaluation, truth = collection
+    spec = _spec("pq")
+    sized, done = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    assert sized.ivf.nlist == 512 and "two-level k-means" in done["large"]
+    stored = bud.fill(sized, vectors)
+    where = stored._where()[:, 0]  # (N,) each row's list as stored
+    nearest = _nearest_lists(stored, vectors)
+    assert 0.97 <= np.mean(where == nearest) < 1.0  # a few rows in a near list: the assigner scans 8 of 22 groups
+    quantiser = faiss.downcast_index(stored.ivf.quantizer)
+    assert isinstance(quantiser, faiss.IndexFlat) and quantiser.ntotal == 512 and len(stored) == N
+    q = evaluation.queries
+    decoded = np.argsort(-(q @ stored.reconstruct().T), axis=1, kind="stable")[:, :10]
+    found = stored.search(q, 10, params={"nprobe": 512})[1]
+    assert overlap(found, decoded) >= 0.99
+    at_16 = overlap(stored.search(q, 10, params={"nprobe": 16})[1], truth)
+    ranks, lists = stored.list_ranks(q)
+    held = np.mean([np.mean(ranks[i, nearest[truth[i]]] < 16) for i in range(len(q))])  # exact assignment's
+    assert at_16 >= 0.9 * overlap(found, truth) and np.mean(ranks[np.arange(len(q))[:, None], lists[truth]] < 16) \
+        >= held - 0.02
+    stored.save(tmp_path / "large.faiss")
+    back = bud.codecs.load(tmp_path / "large.faiss")
+    assert np.array_equal(back.search(q, 10, params={"nprobe": 16})[1], stored.search(q, 10, params={"nprobe": 16})[1])
+
+
+@pytest.mark.parametrize("inner", ivf.INNER)
+def test_rows_added_through_groups_scanning_all_are_the_plain_faiss_add(collection, small_sample, monkeypatch, inner):
+    """With every group scanned the assigner is exact, and a fill through it stores what FAISS's own add of the
+    same trained code stores, for every inner code: the same answers, the same scores."""
+    vectors, evaluation, _ = collection
+    spec = _spec(inner) if inner != "pqfs" else bud.codecs.CodecSpec(
+        "ivf", D, 8, {"inner": "pqfs", "M": 16, "nbits": 4, "nlist": ivf.lists_for(N), "nprobe": 8})
+    sized, _ = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    plain = bud.fill(sized, vectors)
+    monkeypatch.setattr(ivf, "LARGE_LISTS", 256)
+    monkeypatch.setattr(ivf, "ASSIGN_PROBE", 10_000)
+    through = bud.fill(sized, vectors)
+    q = evaluation.queries
+    (d1, i1), (d2, i2) = plain.search(q, 10, params={"nprobe": 32}), through.search(q, 10, params={"nprobe": 32})
+    assert np.array_equal(i1, i2) and np.allclose(d1, d2, atol=1e-6)
+    assert np.array_equal(plain._where(), through._where())
+
+
+def test_many_lists_filled_on_disk_are_the_lists_filled_in_memory(collection, small_sample, large_lists, tmp_path):
+    """The on-disk fill (one shard at a time, merged into a mapped lists file) assigns rows through the same
+    groups of centroids as the in-memory fill: every row in the same list, the same answers."""
+    vectors, evaluation, _ = collection
+    sized, _ = bud.sized_for_n(bud.codecs.fit(_spec("opq"), vectors.rows(np.arange(2000), D)), vectors)
+    memory = bud.fill(sized, vectors)
+    disk = sized.filled_on_disk(vectors, tmp_path / "codes.ivfdata")
+    assert disk.on_disk() and np.array_equal(disk._where(), memory._where())
+    q = evaluation.queries
+    assert np.array_equal(disk.search(q, 10, params={"nprobe": 16})[1], memory.search(q, 10, params={"nprobe": 16})[1])
