@@ -865,7 +865,8 @@ def _at_n_line(at_n: dict, sized: dict | None) -> str:
     """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
     held = held_at_n({"at_n": at_n})["of_exact_top10"]
     lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
-                                  f" (chosen as {sized['fitted_on_sample']}); ")
+                                  + (f" by {sized['large']}" if sized.get("large") else "")
+                                  + f" (chosen as {sized['fitted_on_sample']}); ")
     return (f"at N = {at_n['n']:,}: {lists}nprobe {at_n['nprobe']} tuned at N, its top"
             f" {at_n['shortlist'] or K} holding {held:.3f} of the exact top 10 (target {at_n['target']:.3f};"
             f" all lists {at_n['whole_lists']:.3f}){'; ' + at_n['note'] if at_n['note'] else ''}"
