@@ -4,7 +4,9 @@ Usage::
 
     .venv/bin/python -m benchmarks.bench_coarse WORK/n1000000-seed0 --lists 16384,32768 [--flat-train]
 
-A haystack folder of ``benchmarks.haystack_peers`` (its shards' rows, its val captions and their exact top 10).
+A haystack folder (``benchmarks.haystack build``: its shards' rows) and the val captions of
+``benchmarks.haystack_peers`` (``--queries``, default: the folder's ``val_queries.npy``), their exact top 10 over
+the rows found here.
 Per nlist: centroids trained on 64 rows a list by two-level k-means (``triclip.codecs.ivf.two_level_centroids``,
 what a build uses from ``LARGE_LISTS`` lists on) and, with ``--flat-train``, by FAISS's flat k-means (below it).
 Per set of centroids and assigner (the flat scan; triclip's ``ivf.assigner``, an IVF over the centroids scanning
@@ -31,7 +33,8 @@ NPROBES = (8, 16, 32, 64)
 
 @dataclass
 class CoarseConfig:
-    haystack: str  # a haystack folder (benchmarks.haystack_peers): embeddings/shard-*/image.npy, val_*.npy
+    haystack: str  # a haystack folder (benchmarks.haystack build): embeddings/shard-*/image.npy
+    queries: str = ""  # (Q, D) val captions (benchmarks.haystack_peers' val_queries.npy; "": the folder's)
     lists: list[int] = field(default_factory=lambda: [16384])  # nlist values measured
     probes: list[int] = field(default_factory=lambda: [4, 8, 16])  # groups the IVF assigner scans
     flat_train: bool = False  # also train FAISS's flat k-means (minutes at 16,384 lists)
@@ -75,7 +78,8 @@ def measure(centroids: np.ndarray, rows: np.ndarray, timed: np.ndarray, queries:
 def run(cfg: CoarseConfig) -> list[dict]:
     root = Path(cfg.haystack)
     rows = np.concatenate([np.load(p) for p in sorted(root.glob("embeddings/shard-*/image.npy"))]).astype(np.float32)
-    queries, truth = np.load(root / "val_queries.npy").astype(np.float32), np.load(root / "val_truth.npy")
+    queries = np.load(cfg.queries or root / "val_queries.npy").astype(np.float32)
+    truth = faiss.knn(queries, rows, 10, metric=METRIC)[1]  # (Q, 10) exact float top 10 over every row
     rng = np.random.default_rng(cfg.seed)
     timed = rows[rng.choice(len(rows), min(len(rows), 200_000), replace=False)]
     records = []
@@ -106,12 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     ints = lambda t: [int(v) for v in t.split(",")]  # noqa: E731
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     parser.add_argument("haystack")
+    parser.add_argument("--queries", default="")
     parser.add_argument("--lists", type=ints, default=CoarseConfig("").lists)
     parser.add_argument("--probes", type=ints, default=CoarseConfig("").probes)
     parser.add_argument("--flat-train", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    records = run(CoarseConfig(args.haystack, args.lists, args.probes, args.flat_train, args.seed))
+    records = run(CoarseConfig(args.haystack, args.queries, args.lists, args.probes, args.flat_train, args.seed))
     print("| nlist | k-means | train s | assigner | us a row | same list as flat | "
           + " | ".join(f"held, nprobe {p}" for p in NPROBES) + " |")
     for r in records:
