@@ -32,7 +32,7 @@ Sized for N (:meth:`IVFCodec.sized_for`): ``index build --bytes`` chooses betwee
 (and OPQ's rotation) on the residuals of the inner code's own ``fit_rows_at_n`` (else ``fit_rows``) of them, as
 FAISS's ``IndexIVF.train`` trains it.
 
-Many lists (:data:`LARGE_LISTS` and more, N of about 3M and up): the flat coarse quantiser's k-means and its
+Many lists (:data:`LARGE_LISTS` and more, N of about 2.1M and up): the flat coarse quantiser's k-means and its
 assignment of every row cost nlist x D per row, most of a build at 10M (16,384 lists: the refit 620 s, the fill
 721 s on 2 cores). So the centroids are trained by FAISS's two-level k-means (``faiss.contrib.clustering.
 two_level_clustering``: sqrt(nlist) groups, then each group's share of the lists within it), and rows are assigned
