@@ -46,9 +46,10 @@ def assigners(centroids: np.ndarray, probes: list[int]) -> dict[str, faiss.Index
     flat = faiss.IndexFlatIP(centroids.shape[1])
     flat.add(centroids)
     out = {"flat": flat}
+    grouped = ivf.assigner(centroids)  # trained once; a clone per number of groups scanned
     for p in probes:
-        out[f"ivf{int(np.sqrt(len(centroids)))} p{p}"] = ivf.assigner(centroids)
-        out[f"ivf{int(np.sqrt(len(centroids)))} p{p}"].nprobe = p
+        out[f"ivf{ivf.groups_for(len(centroids))} p{p}"] = clone = faiss.clone_index(grouped)
+        clone.nprobe = p
     for ef in (16, 32):
         graph = faiss.IndexHNSWFlat(centroids.shape[1], 32, METRIC)
         graph.add(centroids)

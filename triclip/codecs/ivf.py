@@ -91,10 +91,16 @@ def coarse_rows(n: int, nlist: int) -> int:
     return int(min(n, ROWS_PER_LIST_AT_N * nlist, max(MOST_COARSE_ROWS, TRAIN_PER_LIST * nlist)))
 
 
+def groups_for(nlist: int) -> int:
+    """Groups of centroids for ``nlist`` lists: sqrt(nlist), both the two-level k-means' first level and
+    :func:`assigner`'s lists."""
+    return max(1, int(math.sqrt(nlist)))
+
+
 def two_level_centroids(x: np.ndarray, nlist: int, niter: int, seed: int = 0) -> np.ndarray:
     """``nlist`` centroids of ``x`` (n, d) by FAISS's two-level k-means: sqrt(nlist) groups, then each group cut
     into lists in proportion to its rows. Shape: (nlist, d) float32."""
-    centroids, _ = two_level_clustering(np.ascontiguousarray(x, np.float32), int(math.sqrt(nlist)), nlist,
+    centroids, _ = two_level_clustering(np.ascontiguousarray(x, np.float32), groups_for(nlist), nlist,
                                         clustering_niter=niter, seed=seed, min_points_per_centroid=1)
     return np.ascontiguousarray(centroids, np.float32)
 
@@ -104,7 +110,7 @@ def assigner(centroids: np.ndarray) -> faiss.Index:
     nlist. Searched as a quantiser: its labels are the centroids' rows (the lists); reconstructs them (a direct
     map) for codes stored by residual."""
     nlist, d = centroids.shape
-    index = faiss.index_factory(d, f"IVF{max(1, int(math.sqrt(nlist)))},Flat", METRIC)  # owns its quantiser
+    index = faiss.index_factory(d, f"IVF{groups_for(nlist)},Flat", METRIC)  # owns its quantiser
     index.cp.seed, index.cp.min_points_per_centroid = 0, 1
     index.train(centroids)
     index.add(centroids)
@@ -236,7 +242,7 @@ class IVFCodec(FaissCodec):
         index = faiss.deserialize_index(faiss.serialize_index(index))  # one object that owns all its parts
         done = {"nlist": int(spec.params["nlist"]), "coarse_rows": rows_read, "inner_rows": len(inner), "n": n,
                 "seed": seed, **({"large": "two-level k-means, rows assigned through an IVF of"
-                                  f" {int(math.sqrt(spec.params['nlist']))} groups of centroids, {ASSIGN_PROBE} scanned"}
+                                  f" {groups_for(spec.params['nlist'])} groups of centroids, {ASSIGN_PROBE} scanned"}
                                  if spec.params["nlist"] >= LARGE_LISTS else {})}
         return IVFCodec(spec, index, self.dim), done
 
