@@ -10,9 +10,10 @@ too), then gathers random rows:
 - ``asked, 1 thread``: every row's read requested first (``DiskRows.ask``), then gathered by the calling thread;
 - ``asked, 32 threads``: requested first, then gathered by the threads.
 
-Each way draws rows of its own: a VM's host caches what it read, so a row read by one way comes back fast to
-the next. Warm: the same rows gathered again, every page cached. Prints the median milliseconds of each.
-Torch-free.
+Each way draws rows of its own, new at every run (``--seed`` repeats a run's): a VM's host caches what it read,
+so a row read once comes back fast. Each draw is gathered three times: ``never read`` (the first time), ``cold``
+(evicted again: what the build charges, ``triclip.index.diskrows.settle``) and ``warm`` (every page cached).
+Prints the median milliseconds of each. Torch-free.
 """
 
 from __future__ import annotations
@@ -32,23 +33,23 @@ def ways(rows: DiskRows) -> dict:
             f"asked, {GATHER_THREADS} threads": asked(GATHER_THREADS)}
 
 
-def measure(file: str, count: int, reps: int = 25, seed: int = 0) -> dict[str, tuple[list[float], list[float]]]:
-    """Way -> (cold, warm) milliseconds of gathering ``count`` random rows, ``reps`` draws each."""
+def measure(file: str, count: int, reps: int = 25, seed: int | None = None) -> dict[str, tuple[list[float], ...]]:
+    """Way -> (never read, cold, warm) milliseconds of gathering ``count`` random rows, ``reps`` draws each."""
     rows = DiskRows(file)
     rng, out = np.random.default_rng(seed), {}
     for _ in range(reps):
         for way, gather in ways(rows).items():  # in turn, each its own rows
             ids = rng.choice(len(rows), count, replace=False)
-            rows.drop_pages()  # a mapped page stays cached: unmapped first
-            evict(file)
             times = []
-            for _ in range(2):  # cold, then warm
+            for evicted in (True, True, False):  # never read, cold, warm
+                if evicted:
+                    rows.drop_pages()  # a mapped page stays cached: unmapped first
+                    evict(file)
                 started = time.perf_counter()
                 gather(ids)
                 times.append(1000 * (time.perf_counter() - started))
-            cold, warm = out.setdefault(way, ([], []))
-            cold.append(times[0])
-            warm.append(times[1])
+            for kept, ms in zip(out.setdefault(way, ([], [], [])), times):
+                kept.append(ms)
     return out
 
 
@@ -57,12 +58,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("vectors", help="a float vectors .npy file (N, D), e.g. a version's vectors.npy")
     parser.add_argument("--rows", default="300,500,1000", help="rows gathered per draw (a shortlist), comma-separated")
     parser.add_argument("--reps", type=int, default=25, help="draws, each way")
+    parser.add_argument("--seed", type=int, default=None, help="the rows' seed (default: new rows at every run)")
     args = parser.parse_args(argv)
     print(f"random rows of {args.vectors}, {args.reps} draws each way; median ms")
-    print(f"{'rows':>6} {'way':<20} {'cold':>8} {'warm':>8}")
+    print(f"{'rows':>6} {'way':<20} {'never read':>10} {'cold':>8} {'warm':>8}")
     for count in (int(c) for c in args.rows.split(",")):
-        for way, (cold, warm) in measure(args.vectors, count, args.reps).items():
-            print(f"{count:6d} {way:<20} {np.median(cold):8.2f} {np.median(warm):8.3f}")
+        for way, (never, cold, warm) in measure(args.vectors, count, args.reps, args.seed).items():
+            print(f"{count:6d} {way:<20} {np.median(never):10.2f} {np.median(cold):8.2f} {np.median(warm):8.3f}")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ import pytest
 
 from triclip.index import budgets as bud
 from triclip.index.budgets import EvalSet, Rules, choose, table
-from triclip.index.diskrows import GATHER_MIN, DiskRows, evict
+from triclip.index.diskrows import GATHER_MIN, DiskRows, cold_read_ms, evict, settle
 from triclip.index.search import Searcher, rerank, rerank_from
 from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.store import current_version
@@ -192,5 +192,41 @@ def test_an_end_to_end_cold_search_reads_each_querys_shortlist_from_disk(tmp_pat
     codes.search = lambda q, k, params=None: (asked.append(k), search(q, k, params=params))[1]
     before = read_bytes()
     ms = latency.LatencyModel().cold_search(codes, str(tmp_path / "v.npy"), x[:5] + 0.1, 200)
-    assert ms > 0 and asked == [200] * (latency.COLD_QUERIES + 1)  # the warm-up query, then the timed ones
-    assert read_bytes() - before >= latency.COLD_QUERIES * 100 * 4096  # 200 rows of 1,000 pages: ~180 pages each, cold
+    assert ms > 0 and asked == [200] * (2 * latency.COLD_QUERIES + 1)  # the warm-up; each timed one settled first
+    assert read_bytes() - before >= 2 * latency.COLD_QUERIES * 100 * 4096  # 200 rows of 1,000 pages: ~180 pages,
+    # read to settle them and again, cold
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/io"), reason="Linux's per-process I/O counters")
+def test_settled_rows_were_read_once_and_are_read_from_disk_again(tmp_path):
+    """``settle`` (what a cold timing starts from): the rows are read from storage, then out of the page cache and
+    out of the map, so the timed gather reads them from storage again."""
+    x = np.random.default_rng(0).standard_normal((4000, 256)).astype(np.float32)  # 1 KB a row
+    np.save(tmp_path / "v.npy", x)
+    rows, ids = DiskRows(tmp_path / "v.npy"), np.arange(0, 4000, 8)  # one row in every other page: 500 pages
+    evict(tmp_path / "v.npy")
+    before = read_bytes()
+    settle(rows, ids)
+    settled = read_bytes() - before
+    before = read_bytes()
+    np.testing.assert_array_equal(rows[ids], x[ids])
+    assert settled >= 500 * 4096 and read_bytes() - before >= 500 * 4096
+    before = read_bytes()
+    rows[ids]
+    assert read_bytes() - before < 50 * 4096  # the control: cached now, nothing read
+
+
+def test_each_cold_timing_draws_rows_never_drawn_before_and_settles_them_first(tmp_path, monkeypatch):
+    """``cold_read_ms`` draws new rows at every draw and every call (a row read once comes back faster from a VM
+    host's cache), reads each draw to settle it, then times the same rows."""
+    from triclip.index import diskrows
+
+    np.save(tmp_path / "v.npy", np.zeros((100_000, 4), np.float32))
+    seen, settled = [], []
+    monkeypatch.setattr(diskrows, "settle", lambda rows, ids: settled.append(ids.copy()))
+    monkeypatch.setattr(DiskRows, "__getitem__", lambda self, ids: seen.append(np.asarray(ids).copy()))
+    for _ in range(2):
+        assert cold_read_ms(tmp_path / "v.npy", 50, reps=3) >= 0
+    assert len(seen) == len(settled) == 6
+    assert all(np.array_equal(a, b) for a, b in zip(seen, settled))  # each timed draw is the one settled
+    assert len(np.unique(np.concatenate(seen))) > 0.97 * 300  # 6 draws of 50 in 100,000 rows: new ones

@@ -12,7 +12,7 @@ the page cache. Two things make that fast enough to be worth choosing:
   together, up to its queue's depth (256 here), not one per waiting thread. They are then gathered by the
   calling thread below :data:`GATHER_MIN` rows, else by :data:`GATHER_THREADS` threads (a fault releases the
   GIL). ``python -m benchmarks.rows_cold VECTORS.npy --rows 300,500,1000,10000`` (1M x 256 float32, fresh rows
-  per draw, median of 25; 2026-11-27), milliseconds cold / warm:
+  per draw, median of 25; 2026-11-27; "cold" as :func:`settle` leaves them), milliseconds cold / warm:
 
   | rows | 32 threads | asked, 1 thread | asked, 32 threads |
   |---:|---:|---:|---:|
@@ -21,7 +21,7 @@ the page cache. Two things make that fast enough to be worth choosing:
   | 1,000 | 16.9 / 2.6 | 12.4 / 1.2 | 11.8 / 3.0 |
   | 10,000 | 174 / 8 | 157 / 13 | 142 / 13 |
 
-:func:`cold_read_ms` times it (the choice charges it to every re-rank that reads from disk:
+:func:`cold_read_ms` times it, rows as :func:`settle` leaves them (the choice charges it to every re-rank that reads from disk:
 ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
 timing and the benchmarks' cold measurements start from), all but the pages a process still maps
 (:meth:`DiskRows.drop_pages` unmaps a DiskRows's). Linux calls; elsewhere a plain gather, and eviction
@@ -128,19 +128,36 @@ def will_need(fd: int | None, spans: list[tuple[int, int]]) -> None:
 
 
 def cold_read_ms(file: str | os.PathLike, count: int, reps: int = COLD_REPS) -> float:
-    """Median milliseconds to gather ``count`` random rows of ``file`` (:class:`DiskRows`), the file evicted from
-    the page cache before each of ``reps`` seeded draws."""
+    """Median milliseconds to gather ``count`` random rows of ``file`` (:class:`DiskRows`) cold: each of ``reps``
+    draws is new rows, read once (untimed), then the file evicted from the page cache and the rows gathered again.
+
+    What "cold" is (:func:`settle`): not in this machine's page cache, served by the storage below it."""
     rows = DiskRows(file)
     count = min(count, len(rows))
-    rng, times = np.random.default_rng(0), []
+    rng, times = np.random.default_rng(), []  # new rows at every call: a draw read before is not drawn again
     for _ in range(reps):
         ids = np.sort(rng.choice(len(rows), count, replace=False))
-        rows.drop_pages()
-        evict(file)
+        settle(rows, ids)
         started = time.perf_counter()
         rows[ids]
         times.append(time.perf_counter() - started)
     return float(np.median(times) * 1000)
+
+
+def settle(rows: DiskRows, ids: np.ndarray) -> None:
+    """Leave the rows ``ids`` of ``rows``'s file where a cold timing reads them from: read once, then out of the
+    page cache (the map's pages dropped, the file evicted).
+
+    A VM's disk has a cache of its own on the host, below the guest's page cache: rows it has served come back in
+    1.5-1.9 ms per 100 on the 2-core VM, rows it has not in 12-90 ms (``python -m benchmarks.rows_cold``, its
+    ``never read`` column), and whether it holds a row depends on what ran before, even in other processes (a
+    file just written is held). Timing rows of either kind made one candidate's charge truly cold and the next
+    one's not (10M, 16 B: the first 100-row timing of a file took 12.4 ms, the rest 1.3-2.2). So every timing
+    reads rows the storage has just served: the cost of a row not in memory when the storage still holds it. Rows
+    it no longer holds cost more, and that is not charged (docs/CONTRACT.md, "A re-rank from disk")."""
+    rows[ids]
+    rows.drop_pages()  # a mapped page stays cached: unmapped first
+    evict(rows.file)
 
 
 def _pool() -> ThreadPoolExecutor:

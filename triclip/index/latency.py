@@ -115,20 +115,22 @@ class LatencyModel:
     def cold_search(self, codes, file: str, queries: np.ndarray, length: int, k: int = 10) -> float:
         """Median milliseconds of one query searched as a stored two-stage budget whose float vectors are read
         from disk: the top ``length`` of ``codes`` (filled, its nprobe set), their rows gathered from ``file``
-        (``triclip.index.diskrows.DiskRows``) and re-ranked to ``k``, end to end; ``file`` evicted from the page
-        cache before each query (not timed). The parts timed apart and summed miss some of it: at 10M rows, 16 B,
-        a shortlist of 500 summed to 9.8 ms and ran in 9.7-11.1 ms (the code's scan is slower right after an
-        eviction, and cold reads vary)."""
-        from triclip.index.diskrows import DiskRows, evict
+        (``triclip.index.diskrows.DiskRows``) and re-ranked to ``k``, end to end; before each query (not timed)
+        its rows are read once and the file evicted from the page cache (``triclip.index.diskrows.settle``: what
+        "cold" is). The parts timed apart and summed miss some of it: at 10M rows, 16 B, a shortlist of 500
+        summed to 9.8 ms and ran in 9.7-11.1 ms (the code's scan is slower right after an eviction, and cold
+        reads vary)."""
+        from triclip.index.diskrows import DiskRows, settle
         from triclip.index.search import rerank
 
         rows = DiskRows(file)
 
-        def cold() -> None:
-            rows.drop_pages()  # a mapped page stays cached: unmapped first
-            evict(file)
-        return _median_ms(lambda q: rerank(rows, q, codes.search(q, length)[1], k), queries, prepare=cold,
-                          reps=COLD_QUERIES)
+        def query(q: np.ndarray) -> np.ndarray:
+            return rerank(rows, q, codes.search(q, length)[1], k)
+
+        def cold(q: np.ndarray) -> None:  # its rows read once, then out of the page cache (diskrows.settle)
+            settle(rows, codes.search(q, length)[1].reshape(-1))
+        return _median_ms(query, queries, prepare=cold, reps=COLD_QUERIES)
 
     def float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
         """The exact float32 scan at full D (``IndexFlatIP``) of ``n`` vectors: a sample ``vectors`` (n_s, D), filled
@@ -170,8 +172,8 @@ def lists_ms(timed: float, fixed: float, coarse: float, rows: int, nlist: int, n
     return fixed + coarse + per_code * n * nprobe_n / nlist_n
 
 
-def _median_ms(search, queries: np.ndarray, prepare=lambda: None, reps: int = REPS) -> float:
-    """Median milliseconds of ``search(q)`` over ``reps`` single queries (cycling), one thread; ``prepare()`` runs
+def _median_ms(search, queries: np.ndarray, prepare=lambda q: None, reps: int = REPS) -> float:
+    """Median milliseconds of ``search(q)`` over ``reps`` single queries (cycling), one thread; ``prepare(q)`` runs
     untimed before each."""
     before = search_threads()
     set_search_threads(1)
@@ -180,7 +182,7 @@ def _median_ms(search, queries: np.ndarray, prepare=lambda: None, reps: int = RE
         times = []
         for i in range(reps):
             q = queries[i % len(queries) : i % len(queries) + 1]
-            prepare()
+            prepare(q)
             started = time.perf_counter()
             search(q)
             times.append(time.perf_counter() - started)
