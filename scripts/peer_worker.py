@@ -240,13 +240,15 @@ def read_through(folder: str) -> None:
 
 
 def cold_query_ms(search, queries: np.ndarray, folder: str) -> list[float]:
-    """Milliseconds of each query searched alone on one thread, every file under ``folder`` evicted from the page
-    cache before it (``triclip.index.diskrows.evict``; not timed): what a query costs when nothing the index
-    reads from disk is cached, only what the process holds in memory."""
+    """Milliseconds of each query searched alone on one thread, cold: searched once untimed (what it reads, the
+    storage has just served), then every file under ``folder`` evicted from the page cache (not timed), then
+    timed. What "cold" is for the build's choice too (``triclip.index.diskrows.settle``): a VM's host caches what
+    it served, so a query's first reads would be slower than its repeats, by what ran before."""
     from triclip.index.diskrows import evict
     files = index_files(folder)
     out = []
     for q in queries:
+        search(q[None], 1)
         getattr(search, "drop", lambda: None)()  # a mapped page stays cached: unmapped first
         for file in files:
             evict(file)
