@@ -60,9 +60,11 @@ def reference(emb, tmp_path_factory) -> Path:
 
 # The child signals itself at its first audited call after NAME is renamed into the parts folder (every file
 # there is a temporary file + ``os.replace``): the signal lands exactly there, however fast the build runs on.
+# PRELUDE (optional): Python run first, to set the library's constants (MANY_LISTS).
 SIGNAL_AFTER = """
 import os, runpy, signal, sys
-name, sig = os.environ["SIGNAL_AFTER"].split(":")
+exec(os.environ.get("PRELUDE", ""))
+name, sig = os.environ.get("SIGNAL_AFTER", ":").split(":")
 state = []
 def hook(event, args):
     if state == ["renamed"]:
@@ -70,22 +72,22 @@ def hook(event, args):
         os.kill(os.getpid(), getattr(signal, sig))
     elif not state and event == "os.rename" and os.path.basename(os.fsdecode(args[1])) == name:
         state.append("renamed")
-sys.addaudithook(hook)
+if name:
+    sys.addaudithook(hook)
 sys.argv[0] = "triclip"
 runpy.run_module("triclip", run_name="__main__", alter_sys=True)
 """
 
 
-def triclip(args, tmp: Path, signal_after: str | None = None) -> subprocess.CompletedProcess | subprocess.Popen:
+def triclip(args, tmp: Path, signal_after: str | None = None, prelude: str = "") -> subprocess.CompletedProcess | subprocess.Popen:
     """``triclip ARGS`` in a child process run to the end; or started, to signal itself after a file
-    (``signal_after="NAME:SIGKILL"``)."""
+    (``signal_after="NAME:SIGKILL"``). ``prelude``: Python the child runs first."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", TRICLIP_CACHE=str(tmp / "cache"),
-               PYTHONPATH=str(REPO))  # fmt: skip
+               PYTHONPATH=str(REPO), PRELUDE=prelude)  # fmt: skip
+    cmd = [sys.executable, "-c", SIGNAL_AFTER, *map(str, args)]
     if signal_after:
-        cmd = [sys.executable, "-c", SIGNAL_AFTER, *map(str, args)]
         env["SIGNAL_AFTER"] = signal_after
         return subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    cmd = [sys.executable, "-m", "triclip", *map(str, args)]
     return subprocess.run(cmd, env=env, text=True, capture_output=True, timeout=300)
 
 
@@ -107,19 +109,19 @@ def stop_at(out: Path, name: str, args: list, tmp: Path, timeout: float = 120) -
     return proc
 
 
-def kill_at(out: Path, name: str, emb: Path, options=OPTIONS) -> Path:
+def kill_at(out: Path, name: str, emb: Path, options=OPTIONS, prelude: str = "") -> Path:
     """The build SIGKILLed right after ``name`` was written to its parts folder; returns that folder."""
     proc = triclip(["index", "build", "--embeddings", emb, "--out", out, *options], out.parent,
-                   signal_after=f"{name}:SIGKILL")  # fmt: skip
+                   signal_after=f"{name}:SIGKILL", prelude=prelude)  # fmt: skip
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == -signal.SIGKILL, err  # killed, not finished
     assert not (out / "CURRENT").exists()  # no version was written
     return parts_of(out)
 
 
-def digests(index: Path) -> dict[str, str]:
+def digests(index: Path, files=FILES) -> dict[str, str]:
     live = index / (index / "CURRENT").read_text().strip()
-    return {f: hashlib.sha256((live / f).read_bytes()).hexdigest() for f in FILES}
+    return {f: hashlib.sha256((live / f).read_bytes()).hexdigest() for f in files}
 
 
 def manifest(index: Path) -> dict:
@@ -240,3 +242,49 @@ def test_a_full_disk_during_the_part_writes_is_one_line_and_a_rerun_with_space_r
     assert re.search(r"resuming: [1-9] of 9 shards of image m=8 done", again.stderr), again.stderr
     assert not work.exists()
     assert_same_index(out, reference)
+
+
+# Many lists at a toy size: the collection counts as at scale, its codes are lists refitted for N (16 lists, 4
+# groups of centroids, 2 scanned per row): two-level k-means and rows assigned through groups of centroids, the
+# path of N >= ~2.1M (triclip.codecs.ivf.LARGE_LISTS). Every finalist is filled whatever its encoding rate
+# (timed: which ones are filled would differ between runs).
+MANY_LISTS = """
+from triclip.codecs import ivf
+from triclip.index import budgets, finalists
+ivf.IVF_MIN_N, ivf.LARGE_LISTS, ivf.ASSIGN_PROBE, ivf.LISTS_PER_ROOT, ivf.TRAIN_PER_LIST = 50, 16, 2, 1, 4
+budgets.FIT_ROWS, finalists.FILL_RATIO = 60, float("inf")
+"""
+MANY_OPTIONS = [*OPTIONS, "--codec", "ivf"]
+MANY_FILES = [*FILES, "image.b8.codec.ivfdata", "text.b8.codec.ivfdata"]
+
+
+@pytest.fixture(scope="module")
+def many_lists(emb, tmp_path_factory) -> Path:
+    """The uninterrupted build with many lists."""
+    out = tmp_path_factory.mktemp("many") / "index"
+    done = triclip(["index", "build", "--embeddings", emb, "--out", out, *MANY_OPTIONS], out.parent, prelude=MANY_LISTS)
+    assert done.returncode == 0, done.stderr
+    for sized in (manifest(out)["budgets"]["8"]["sized_for_n"], manifest(out)["budgets"]["8"]["text"]["sized_for_n"]):
+        assert sized["nlist"] == 16 and "two-level k-means" in sized["large"] and "2 scanned" in sized["large"]
+    return out
+
+
+@pytest.mark.parametrize("point", ["image.b8.codec.sized.pkl", "image.b8.codec.part00004.faiss",
+                                   "image.b8.codec.at_n.pkl", "text.b8.codec.part00006.faiss"])  # fmt: skip
+def test_a_build_of_many_lists_killed_at_its_refit_fill_or_tuning_resumes_to_the_same_index(emb, many_lists, tmp_path,
+                                                                                           point):
+    """Killed right after the lists refitted for N (two-level k-means), a shard of their fill through the groups
+    of centroids, or their tuning at N was kept: the same command resumes and writes, byte for byte, what the
+    uninterrupted build writes."""
+    out = tmp_path / "index"
+    work = kill_at(out, point, emb, MANY_OPTIONS, MANY_LISTS)
+    assert point in {p.name for p in work.iterdir()}
+    again = triclip(["index", "build", "--embeddings", emb, "--out", out, *MANY_OPTIONS], tmp_path, prelude=MANY_LISTS)
+    assert again.returncode == 0, again.stderr
+    assert f"resuming the build of {out} from {work}" in again.stderr and not work.exists()
+    assert digests(out, MANY_FILES) == digests(many_lists, MANY_FILES)
+    for side in (lambda m: m["budgets"]["8"], lambda m: m["budgets"]["8"]["text"]):
+        a, b = side(manifest(out)), side(manifest(many_lists))
+        assert {**a["sized_for_n"], "seconds": 0} == {**b["sized_for_n"], "seconds": 0}
+        assert a["at_n"]["nprobe"] == b["at_n"]["nprobe"]  # (its curve's timings differ)
+        assert [c["of_exact_top10"] for c in a["at_n"]["curve"]] == [c["of_exact_top10"] for c in b["at_n"]["curve"]]
