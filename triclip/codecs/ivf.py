@@ -40,9 +40,11 @@ to lists through an IVF over the centroids (:func:`assigner`: FAISS's ``IndexIVF
 its sqrt(nlist) groups scanned per row), swapped in as the quantiser while FAISS adds (:meth:`IVFCodec._added`).
 Queries still rank every list exactly (the flat quantiser is the one stored). Measured on 3M haystack rows
 (``benchmarks/bench_coarse.py``; docs/results_scale.md, "Many lists: the coarse quantiser"), 16,384 lists: the
-two-level k-means took 21 s; assigning a row took 68.5 us flat and 14.1 us through 8 of 128 groups (2 threads),
-the same list for .9956 of the rows, and the lists nearest the val captions held as much of their exact top 10
-(at nprobe 16: .965 and .964). At 10M rows the refit and fill of lists of OPQ took 389 s, against 1,341 s.
+two-level k-means took 21 s; assigning a row took 68.5 us flat, 14.1 us through 8 of 128 groups and 8.3 through 4
+(2 threads), the same list for .9956 / .9863 of the rows, and the lists nearest the val captions held as much of
+their exact top 10 (at nprobe 16: .965 flat, .964 and .963; at 32,768 lists 116, 27.4 and 16.7 us, the hold
+within .002 at every nprobe): so 4 are scanned. At 10M rows the refit and fill of lists of OPQ took 389 s (8
+scanned), against 1,341 s flat.
 
 Each inverted list stores an 8-byte id per vector beside its code: a budget counts the code's bytes (as every
 codec), :meth:`IVFCodec.ram_bytes` what is held (codes, fast scan's block padding, ids).
@@ -77,7 +79,8 @@ ROWS_PER_LIST_AT_N = 64  # a code sized for N (IVFCodec.sized_for): rows its coa
 MOST_COARSE_ROWS = 1 << 20  # ... but at most this many (1 GiB of float32 at D = 256), or TRAIN_PER_LIST per list
 # where that is more (32,768 lists at N = 100M: 1.28M rows)
 LARGE_LISTS = 8192  # from this many lists on: two-level k-means, rows assigned through an IVF over the centroids
-ASSIGN_PROBE = 8  # groups of centroids (of sqrt(nlist)) :func:`assigner` scans for a row
+ASSIGN_PROBE = 4  # groups of centroids (of sqrt(nlist)) :func:`assigner` scans for a row (8: 1.7x the time, the
+# same hold of the lists: docs/results_scale.md, "Many lists")
 
 
 def lists_for(n: int) -> int:
