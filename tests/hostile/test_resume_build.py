@@ -79,7 +79,8 @@ runpy.run_module("triclip", run_name="__main__", alter_sys=True)
 """
 
 
-def triclip(args, tmp: Path, signal_after: str | None = None, prelude: str = "") -> subprocess.CompletedProcess | subprocess.Popen:
+def triclip(args, tmp: Path, signal_after: str | None = None,
+            prelude: str = "") -> subprocess.CompletedProcess | subprocess.Popen:
     """``triclip ARGS`` in a child process run to the end; or started, to signal itself after a file
     (``signal_after="NAME:SIGKILL"``). ``prelude``: Python the child runs first."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", TRICLIP_CACHE=str(tmp / "cache"),

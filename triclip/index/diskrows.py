@@ -21,8 +21,8 @@ the page cache. Two things make that fast enough to be worth choosing:
   | 1,000 | 16.9 / 2.6 | 12.4 / 1.2 | 11.8 / 3.0 |
   | 10,000 | 174 / 8 | 157 / 13 | 142 / 13 |
 
-:func:`cold_read_ms` times it, rows as :func:`settle` leaves them (the choice charges it to every re-rank that reads from disk:
-``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
+:func:`cold_read_ms` times it, rows as :func:`settle` leaves them (the choice charges it to every re-rank that
+reads from disk: ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
 timing and the benchmarks' cold measurements start from), all but the pages a process still maps
 (:meth:`DiskRows.drop_pages` unmaps a DiskRows's). Linux calls; elsewhere a plain gather, and eviction
 does nothing.
