@@ -58,10 +58,10 @@ def reference(emb, tmp_path_factory) -> Path:
     return out
 
 
-# The child signals itself at its first audited call after NAME is renamed into the parts folder (every file
-# there is a temporary file + ``os.replace``): the signal lands exactly there, however fast the build runs on.
-# PRELUDE (optional): Python run first, to set the library's constants (MANY_LISTS).
-SIGNAL_AFTER = """
+# The child runs PRELUDE first (optional: Python setting the library's constants, MANY_LISTS); with
+# SIGNAL_AFTER="NAME:SIG" it signals itself at its first audited call after NAME is renamed into the parts folder
+# (every file there is a temporary file + ``os.replace``): the signal lands exactly there, however fast it runs.
+CHILD = """
 import os, runpy, signal, sys
 exec(os.environ.get("PRELUDE", ""))
 name, sig = os.environ.get("SIGNAL_AFTER", ":").split(":")
@@ -85,7 +85,7 @@ def triclip(args, tmp: Path, signal_after: str | None = None,
     (``signal_after="NAME:SIGKILL"``). ``prelude``: Python the child runs first."""
     env = dict(os.environ, OMP_NUM_THREADS="1", CUDA_VISIBLE_DEVICES="", TRICLIP_CACHE=str(tmp / "cache"),
                PYTHONPATH=str(REPO), PRELUDE=prelude)  # fmt: skip
-    cmd = [sys.executable, "-c", SIGNAL_AFTER, *map(str, args)]
+    cmd = [sys.executable, "-c", CHILD, *map(str, args)]
     if signal_after:
         env["SIGNAL_AFTER"] = signal_after
         return subprocess.Popen(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -22,10 +22,10 @@ the page cache. Two things make that fast enough to be worth choosing:
   | 10,000 | 174 / 8 | 157 / 13 | 142 / 13 |
 
 :func:`cold_read_ms` times it, rows as :func:`settle` leaves them (the choice charges it to every re-rank that
-reads from disk: ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page cache (what the
-timing and the benchmarks' cold measurements start from), all but the pages a process still maps
-(:meth:`DiskRows.drop_pages` unmaps a DiskRows's). Linux calls; elsewhere a plain gather, and eviction
-does nothing.
+reads from disk: ``triclip.index.latency.LatencyModel.cold_rows``); :func:`evict` drops a file from the page
+cache (what the timing and the benchmarks' cold measurements start from), all but the pages a process still maps
+(:meth:`DiskRows.drop_pages` unmaps a DiskRows's). Linux calls; elsewhere a plain gather, and eviction does
+nothing.
 """
 
 from __future__ import annotations
