@@ -1,6 +1,7 @@
 """benchmarks.haystack and its density: streamed, seeded draws; shards that land where queries.jsonl says."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -169,3 +170,51 @@ def test_a_shortlist_re_ranked_with_float_is_exact_search_within_it():
     code.fit(x)
     code.add(x)
     assert np.array_equal(hs.found(code, depth, q, lambda ids: x[ids], 10), hd.knn(q, x, 10)[1])
+
+
+@pytest.fixture(scope="module")
+def lists_curve(tmp_path_factory):
+    """``curve`` with lists as index build stores them, sized for its largest N (4,000 rows), and the rows
+    written as float16."""
+    sp, file = collection(), tmp_path_factory.mktemp("c") / "rows.npy"
+    mp = pytest.MonkeyPatch()
+    mp.setattr(hs, "read_split", lambda index, data: sp)
+    cfg = hs.MeasureConfig("I", "D", seeds=[3], codes=["lists-OPQ8x8", "lists-OPQ8x8+4000"], sizes=[1000, 4000],
+                           fit_rows=1000, chunk=700, nprobes=[1, 102], vectors=str(file))
+    try:
+        return sp, cfg, hs.curve(cfg)
+    finally:
+        mp.undo()
+
+
+def test_lists_at_n_are_refitted_for_the_largest_n_and_exact_when_every_list_and_row_is_re_ranked(lists_curve):
+    sp, cfg, records = lists_curve
+    built = records[-1]["built"]["lists-OPQ8x8"]  # one code for both names: filled once
+    assert list(records[-1]["built"]) == ["lists-OPQ8x8"]
+    assert built["nlist"] == 4000 // 39 and built["coarse_rows"] == 4000  # lists_for(4000) = 256, at most rows / 39
+    last = records[-1]
+    assert last["lists-OPQ8x8+4000 nprobe=102 of exact top 10"] == 1.0  # all lists, every row re-ranked: exact
+    assert last["lists-OPQ8x8+4000 nprobe=102"] == last["float"]
+    assert last["lists-OPQ8x8 nprobe=1 of exact top 10"] < last["lists-OPQ8x8 nprobe=102 of exact top 10"] < 1.0
+    assert [r["n"] for r in records] == [1000, 4000]
+
+
+def test_lists_are_timed_and_the_rows_file_holds_the_haystack_as_float16(lists_curve):
+    sp, cfg, records = lists_curve
+    last = records[-1]
+    assert all(last[f"lists-OPQ8x8{d} nprobe={p} ms codes"] > 0 for d in ("", "+4000") for p in (1, 102))
+    assert last["lists-OPQ8x8+4000 nprobe=102 ms cold"] > 0 and "lists-OPQ8x8 nprobe=102 ms cold" not in last
+    rows = np.load(cfg.vectors)
+    model = hs.fit_image(sp)
+    expected = hs.haystack_rows(sp.image[sp.rows["test"]], model, 3, np.arange(4000)).astype(np.float16)
+    assert rows.dtype == np.float16 and np.array_equal(rows, expected)
+    assert not os.path.exists(cfg.vectors + ".tmp")
+
+
+def test_the_rows_file_is_never_replaced(lists_curve, monkeypatch):
+    sp, cfg, _ = lists_curve
+    monkeypatch.setattr(hs, "read_split", lambda index, data: sp)
+    before = os.path.getmtime(cfg.vectors)
+    with pytest.raises(hs.UserError, match="exists"):
+        hs.curve(cfg)
+    assert os.path.getmtime(cfg.vectors) == before

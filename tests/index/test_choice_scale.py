@@ -34,6 +34,27 @@ def test_the_exhaustive_answers_by_decoding_are_faiss_scanning_every_list(cluste
     assert (exhaustive_ids(few, q[:3], 10)[:, 5:] == -1).all()  # fewer vectors than k: -1 beyond, as FAISS
 
 
+@pytest.mark.parametrize("inner", ["opq", "rq"])
+def test_the_lists_decoded_a_group_at_a_time_are_the_reconstruction_and_the_exhaustive_answers(clustered, inner):
+    """decoded_lists (what exhaustive_ids and the tuning at N scan, a group of lists at a time, never the whole
+    collection) yields every stored id once with its reconstructed vector, in groups of whole lists of about
+    ``rows``; exhaustive_ids over it does not depend on the group size."""
+    x, q = clustered
+    codec = _ivf(inner, x)
+    groups = list(codec.decoded_lists(rows=100))
+    sizes = [len(ids) for ids, _ in groups]
+    biggest = max(codec.ivf.invlists.list_size(i) for i in range(codec.ivf.nlist))
+    assert len(groups) > 1 and max(sizes) < 100 + biggest and sum(sizes) == len(codec)
+    ids = np.concatenate([i for i, _ in groups])
+    assert sorted(ids.tolist()) == list(range(len(codec)))
+    np.testing.assert_allclose(np.concatenate([v for _, v in groups]), codec.reconstruct(ids), atol=1e-6)
+    one = list(codec.decoded_lists(rows=10**9))
+    assert len(one) == 1 and np.array_equal(one[0][0], ids)
+    from triclip.index.vectors import exact_topk_of
+
+    assert np.array_equal(exact_topk_of(groups, q, 10), exact_topk_of(one, q, 10))
+
+
 def test_a_target_the_quarter_of_the_lists_misses_is_capped_and_its_share_reported(clustered):
     """A target only every list meets (1.0 of the exhaustive top 10) stops at a quarter of the lists, and says
     what that keeps (below the target: the candidate's recall is multiplied by it)."""

@@ -348,6 +348,26 @@ class IVFCodec(FaissCodec):
             codes = int(sizes.sum()) * int(ivf.code_size)
         return codes + 8 * int(sizes.sum())
 
+    def decoded_lists(self, rows: int = 65_536):
+        """Every stored vector decoded, lists in order, about ``rows`` at a time (whole lists): yields (ids (n,),
+        vectors (n, D) float32); holds one group, never the collection. Lists stored flat (``scores_decoded``):
+        what a search at nprobe = nlist scores, without FAISS's lookup tables for every query and list (at 10M
+        rows, lists of RQ16x8 searched so by 322 queries took over 12 minutes)."""
+        ivf, lists = self.ivf, self.ivf.invlists
+        group, held = [], 0
+        for lst in range(ivf.nlist):
+            n = int(lists.list_size(lst))
+            if n:
+                codes = faiss.rev_swig_ptr(lists.get_codes(lst), n * ivf.code_size).copy().reshape(n, ivf.code_size)
+                group.append((lst, faiss.rev_swig_ptr(lists.get_ids(lst), n).copy(), codes))
+                held += n
+            if group and (held >= rows or lst == ivf.nlist - 1):
+                listno = np.concatenate([np.full(len(i), lst, "<i8") for lst, i, _ in group])
+                listno = listno.view(np.uint8).reshape(-1, 8)[:, : ivf.coarse_code_size()]
+                codes = np.hstack([listno, np.concatenate([c for _, _, c in group])])
+                yield np.concatenate([i for _, i, _ in group]), self.index.sa_decode(np.ascontiguousarray(codes))
+                group, held = [], 0
+
     def reconstruct(self, ids=None):
         """Decoded vectors (n, D), from the codes in the lists (written by hand: see the module docstring)."""
         ids = self._ids(ids)

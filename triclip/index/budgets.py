@@ -35,7 +35,7 @@ from triclip.core.progress import progress
 from triclip import codecs
 from triclip.index.latency import Latency, LatencyModel
 from triclip.index.search import rerank
-from triclip.index.vectors import exact_topk
+from triclip.index.vectors import exact_topk, exact_topk_of
 
 FIT_ROWS = 20_000  # collection vectors a code is fitted on (a seeded sample beyond)
 EVAL_MAX_IMAGES = 5000  # without --val-data: the indexed data's first this many images
@@ -118,7 +118,7 @@ def exhaustive_ids(codes: codecs.Codec, queries: np.ndarray, k: int) -> np.ndarr
         return codes.search(queries, k, params=codes.exhaustive())[1]
     ids = np.full((len(queries), k), -1, np.int64)
     if len(codes):
-        found = exact_topk(codes.reconstruct(), queries, min(k, len(codes)))  # (Q, k')
+        found = exact_topk_of(codes.decoded_lists(), queries, min(k, len(codes)))  # (Q, k'): a group at a time
         ids[:, : found.shape[1]] = found
     return ids
 
@@ -657,7 +657,7 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
     extra = 0.0 if length == K else rules.rerank_ms(evaluation.gallery, timed, length)
     bound = choice.bound_ms or math.inf
     if whole is None:
-        whole = overlap(stored.search(queries, K, params={"nprobe": nlist})[1], truth)
+        whole = overlap(exhaustive_ids(stored, queries, K), truth)
     goal = rules.recall_target * (whole if length == K else 1.0)
     curve, nprobe, reached = [], 0, False
     for p in _powers(nlist):

@@ -145,16 +145,24 @@ def exact_topk(base: ShardVectors | np.ndarray, queries: np.ndarray, k: int, m: 
     if not isinstance(base, ShardVectors):
         base = ShardVectors.of([np.asarray(base, np.float32)])
         m = None
+    parts = ((np.arange(base.offsets[s], base.offsets[s + 1]),
+              base.shard(s, m) if m is not None else base.parts[s]) for s in range(len(base.parts)))  # (n_s, d)
+    return exact_topk_of(parts, queries, k)
+
+
+def exact_topk_of(parts, queries: np.ndarray, k: int) -> np.ndarray:
+    """Ids of the k largest inner products over ``parts`` (an iterable of (ids (n,), rows (n, d))), exact, a part
+    at a time. Shape: (Q, k'), k' = min(k, rows seen)."""
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     best_s = np.full((len(queries), 0), -np.inf, np.float32)
     best_i = np.zeros((len(queries), 0), np.int64)
-    for s in range(len(base.parts)):
-        if not len(base.parts[s]):
+    for ids, rows in parts:
+        if not len(rows):
             continue
-        part = base.shard(s, m) if m is not None else np.ascontiguousarray(base.parts[s], dtype=np.float32)  # (n_s, d)
-        scores, ids = faiss.knn(queries, part, min(k, len(part)), metric=faiss.METRIC_INNER_PRODUCT)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)  # (n, d)
+        scores, at = faiss.knn(queries, rows, min(k, len(rows)), metric=faiss.METRIC_INNER_PRODUCT)
         all_s = np.concatenate([best_s, scores], 1)
-        all_i = np.concatenate([best_i, ids + base.offsets[s]], 1)
+        all_i = np.concatenate([best_i, np.asarray(ids, np.int64)[at]], 1)
         order = np.argsort(-all_s, axis=1, kind="stable")[:, :k]
         best_s, best_i = np.take_along_axis(all_s, order, 1), np.take_along_axis(all_i, order, 1)
     return best_i
