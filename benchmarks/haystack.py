@@ -468,7 +468,7 @@ def curve(cfg: MeasureConfig) -> list[dict]:
             for name in cfg.codes:
                 base, _, depth = name.partition("+")
                 rec.update(_measured(name, codes[base], int(depth or 0), queries, positives, top, lookup, cfg, size))
-            rec.update(built=built, rss_gib=round(_rss_bytes() / 2**30, 2), seconds=round(time.perf_counter() - started, 1))
+            rec.update(built=built, **_rss_gib(), seconds=round(time.perf_counter() - started, 1))
             records.append(rec)
             print(json.dumps(records[-1]), file=sys.stderr, flush=True)
         if store is not None:
@@ -514,13 +514,15 @@ def _measured(name: str, code: FaissCode, depth: int, queries: np.ndarray, posit
     return rec
 
 
-def _rss_bytes() -> int:
-    """This process's resident memory now (Linux), else 0."""
+def _rss_gib() -> dict:
+    """This process's resident memory now (Linux, else {}): anonymous (what the kernel cannot drop: the codes, the
+    density) and file-backed (--vectors' pages written through its map, which the kernel takes back)."""
     try:
-        with open("/proc/self/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        with open("/proc/self/status") as fh:
+            kb = {k: int(v.split()[0]) for k, v in (line.split(":", 1) for line in fh) if k in ("RssAnon", "RssFile")}
     except OSError:
-        return 0
+        return {}
+    return {"rss_anon_gib": round(kb["RssAnon"] / 2**20, 2), "rss_file_gib": round(kb["RssFile"] / 2**20, 2)}
 
 
 def haystack_rows(targets: np.ndarray, model: hd.Model, seed: int, ids: np.ndarray) -> np.ndarray:
