@@ -468,7 +468,8 @@ def curve(cfg: MeasureConfig) -> list[dict]:
             for name in cfg.codes:
                 base, _, depth = name.partition("+")
                 rec.update(_measured(name, codes[base], int(depth or 0), queries, positives, top, lookup, cfg, size))
-            rec.update(built=built, **_rss_gib(), seconds=round(time.perf_counter() - started, 1))
+            rec.update(built={b: {**v, "fill_s": round(v["fill_s"], 3)} for b, v in built.items()}, **_rss_gib(),
+                       seconds=round(time.perf_counter() - started, 1))  # built: a copy, as it stood at this size
             records.append(rec)
             print(json.dumps(records[-1]), file=sys.stderr, flush=True)
         if store is not None:

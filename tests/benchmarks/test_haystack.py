@@ -191,6 +191,7 @@ def test_lists_at_n_are_refitted_for_the_largest_n_and_exact_when_every_list_and
     sp, cfg, records = lists_curve
     built = records[-1]["built"]["lists-OPQ8x8"]  # one code for both names: filled once
     assert list(records[-1]["built"]) == ["lists-OPQ8x8"]
+    assert 0 < records[0]["built"]["lists-OPQ8x8"]["fill_s"] < built["fill_s"]  # each size: the fill so far
     assert built["nlist"] == 4000 // 39 and built["coarse_rows"] == 4000  # lists_for(4000) = 256, at most rows / 39
     last = records[-1]
     assert last["lists-OPQ8x8+4000 nprobe=102 of exact top 10"] == 1.0  # all lists, every row re-ranked: exact
