@@ -452,6 +452,8 @@ def curve(cfg: MeasureConfig) -> list[dict]:
             if cfg.vectors else None
         top, done, started = TopK(queries, 100), 0, time.perf_counter()
         for size in sorted(cfg.sizes):
+            if cfg.vectors and store is None:
+                store = np.load(cfg.vectors + ".tmp", mmap_mode="r+")  # (n, D) float16
             for lo in progress(range(done, size, cfg.chunk), desc=f"seed {seed}: to {size} rows", unit="chunk"):
                 part = lookup(np.arange(lo, min(size, lo + cfg.chunk)))  # (chunk, D)
                 top.add(part)
@@ -463,8 +465,9 @@ def curve(cfg: MeasureConfig) -> list[dict]:
                     built[base]["fill_s"] += time.perf_counter() - tick
             done, rec = size, {"seed": seed, "n": size, "float": recall_at_k(top.i, positives),
                                "float@100": recall_at_k(top.i, positives, 100)}
-            if store is not None:
+            if store is not None:  # unmapped while timing: a mapped page is not evicted, so "cold" would read it warm
                 store.flush()
+                store = None
             for name in cfg.codes:
                 base, _, depth = name.partition("+")
                 rec.update(_measured(name, codes[base], int(depth or 0), queries, positives, top, lookup, cfg, size))
@@ -472,8 +475,7 @@ def curve(cfg: MeasureConfig) -> list[dict]:
                        seconds=round(time.perf_counter() - started, 1))  # built: a copy, as it stood at this size
             records.append(rec)
             print(json.dumps(records[-1]), file=sys.stderr, flush=True)
-        if store is not None:
-            del store
+        if cfg.vectors:
             os.replace(cfg.vectors + ".tmp", cfg.vectors)
     return records
 

@@ -179,16 +179,26 @@ def lists_curve(tmp_path_factory):
     sp, file = collection(), tmp_path_factory.mktemp("c") / "rows.npy"
     mp = pytest.MonkeyPatch()
     mp.setattr(hs, "read_split", lambda index, data: sp)
+    from triclip.index.latency import LatencyModel
+
+    cold, mapped = LatencyModel.cold_search, []
+
+    def spy(self, codes, path, *args, **kwargs):  # is the rows file still mapped by the writer while it is timed?
+        with open("/proc/self/maps") as fh:
+            mapped.append(any(line.rstrip().endswith(str(path)) for line in fh))
+        return cold(self, codes, path, *args, **kwargs)
+
+    mp.setattr(LatencyModel, "cold_search", spy)
     cfg = hs.MeasureConfig("I", "D", seeds=[3], codes=["lists-OPQ8x8", "lists-OPQ8x8+4000"], sizes=[1000, 4000],
                            fit_rows=1000, chunk=700, nprobes=[1, 102], vectors=str(file))
     try:
-        return sp, cfg, hs.curve(cfg)
+        return sp, cfg, hs.curve(cfg), mapped
     finally:
         mp.undo()
 
 
 def test_lists_at_n_are_refitted_for_the_largest_n_and_exact_when_every_list_and_row_is_re_ranked(lists_curve):
-    sp, cfg, records = lists_curve
+    sp, cfg, records, _ = lists_curve
     built = records[-1]["built"]["lists-OPQ8x8"]  # one code for both names: filled once
     assert list(records[-1]["built"]) == ["lists-OPQ8x8"]
     assert 0 < records[0]["built"]["lists-OPQ8x8"]["fill_s"] < built["fill_s"]  # each size: the fill so far
@@ -202,7 +212,7 @@ def test_lists_at_n_are_refitted_for_the_largest_n_and_exact_when_every_list_and
 
 
 def test_lists_are_timed_and_the_rows_file_holds_the_haystack_as_float16(lists_curve):
-    sp, cfg, records = lists_curve
+    sp, cfg, records, _ = lists_curve
     last = records[-1]
     assert all(last[f"lists-OPQ8x8{d} nprobe={p} ms codes"] > 0 for d in ("", "+4000") for p in (1, 102))
     assert last["lists-OPQ8x8+4000 nprobe=102 ms cold"] > 0 and "lists-OPQ8x8 nprobe=102 ms cold" not in last
@@ -213,8 +223,15 @@ def test_lists_are_timed_and_the_rows_file_holds_the_haystack_as_float16(lists_c
     assert not os.path.exists(cfg.vectors + ".tmp")
 
 
+def test_the_rows_file_is_not_mapped_while_a_re_rank_is_timed_cold(lists_curve):
+    """A page the writer still maps is not evicted, so a "cold" read of it would be warm: the map is dropped before
+    each size is measured (and reopened for the next size's rows)."""
+    *_, mapped = lists_curve
+    assert len(mapped) == 2 * 2 and not any(mapped)  # 2 sizes x 2 nprobes, the +4000 code only
+
+
 def test_the_rows_file_is_never_replaced(lists_curve, monkeypatch):
-    sp, cfg, _ = lists_curve
+    sp, cfg, _, _ = lists_curve
     monkeypatch.setattr(hs, "read_split", lambda index, data: sp)
     before = os.path.getmtime(cfg.vectors)
     with pytest.raises(hs.UserError, match="exists"):
