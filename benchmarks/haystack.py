@@ -490,7 +490,7 @@ def _measured(name: str, code: FaissCode, depth: int, queries: np.ndarray, posit
               lookup, cfg: MeasureConfig, n: int) -> dict:
     """Recall@10, @100 and the share of the exact top 10 of ``name`` (lists: at each of cfg.nprobes, and its
     latency: the codes alone warm, and with cfg.vectors and a re-rank, both stages end to end cold)."""
-    rec, lists = {}, isinstance(code, ListsAtN)
+    rec, lists, model = {}, isinstance(code, ListsAtN), LatencyModel()
     timed = np.ascontiguousarray(queries[:200], np.float32)
     for nprobe in cfg.nprobes if lists else [None]:
         key = name if nprobe is None else f"{name} nprobe={nprobe}"
@@ -501,7 +501,6 @@ def _measured(name: str, code: FaissCode, depth: int, queries: np.ndarray, posit
         rec[f"{key} of exact top 10"] = float(np.mean([len(set(a[:10]) & set(b[:10])) / 10
                                                        for a, b in zip(ids.tolist(), top.i.tolist())]))
         if lists:
-            model = LatencyModel()
             rec[f"{key} ms codes"] = model.search(code.index, timed, max(10, depth), n).ms
             if cfg.vectors and depth:
                 rec[f"{key} ms cold"] = model.cold_search(code.index, cfg.vectors + ".tmp", timed, depth)
