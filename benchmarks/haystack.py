@@ -48,12 +48,13 @@ from triclip.core.errors import UserError
 from triclip.core.io import file_sha256, swap_dir, temp_dir, write_json_atomic, write_mark
 from triclip.core.progress import progress
 from triclip import codecs
-from triclip.index.budgets import recall_at_k
+from triclip.index.budgets import overlap, overlap_within, recall_at_k
 from triclip.index.latency import LatencyModel
 from triclip.index.store import load_contents
 from triclip.model.shards import FORMAT, IMAGE, META, SHARD_INFO, TEXT, TEXT_ROWS, shard_name
 
 SPLITS = ("train", "val", "test")
+TIES = (1e-3, 1e-2)  # the curve's "within EPS": the share of a code's top 10 within EPS of the exact 10th score
 
 
 @dataclass
@@ -498,8 +499,10 @@ def _measured(name: str, code: FaissCode, depth: int, queries: np.ndarray, posit
             code.index.set_nprobe(nprobe)
         ids = found(code, depth, queries, lookup)
         rec[key], rec[f"{key}@100"] = recall_at_k(ids, positives), recall_at_k(ids, positives, 100)
-        rec[f"{key} of exact top 10"] = float(np.mean([len(set(a[:10]) & set(b[:10])) / 10
-                                                       for a, b in zip(ids.tolist(), top.i.tolist())]))
+        rec[f"{key} of exact top 10"] = overlap(ids[:, :10], top.i[:, :10])
+        exact = np.einsum("qd,qkd->qk", queries, lookup(np.maximum(ids[:, :10], 0).ravel()).reshape(len(ids), 10, -1))
+        for eps in TIES:  # (Q, 10) the found's exact scores against the exact 10th
+            rec[f"{key} within {eps:g}"] = overlap_within(np.where(ids[:, :10] >= 0, exact, -np.inf), top.s[:, 9], eps)
         if lists:
             rec[f"{key} ms codes"] = model.search(code.index, timed, max(10, depth), n).ms
             if cfg.vectors and depth:

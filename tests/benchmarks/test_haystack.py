@@ -207,6 +207,9 @@ def test_lists_at_n_are_refitted_for_the_largest_n_and_exact_when_every_list_and
     assert last["lists-OPQ8x8+4000 nprobe=102 of exact top 10"] == 1.0  # all lists, every row re-ranked: exact
     assert last["lists-OPQ8x8+4000 nprobe=102"] == last["float"]
     assert last["lists-OPQ8x8 nprobe=1 of exact top 10"] < last["lists-OPQ8x8 nprobe=102 of exact top 10"] < 1.0
+    for key in [f"lists-OPQ8x8{d} nprobe={p}" for d in ("", "+4000") for p in (1, 102)]:  # a found exact top-10
+        assert last[f"{key} of exact top 10"] <= last[f"{key} within 0.001"] <= last[f"{key} within 0.01"] <= 1.0
+    assert last["lists-OPQ8x8 nprobe=102 within 0.01"] > last["lists-OPQ8x8 nprobe=102 of exact top 10"]  # near-ties
     assert [r["n"] for r in records] == [1000, 4000]
     assert 0 < records[0]["anon_peak_mib"] <= last["anon_peak_mib"] < 64 * 1024  # the peak so far, MiB
 

@@ -187,3 +187,18 @@ def test_at_scale_a_budget_keeps_a_smaller_budgets_code_that_ranks_above_its_own
     assert worse[8].codec is large and worse[8].note == ""
     tie = bud.no_worse_than_smaller({4: choice(4, small, 0.96, 0.5), 8: choice(8, large, 0.99, 0.2)}, 0.95)
     assert tie[8].codec is small  # both reach the target: the fewer bytes
+
+
+def test_overlap_within_counts_near_ties_of_the_kth_as_ann_benchmarks_knn_recall_does():
+    rng = np.random.default_rng(0)
+    q, x = unit_vectors(rng, 50, 16), unit_vectors(rng, 3000, 16)
+    exact = np.sort(q @ x.T, axis=1)[:, ::-1]  # (Q, N) descending
+    found = np.sort(rng.choice(exact[:, :40].T, 10, replace=False).T, axis=1)[:, ::-1]  # (Q, 10): 10 of the top 40
+    found[0, -1] = -np.inf  # a query that found only 9
+    for eps in (0.0, 1e-3, 0.05):
+        slow = [sum(1 for s in found[i] if 1 - s <= (1 - exact[i, 9]) + eps) / 10 for i in range(len(q))]  # its loop
+        assert bud.overlap_within(found, exact[:, 9], eps) == pytest.approx(np.mean(slow))
+    assert bud.overlap_within(exact[:, :10], exact[:, 9], 0.0) == 1.0  # the exact top 10: all found
+    assert bud.overlap_within(found, exact[:, 9], 0.0) < bud.overlap_within(found, exact[:, 9], 0.05)
+    with pytest.raises(ValueError, match="eps"):
+        bud.overlap_within(found, exact[:, 9], -1.0)

@@ -518,6 +518,16 @@ def overlap(found: np.ndarray, truth: np.ndarray) -> float:
     return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth)]))
 
 
+def overlap_within(scores: np.ndarray, kth: np.ndarray, eps: float) -> float:
+    """Mean share of the found whose exact score is within ``eps`` of the exact K-th: recall that counts a near-tie
+    with the K-th as found, as ann-benchmarks' k-nn recall does (eps = 1e-3 there, on distances). At 100M rows the
+    exact top 10 can lie closer together than any code's error; this separates codes that the plain overlap cannot.
+    Shape: scores (Q, K) the exact scores of each query's found K (-inf for none), kth (Q,) the exact K-th score."""
+    if eps < 0:
+        raise ValueError(f"eps must be >= 0, got {eps}")
+    return float(np.mean(np.asarray(scores) >= np.asarray(kth)[:, None] - eps))
+
+
 NEVER_BEST_BELOW = {  # codec -> the budget (bytes per vector) below which it never measured best: not fitted there
     # docs/results_bytes.md, 8-32 B on openclipart, Tux Paint and fashion-mnist (3 seeds each): plain PQ below OPQ
     # (its rotated form, also a candidate) at every budget and data set, at both of its m's
