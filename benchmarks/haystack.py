@@ -159,9 +159,14 @@ def found(code: FaissCode, depth: int, queries: np.ndarray, lookup, k: int = 100
     ids = code.search(queries, max(k, depth))
     if not depth:
         return ids[:, :k]
-    vecs = lookup(np.maximum(ids, 0).ravel()).reshape(*ids.shape, -1)  # (Q, depth, D)
-    scores = np.where(ids >= 0, np.einsum("qd,qkd->qk", queries, vecs), -np.inf)
+    scores = exact_scores(queries, ids, lookup)  # (Q, depth)
     return np.take_along_axis(ids, np.argsort(-scores, axis=1, kind="stable")[:, :k], 1)
+
+
+def exact_scores(queries: np.ndarray, ids: np.ndarray, lookup) -> np.ndarray:
+    """Each query's exact inner product with the rows of its ids, -inf for an id of -1. ids: (Q, K) -> (Q, K)"""
+    vecs = lookup(np.maximum(ids, 0).ravel()).reshape(*ids.shape, -1)  # (Q, K, D)
+    return np.where(ids >= 0, np.einsum("qd,qkd->qk", queries, vecs), -np.inf)
 
 
 # ---------------------------------------------------------------------------- the collection
@@ -501,9 +506,8 @@ def _measured(name: str, code: FaissCode, depth: int, queries: np.ndarray, posit
         ids = found(code, depth, queries, lookup)
         rec[key], rec[f"{key}@100"] = recall_at_k(ids, positives), recall_at_k(ids, positives, 100)
         rec[f"{key} of exact top 10"] = overlap(ids[:, :10], top.i[:, :10])
-        exact = np.einsum("qd,qkd->qk", queries, lookup(np.maximum(ids[:, :10], 0).ravel()).reshape(len(ids), 10, -1))
-        for eps in TIES:  # (Q, 10) the found's exact scores against the exact 10th
-            rec[f"{key} within {eps:g}"] = overlap_within(np.where(ids[:, :10] >= 0, exact, -np.inf), top.s[:, 9], eps)
+        exact = exact_scores(queries, ids[:, :10], lookup)  # (Q, 10) the found's, against the exact 10th
+        rec.update({f"{key} within {eps:g}": overlap_within(exact, top.s[:, 9], eps) for eps in TIES})
         if lists:
             rec[f"{key} ms codes"] = model.search(code.index, timed, max(10, depth), n).ms
             if cfg.vectors and depth:
