@@ -153,26 +153,37 @@ def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collectio
     assert held[wide["nprobe"]] == max(held.values()) > held[wide["nprobe"] // 2]  # ... starts at the one kept
 
 
-def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_at_the_nprobe_kept(collection, small_sample):
-    """Where the re-rank reads its rows from disk, the kept nprobe's two stages are timed together, cold; that
-    time is the manifest's latency, and a note says when it is over the bound the summed parts met."""
+def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_and_stepped_down_under_the_bound(collection,
+                                                                                            small_sample):
+    """Where the re-rank reads its rows from disk, the kept nprobe's two stages are timed together, cold, and
+    nprobe steps down the curve until the slower of that and its parts summed is COLD_HEADROOM under the bound (the
+    smallest nprobe where none is, with a note); the manifest's latency is the slower of the two."""
     vectors, evaluation, _ = collection
     fitted = bud.codecs.fit(_spec("pq"), vectors.rows(np.arange(2000), D))
     stored = bud.fill(bud.sized_for_n(fitted, vectors)[0], vectors)
     kept = bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200, reads="disk")
-    for extra, over in ((0.5, False), (30.0, True)):
-        model = GivenLatency(per_read=0.01, cold_extra=extra)
+    for bound, extra, over in ((100.0, 0.5, False), (10.0, 1.5, False), (10.0, 30.0, True)):
+        edge = bound * (1 - bud.COLD_HEADROOM)
+        model, timed = GivenLatency(per_read=0.01), []
         model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
-        choice = bud.Choice(8, fitted, 0.5, [], kept, bound_ms=10.0)
-        at_n = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model, reads_from="v.npy"))
-        assert model.cold == [(stored.spec.label(), "v.npy", 200)]  # once, for the nprobe kept
-        assert stored.ivf.nprobe == at_n["nprobe"]
-        assert at_n["cold_ms"] == pytest.approx(stored.spec.bytes_per_vector * 0.001 + 2.0 + extra)
+        model.cold_search = lambda codes, file, queries, length, k=10: timed.append(codes.ivf.nprobe) or (
+            codes.ivf.nprobe + 2.0 + extra)  # the parts summed (nprobe + 2 ms of reads) and extra ms
+        choice = bud.Choice(8, fitted, 0.5, [], kept, bound_ms=bound)
+        at_n = bud.tune_at_n(stored, vectors, evaluation, choice,
+                             Rules(n=N, recall_target=1.01, model=model, reads_from="v.npy"))  # to the bound
+        assert stored.ivf.nprobe == at_n["nprobe"] == timed[-1]
+        summed = {c["nprobe"]: c["ms"] for c in at_n["curve"]}
+        assert timed == sorted(timed, reverse=True) and all(p in summed for p in timed)  # down the curve's powers
+        assert all(max(p + 2.0 + extra, summed[p]) > edge for p in timed[:-1])  # each step was over the edge ...
+        assert (max(at_n["cold_ms"], summed[timed[-1]]) <= edge) != over  # ... the last is under it, or over all
+        assert at_n["cold_ms"] == pytest.approx(at_n["nprobe"] + 2.0 + extra)
         entry = bud.manifest_entry(choice, stored, evaluation, "image.b8.codec", at_n=at_n)
-        assert entry["latency"] == {"ms": at_n["cold_ms"], "how": "measured cold"}
-        assert ("end to end, cold" in at_n["note"]) == over
-    in_memory = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model))
-    assert "cold_ms" not in in_memory and len(model.cold) == 1  # vectors in memory: the sum is the cost
+        assert entry["latency"] == {"ms": max(at_n["cold_ms"], summed[at_n["nprobe"]]), "how": "measured cold"}
+        assert ("over the bound" in at_n["note"]) == over == (at_n["nprobe"] == 1)
+        assert (len(timed) > 1) == ("stepped down" in at_n["note"]) == (timed[0] + 2.0 + extra > edge)
+        assert (len(timed) > 1) == (bound == 10.0)  # at 10 ms the curve keeps 8 lists (10 ms summed)
+    in_memory, before = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model)), len(timed)
+    assert "cold_ms" not in in_memory and len(timed) == before  # vectors in memory: the sum is the cost
 
 
 def test_a_resumed_build_reads_back_the_refit_lists_and_their_tuning(collection, small_sample, tmp_path, monkeypatch):

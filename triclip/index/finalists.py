@@ -19,7 +19,7 @@ alone take at most half the bound, the one whose shortest re-ranked shortlist ho
 codes alone and for each shortlist of :data:`LADDER` re-ranked (latency: the code searched at N, plus the
 re-rank; when the vectors are read from disk, the two stages timed end to end, cold: ``budgets.cold_ms``;
 lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over all N rows within
-the bound is kept (then the faster). A re-rank keeps every exact top-10 row its shortlist holds,
+the bound (timed cold: ``budgets.COLD_HEADROOM`` under it) is kept (then the faster). A re-rank keeps every exact top-10 row its shortlist holds,
 so a shortlist is scored by what it holds. The cost: the finalists filled and searched at N, one to three codes;
 the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
 encoded once, and its tuning at N is the one the build records (``Choice.tuned_at_n``): a second tuning of the
@@ -139,10 +139,17 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
             break  # its re-rank alone is over the bound, and a longer one's costs more
         tried.append(_at_n(stored, variant, length, choice, vectors, evaluation, rules, whole))
         whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
-    within = [t for t in tried if t[0]["ms"] <= choice.bound_ms] or [min(tried, key=lambda t: t[0]["ms"])]
+    within = ([t for t in tried if t[0]["ms"] <= _limit(t[1], choice.bound_ms)]
+              or [min(tried, key=lambda t: t[0]["ms"])])
     record, best, tuned = max(within, key=lambda t: _rank(t[0]))
     record["fill_s"] = fill_s
     return record, None if done is None else (codec, done), best, stored, tuned
+
+
+def _limit(staged: bud.Variant, bound: float) -> float:
+    """The most a finalist's variant may take: ``bound``, less ``budgets.COLD_HEADROOM`` where it was timed end to
+    end cold (cold reads vary)."""
+    return bound * (1 - bud.COLD_HEADROOM) if staged.latency.how == "measured cold" else bound
 
 
 def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, vectors, evaluation: bud.EvalSet,
