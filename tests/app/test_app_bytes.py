@@ -41,8 +41,10 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
         assert f", {entry['bytes_per_vector']} B/image stored" in label  # the bytes the code stores, not the budget
         assert label.endswith(f" · {entry['latency']['ms']:.3g} ms")  # the latency the build measured at this size
         row = next(line for line in frontier_text(view).splitlines() if line.startswith(f"| {budget} B |"))
-        assert f"| {entry['latency']['ms']:.3g} ms ({entry['latency']['how']}) |" in row  # the bytes panel's column
-    assert "| latency (1 query) |" in frontier_text(view)
+        assert f"| {entry['latency']['ms']:.3g} ({entry['latency']['how']}) |" in row  # the bytes panel's column
+        stage = entry["rescore"]  # the float rows a re-rank reads, and from where; none without one
+        assert row.endswith(f" from {stage['reads']} |" if stage else "| – |")
+    assert "| ms per query | RAM | re-rank reads per query |" in frontier_text(view)
     items, status, ids = app.search_text(QUERY, "8B", False, 5)
     expected = [h["id"] for h in searcher.search_text([QUERY], k=5, bytes=8)[0]]
     assert ids == expected and "8 B per image" in status and "re-scored" not in status

@@ -234,6 +234,9 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
         try:
             page.wait_for_selector("#frontier-chart img", state="attached", timeout=TIMEOUT_MS)
             assert "the codes this index stores (4 B →" in page.locator("#frontier-text").inner_text()
+            wrap = page.locator("#frontier-text td").first.evaluate(  # the budgets' table: never broken mid-word
+                "e => [getComputedStyle(e).wordBreak, getComputedStyle(e).overflowWrap]")
+            assert wrap == ["normal", "normal"]
             label = page.locator("#m").inner_text()
             assert "B/image stored" in label and "8 B budget: " in label
             text_search(page, "two red circles")

@@ -39,7 +39,11 @@ CSS = """
 #results .caption-label, #full-results .caption-label { position: static !important; white-space: normal !important;
   overflow: visible !important; text-overflow: clip !important; max-width: 100% !important; width: 100% !important;
   font-size: 0.8em; line-height: 1.25; }
-"""  # gallery thumbnails whole (not cropped), captions wrapped instead of cut at one line
+#frontier-text table { display: block; overflow-x: auto; }
+#frontier-text th, #frontier-text td { word-break: normal !important; overflow-wrap: normal !important;
+  hyphens: none !important; padding: 4px 6px !important; font-size: 0.9em; }
+"""  # gallery thumbnails whole (not cropped), captions wrapped instead of cut at one line; the budgets' table
+# wrapped at spaces only (Gradio's markdown broke "recall@10" and "rq8x4fs" mid-word), scrolled when too wide
 
 
 def theme() -> gr.themes.Base:
@@ -468,19 +472,21 @@ def frontier_text(view: IndexView) -> str:
 
 def budgets_table(view: IndexView) -> str:
     """The stored image codes as a table: bytes, code, stages, recall, single-query latency at this index's size
-    (measured, or extrapolated from a sample, by the build), memory held and disk read per query."""
+    (measured, or extrapolated from a sample, by the build), memory held, and the float rows a re-rank reads per
+    query (from memory, or from disk when they exceed the build's memory budget); short headers, for the page's
+    side column."""
     from triclip.app.endpoints import code_label
     from triclip.index.budgets import human_bytes
 
     if not view.budgets:
         return ""
-    rows = ["", "", "| bytes | code | stages | recall@10 | latency (1 query) | in memory | read from disk per query |",
+    rows = ["", "", "| bytes | code | stages | recall@10 | ms per query | RAM | re-rank reads per query |",
             "|---:|---|---|---:|---:|---:|---:|"]
     for budget, e in sorted(view.budgets.items()):
         stage, latency = e.get("rescore"), e.get("latency")
-        stages = f"codes + float top {stage['shortlist']}" if stage else "codes"
-        took = f"{latency['ms']:.3g} ms ({latency['how']})" if latency else "-"
-        disk = human_bytes(stage["disk_bytes_per_query"]) if stage else "0 B"
+        stages = f"codes, float top {stage['shortlist']}" if stage else "codes"
+        took = f"{latency['ms']:.3g} ({latency['how']})" if latency else "-"
+        disk = f"{human_bytes(stage['disk_bytes_per_query'])} from {stage.get('reads') or 'memory'}" if stage else "–"
         rows.append(f"| {budget} B | {code_label(e)} | {stages} | {e['recall']:.3f} | {took}"
                     f" | {human_bytes(e.get('ram_bytes', e['index_bytes']))} | {disk} |")
     return "\n".join(rows)
