@@ -713,13 +713,18 @@ def _cold_within(stored: codecs.Codec, rules: Rules, queries: np.ndarray, shortl
     """``nprobe`` of the filled lists ``stored``, stepped down ``curve``'s powers of two until its slower timing, end
     to end cold (:func:`cold_ms`) or its parts summed (the curve's), is :data:`COLD_HEADROOM` under ``bound`` (the
     smallest where none is). Sets it on ``stored``; returns it and its cold milliseconds."""
-    edge = bound * (1 - COLD_HEADROOM)
+    edge = cold_limit(bound)
     for p in sorted((c["nprobe"] for c in curve if c["nprobe"] <= nprobe), reverse=True) or [nprobe]:
         stored.set_nprobe(p)
         cold = cold_ms(stored, rules, queries, shortlist)
         if max(cold, _curve_ms(curve, p)) <= edge:
             break
     return p, cold
+
+
+def cold_limit(bound: float) -> float:
+    """The most a search timed end to end cold may take under a latency ``bound``: :data:`COLD_HEADROOM` less."""
+    return bound * (1 - COLD_HEADROOM)
 
 
 def _curve_ms(curve: list[dict], nprobe: int) -> float:

@@ -20,8 +20,8 @@ codes alone and for each shortlist of :data:`LADDER` re-ranked (latency: the cod
 re-rank; when the vectors are read from disk, the two stages timed end to end, cold: ``budgets.cold_ms``;
 lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over all N rows within
 the bound (timed cold: ``budgets.COLD_HEADROOM`` under it) is kept (then the faster). A re-rank keeps every
-exact top-10 row its shortlist holds, so a shortlist is scored by what it holds. The cost: the finalists filled and searched at N, one to three codes;
-the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
+exact top-10 row its shortlist holds, so a shortlist is scored by what it holds. The cost: the finalists filled
+and searched at N, one to three codes; the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
 encoded once, and its tuning at N is the one the build records (``Choice.tuned_at_n``): a second tuning of the
 same code re-timed it cold, and at 10M, 8 B, once said 10.45 ms where the finalists had measured 9.26.
 
@@ -149,7 +149,7 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
 def _limit(staged: bud.Variant, bound: float) -> float:
     """The most a finalist's variant may take: ``bound``, less ``budgets.COLD_HEADROOM`` where it was timed end to
     end cold (cold reads vary)."""
-    return bound * (1 - bud.COLD_HEADROOM) if staged.latency.how == "measured cold" else bound
+    return bud.cold_limit(bound) if staged.latency.how == "measured cold" else bound
 
 
 def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, vectors, evaluation: bud.EvalSet,
