@@ -244,7 +244,7 @@ def run_budget(cfg: PeersConfig, h: Haystack, seed: int, budget: int, tri: dict,
     for method, (spec, built) in specs_for(cfg, h, budget, dim, tri).items():
         bound = bound_suffix(cfg.latency_ms) if method in ("triclip", "autofaiss") else ""  # built to the bound
         spec = {"dir": str(h.root / f"{method}-b{budget}{bound}"), **spec, "method": method}
-        spec["ids"] = os.path.join(spec["dir"], "ids.npy")
+        spec["ids"], spec["times"] = os.path.join(spec["dir"], "ids.npy"), os.path.join(spec["dir"], "query_ms.npz")
         rec = {"seed": seed, "n": cfg.n, "method": method, "budget": budget,
                "code_bytes": spec.get("code_bytes", budget), **(built or built_once(python[method], spec))}
         if "error" not in rec:

@@ -268,7 +268,8 @@ def measure(spec: dict) -> dict:
     """The load's RSS delta (its modules imported first) and time; single-query p50 / p99 on 1 and 2 threads, every
     file of the index read into the page cache first (:func:`read_through`), and cold (:func:`cold_query_ms`, 1
     thread; triclip also for the row ids alone, without the hits' meta rows: ``p50_ms_cold_rows``); batch
-    queries/s on 2 threads (median of 3). The top-10 row ids of every query go to spec["ids"]."""
+    queries/s on 2 threads (median of 3). The top-10 row ids of every query go to spec["ids"], each query's cold
+    milliseconds to spec["times"] (``.npz``: "cold", and "cold_rows" for triclip) when given."""
     queries = np.ascontiguousarray(np.load(spec["queries"]), np.float32)
     for module in IMPORTS[spec["method"]]:
         importlib.import_module(module)
@@ -279,11 +280,14 @@ def measure(spec: dict) -> dict:
     for threads in (1, 2):
         p50, p99 = np.percentile(single_query_ms(search, queries, threads), [50, 99])
         out[f"p50_ms_{threads}t"], out[f"p99_ms_{threads}t"] = round(float(p50), 3), round(float(p99), 3)
-    p50, p99 = np.percentile(cold_query_ms(search, queries, spec["dir"]), [50, 99])
-    out["p50_ms_cold"], out["p99_ms_cold"] = round(float(p50), 3), round(float(p99), 3)
+    each = {"cold": cold_query_ms(search, queries, spec["dir"])}  # name -> (Q,) ms of each query
     if hasattr(search, "rows"):  # triclip: also the row ids alone, as the peers answer, without the hits' meta rows
-        p50, p99 = np.percentile(cold_query_ms(search.rows, queries, spec["dir"]), [50, 99])
-        out["p50_ms_cold_rows"], out["p99_ms_cold_rows"] = round(float(p50), 3), round(float(p99), 3)
+        each["cold_rows"] = cold_query_ms(search.rows, queries, spec["dir"])
+    for name, ms in each.items():
+        p50, p99 = np.percentile(ms, [50, 99])
+        out[f"p50_ms_{name}"], out[f"p99_ms_{name}"] = round(float(p50), 3), round(float(p99), 3)
+    if spec.get("times"):  # each query's cold milliseconds, to find which queries make the tail
+        np.savez(spec["times"], **{name: np.asarray(ms) for name, ms in each.items()})
     seconds = []
     for _ in range(3):
         started = time.perf_counter()

@@ -181,7 +181,10 @@ def test_triclip_is_measured_cold_with_and_without_the_hits_meta_rows_and_both_a
     rows = search(queries, 1)
     assert rows.shape == (30, 10) and (rows >= 0).all() and np.array_equal(search.rows(queries, 1), rows)
     spec = {"method": "triclip", "dir": str(out), "bytes": 8, "queries": str(tmp_path / "queries.npy"),
-            "ids": str(tmp_path / "ids.npy")}
+            "ids": str(tmp_path / "ids.npy"), "times": str(tmp_path / "query_ms.npz")}
     got = worker.measure(spec)
     assert got["p50_ms_cold_rows"] > 0 and got["p99_ms_cold_rows"] >= got["p50_ms_cold_rows"]
+    each = np.load(spec["times"])  # each query's cold ms, which the percentiles summarise
+    assert sorted(each.files) == ["cold", "cold_rows"] and each["cold"].shape == (30,)
+    assert np.percentile(each["cold_rows"], 99) == pytest.approx(got["p99_ms_cold_rows"], abs=1e-3)
     assert np.array_equal(np.load(spec["ids"]), rows)
