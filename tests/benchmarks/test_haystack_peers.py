@@ -188,3 +188,26 @@ def test_triclip_is_measured_cold_with_and_without_the_hits_meta_rows_and_both_a
     assert sorted(each.files) == ["cold", "cold_rows"] and each["cold"].shape == (30,)
     assert np.percentile(each["cold_rows"], 99) == pytest.approx(got["p99_ms_cold_rows"], abs=1e-3)
     assert np.array_equal(np.load(spec["ids"]), rows)
+
+
+@pytest.mark.parametrize("inner", ["opq", "int8"])  # with and without a rotation before the lists
+def test_tail_queries_counts_the_codes_each_query_scans_as_the_lists_ranks_say(inner):
+    """scripts/tail_queries.py's codes scanned per query is the count of stored vectors whose list ranks below
+    nprobe for that query (``IVFCodec.list_ranks``), and FAISS scans that many at that nprobe."""
+    import tail_queries
+    from tests.index.test_ivf import _ivf, clustered  # noqa: F401
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((3000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    codec = _ivf(inner, x)
+    codec.set_nprobe(4)
+    q = x[:20] + 0.1 * rng.standard_normal((20, 32)).astype(np.float32)  # (20, D)
+    ranks, lists = codec.list_ranks(q)
+    want = (ranks[:, lists] < 4).sum(axis=1)  # (20,)
+    assert np.array_equal(tail_queries.codes_scanned(codec, q), want) and want.min() > 0
+    assert len(set(want.tolist())) > 1  # lists of different sizes: the count is each query's own
+    import faiss
+    stats = faiss.cvar.indexIVF_stats
+    stats.reset()
+    codec.search(q[:1], 10)
+    assert stats.ndis == want[0]  # what FAISS itself counts as scanned
