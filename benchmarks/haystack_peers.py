@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -118,14 +119,22 @@ class Haystack:
 
 
 def haystack_of(cfg: PeersConfig, seed: int, split: hs.Split) -> Haystack:
-    """The haystack of ``seed`` under cfg.work (built when missing), its links and exact answers."""
+    """The haystack of ``seed`` under cfg.work (built when missing, its rows drawn again when deleted), its links
+    and exact answers."""
     root = Path(cfg.work) / f"n{cfg.n}-seed{seed}"
     if not (root / "haystack.json").is_file():
         hs.build(hs.BuildConfig(cfg.index, cfg.data, str(root), cfg.n, seed, text=cfg.text_codes), split)
+    elif not (root / "embeddings" / "manifest.json").is_file():  # its rows deleted for the disk: drawn again
+        rows = root.parent / f".{root.name}.rows"  # (they depend on the seed only), the rest of the folder kept
+        shutil.rmtree(rows, ignore_errors=True)
+        hs.build(hs.BuildConfig(cfg.index, cfg.data, str(rows), cfg.n, seed, text=cfg.text_codes), split)
+        shutil.rmtree(root / "embeddings", ignore_errors=True)
+        os.replace(rows / "embeddings", root / "embeddings")
+        shutil.rmtree(rows)
     npy, val = root / "npy", root / "val_queries.npy"
-    if not npy.is_dir():
-        npy.mkdir()
-        for i, shard in enumerate(sorted((root / "embeddings").glob("shard-*"))):
+    npy.mkdir(exist_ok=True)
+    for i, shard in enumerate(sorted((root / "embeddings").glob("shard-*"))):
+        if not (npy / f"{i:04d}.npy").is_symlink():
             os.symlink(shard / "image.npy", npy / f"{i:04d}.npy")
     np.save(val, hs.t2i_set(split, split.rows["val"])[0])
     if not (root / "truth.npy").is_file():

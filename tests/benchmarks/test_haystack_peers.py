@@ -211,3 +211,22 @@ def test_tail_queries_counts_the_codes_each_query_scans_as_the_lists_ranks_say(i
     stats.reset()
     codec.search(q[:1], 10)
     assert stats.ndis == want[0]  # what FAISS itself counts as scanned
+
+
+def test_a_haystack_whose_rows_were_deleted_is_drawn_again_and_the_rest_of_its_folder_kept(tmp_path):
+    """Deleting a seed's rows (``embeddings``: 10 GB at 10M) and its links for the disk, then running again, draws
+    the same rows from the seed into the same folder and keeps what else it holds (logs, peers' indexes)."""
+    from tests.benchmarks.test_haystack import collection
+    sp = collection()
+    cfg = hp.PeersConfig(index="INDEX", data="DATA", work=str(tmp_path), n=250, text_codes=False)
+    first = hp.haystack_of(cfg, 3, sp)
+    rows = [np.load(p) for p in sorted(first.npy.glob("*.npy"))]
+    (first.root / "build.log").write_text("kept")
+    import shutil
+    shutil.rmtree(first.root / "embeddings")
+    shutil.rmtree(first.npy)
+    again = hp.haystack_of(cfg, 3, sp)
+    assert (again.root / "build.log").read_text() == "kept" and (again.root / "embeddings" / "manifest.json").is_file()
+    redrawn = [np.load(p) for p in sorted(again.npy.glob("*.npy"))]
+    assert len(redrawn) == len(rows) > 0 and all(np.array_equal(a, b) for a, b in zip(rows, redrawn))
+    assert np.array_equal(again.truth, first.truth) and not list(tmp_path.glob(".*"))  # no staging folder left
