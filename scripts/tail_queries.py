@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import argparse
 
-import faiss
 import numpy as np
 
 
 def codes_scanned(codec, queries: np.ndarray) -> np.ndarray:
     """(Q,) how many codes each query's probed lists hold, at the codec's own nprobe."""
-    ivf = codec.ivf
-    x = np.ascontiguousarray(queries, np.float32)  # (Q, D)
-    for i in range(codec.index.chain.size()):  # the remap to m and OPQ's rotation, as a search applies them
-        x = codec.index.chain.at(i).apply(x)
-    lists = ivf.quantizer.search(np.ascontiguousarray(x, np.float32), ivf.nprobe)[1]  # (Q, nprobe)
-    invlists = faiss.downcast_InvertedLists(ivf.invlists)
-    sizes = np.array([invlists.list_size(int(lst)) for lst in range(ivf.nlist)], np.int64)  # (nlist,)
-    return sizes[lists].sum(axis=1)
+    lists = codec.ivf.quantizer.search(codec.coarse_input(queries), codec.ivf.nprobe)[1]  # (Q, nprobe)
+    return codec.list_sizes()[lists].sum(axis=1)
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -321,13 +321,23 @@ class IVFCodec(FaissCodec):
     def list_ranks(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Where each query ranks each list (0: the first FAISS scans) and each stored vector's list: a search at
         nprobe p scans the vectors whose list ranks below p. Shapes: (Q, D) -> (Q, nlist) and (n,)."""
-        x = self._check(queries, "queries")
-        for i in range(self.index.chain.size()):  # the remap to m (and OPQ's rotation), as a search applies them
-            x = self.index.chain.at(i).apply(x)
-        order = self.ivf.quantizer.search(np.ascontiguousarray(x, np.float32), self.ivf.nlist)[1]  # (Q, nlist)
+        order = self.ivf.quantizer.search(self.coarse_input(queries), self.ivf.nlist)[1]  # (Q, nlist)
         ranks = np.empty_like(order)
         np.put_along_axis(ranks, order, np.arange(order.shape[1])[None, :], axis=1)
         return ranks, self._where()[:, 0]
+
+    def coarse_input(self, queries: np.ndarray) -> np.ndarray:
+        """(Q, D) -> (Q, m) the queries as the coarse quantiser sees them: the remap to m (and OPQ's rotation), as a
+        search applies them."""
+        x = self._check(queries, "queries")
+        for i in range(self.index.chain.size()):
+            x = self.index.chain.at(i).apply(x)
+        return np.ascontiguousarray(x, np.float32)
+
+    def list_sizes(self) -> np.ndarray:
+        """(nlist,) how many vectors each list holds."""
+        lists = faiss.downcast_InvertedLists(self.ivf.invlists)
+        return np.array([lists.list_size(i) for i in range(self.ivf.nlist)], np.int64)
 
     def set_nprobe(self, nprobe: int) -> None:
         """Make ``nprobe`` the code's own (saved with it; the spec records it). Before serving only."""
@@ -340,8 +350,7 @@ class IVFCodec(FaissCodec):
 
     def ram_bytes(self) -> int:
         """Codes as the lists hold them (fast scan: blocks of 32) and an 8-byte id per vector."""
-        ivf, lists = self.ivf, faiss.downcast_InvertedLists(self.ivf.invlists)
-        sizes = np.array([lists.list_size(i) for i in range(ivf.nlist)], np.int64)
+        ivf, lists, sizes = self.ivf, faiss.downcast_InvertedLists(self.ivf.invlists), self.list_sizes()
         if isinstance(lists, faiss.BlockInvertedLists):
             codes = int((-(-sizes // lists.n_per_block)).sum()) * int(lists.block_size)
         else:
