@@ -47,10 +47,8 @@ import fnmatch
 import json
 import os
 import re
-import resource
 import select
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -111,14 +109,16 @@ def env(work: Path) -> dict:
 
 
 def start(args: list[str], work: Path, fsize: int | None = None, output=subprocess.PIPE) -> subprocess.Popen:
-    """``triclip ARGS`` started; its stdout and stderr go to ``output`` (pipes by default)."""
+    """``triclip ARGS`` started; its stdout and stderr go to ``output`` (pipes by default).
 
-    def limit():  # the fallback full disk: writes past fsize fail with EFBIG (SIGXFSZ ignored)
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-
-    return subprocess.Popen([sys.executable, "-m", "triclip", *args], env=env(work), cwd=ROOT, text=True,
-                            stdout=output, stderr=output, preexec_fn=limit if fsize else None)  # fmt: skip
+    ``fsize``, the fallback full disk: util-linux's ``prlimit`` sets RLIMIT_FSIZE and execs triclip, whose Python
+    ignores SIGXFSZ from its start, so writes past fsize fail with EFBIG. Not ``preexec_fn``: it makes subprocess
+    fork() the caller, and a caller with gRPC's threads (the suite, after its Milvus tests) then starts children
+    that abort before exec (tests/app/test_demo.py, ``ctrl_c_reaches_children``).
+    """
+    limit = ["prlimit", f"--fsize={fsize}", "--"] if fsize else []
+    return subprocess.Popen([*limit, sys.executable, "-m", "triclip", *args], env=env(work), cwd=ROOT, text=True,
+                            stdout=output, stderr=output)  # fmt: skip
 
 
 def triclip(args: list[str], work: Path, fsize: int | None = None) -> tuple[int, str]:

@@ -1,5 +1,6 @@
 """The demo end to end on a few hundred real openclipart records (slow: real lite towers)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -82,13 +83,35 @@ def test_demo_builds_run_and_index_then_reuses_everything(tmp_path, own_cache, c
     assert len(Searcher.load(third["index"])) == records  # rebuilt over the same three splits
 
 
-def _ctrl_c_as_at_a_terminal() -> None:
-    """In the child before exec: SIGINT back to its default, so Python installs its KeyboardInterrupt handler.
+@contextlib.contextmanager
+def ctrl_c_reaches_children():
+    """Children started inside get SIGINT at its default, so their Python installs its KeyboardInterrupt handler.
 
     A suite started from a background job (``cmd &``, nohup, some CI runners) ignores SIGINT, and an ignored
-    disposition is inherited across exec: the demo would then never see the Ctrl-C this test sends.
+    disposition is inherited across exec: the demo would then never see the Ctrl-C this test sends. A caught one
+    is reset to the default by exec, so SIGINT is caught here while the child starts. Not ``preexec_fn``: it makes
+    subprocess fork() this whole process, and after the Milvus tests gRPC's threads live here; its fork handlers
+    then restart a poller whose epoll descriptor the child closes before exec, and the child aborts (SIGABRT,
+    "epoll_wait error: Bad file descriptor"; 7 of 400 starts with pymilvus loaded, 0 of 400 without preexec_fn).
     """
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def test_a_child_gets_ctrl_c_even_when_the_suite_ignores_it():
+    probe = [sys.executable, "-c", "import signal; print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)"]
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)  # as in a suite started with `cmd &`
+    try:
+        ignored = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
+        with ctrl_c_reaches_children():
+            reached = subprocess.run(probe, capture_output=True, text=True, check=True).stdout.split()
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # the suite's own disposition is given back
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert ignored == ["False"] and reached == ["True"]
 
 
 @pytest.fixture(scope="module")
@@ -114,14 +137,14 @@ def test_demo_command_serves_the_built_demo_fast_and_stops_on_ctrl_c(built_demo,
     args, env = built_demo
     port = free_port()
     started = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "triclip", "demo", *args, "--port", str(port)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        preexec_fn=_ctrl_c_as_at_a_terminal,
-    )
+    with ctrl_c_reaches_children():
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "triclip", "demo", *args, "--port", str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
     try:
         url = f"http://127.0.0.1:{port}/"
         while time.perf_counter() - started < 60:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -113,7 +114,19 @@ def test_a_command_that_fits_in_5_mb_meets_a_disk_of_half_what_it_wrote(matrix, 
     assert why.startswith("exit 0 ok: it fits") and used > 0, why
     case, why, how, _ = matrix.disk_case("data split", spec, tmp_path, used // 2)
     assert why.startswith("exit 2 ok: triclip: error:") and f"{used // 2:,} bytes" in case, why
-    assert "disk full" in why or "File too large" in why, why  # tmpfs full (ENOSPC), or the RLIMIT_FSIZE fallback
+    assert "disk full" in why or "file too large" in why.lower(), why  # tmpfs full (ENOSPC), or the RLIMIT_FSIZE fallback
+
+
+def test_where_mount_is_not_permitted_the_small_disk_is_a_file_size_limit(matrix, tmp_path, shapes, monkeypatch):
+    """The fallback full disk (``prlimit``'s RLIMIT_FSIZE), which a root CI with tmpfs never takes otherwise."""
+    run = subprocess.run
+    refused = lambda cmd, *a, **k: subprocess.CompletedProcess(cmd, 32) if cmd[0] == "mount" else run(cmd, *a, **k)  # noqa: E731
+    monkeypatch.setattr(subprocess, "run", refused)
+    spec = {"args": ["data", "split", str(shapes / "train.jsonl"), "--out", "{out}"], "kind": "data"}
+    _, why, how, used = matrix.disk_case("data split", spec, tmp_path)
+    assert why.startswith("exit 0 ok: it fits") and used > 0 and how.startswith("RLIMIT_FSIZE"), why
+    _, why, how, _ = matrix.disk_case("data split", spec, tmp_path, 2048)  # smaller than any file it writes
+    assert why.startswith("exit 2 ok: triclip: error:") and "file too large" in why.lower(), why
 
 
 @pytest.mark.slow
