@@ -22,6 +22,20 @@ def test_chunks_are_the_same_rows_in_order_read_from_the_files(tmp_path):
     np.testing.assert_array_equal(chunked.rows(np.array([0, 4, 5, 16]), 8), vectors.rows(np.array([0, 4, 5, 16]), 8))
 
 
+def test_a_head_is_the_first_rows_across_shards_read_from_the_files(tmp_path):
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal((n, 8)).astype(np.float16) for n in (5, 0, 12)]
+    for s, p in enumerate(parts):
+        np.save(tmp_path / f"{s}.npy", p)
+    vectors = ShardVectors.of([ShardFile(tmp_path / f"{s}.npy") for s in range(3)])
+    every = np.concatenate(parts)
+    for n in (3, 5, 9, 17, 40):
+        head = vectors.head(n)
+        assert head.count == min(n, 17)
+        np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in head.parts]), every[:n])
+        np.testing.assert_array_equal(head.rows(np.arange(head.count), 8), vectors.rows(np.arange(head.count), 8))
+
+
 def test_a_pq_filled_in_chunks_holds_the_codes_of_one_filled_a_shard_at_once(tmp_path):
     """PQ16x8 at m = 256: sub-vectors of 16 dims, the encoder's distance-table path (16 KiB a row)."""
     rng = np.random.default_rng(1)

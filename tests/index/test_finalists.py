@@ -284,3 +284,68 @@ def test_the_sample_fill_times_each_codes_encoding(collection, small_sample):  #
     rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
     choice = choose(8, sample, evaluation, rules=rules)
     assert choice.kept.encode_us > 0 and (choice.rival is None or choice.rival.encode_us > 0)
+
+
+def _filled_as(monkeypatch) -> list:
+    """Each finalist measured as stored, as (its code, the rows it was filled with), in order."""
+    from triclip.index import finalists
+
+    calls, as_stored = [], finalists._as_stored
+
+    def recorded(variant, choice, vectors, *args):
+        calls.append((variant.codec, vectors.count))
+        return as_stored(variant, choice, vectors, *args)
+
+    monkeypatch.setattr(finalists, "_as_stored", recorded)
+    return calls
+
+
+def test_a_slow_finalist_that_holds_less_on_the_first_rows_is_not_filled_at_n(collection, two, monkeypatch):  # noqa: F811
+    """At 10M and 8 B lists of RQ led on the sample and lost at N on 3 seeds, filled for ~800 s each: now tried
+    first on the first rows (here 5,000 of 25,000), where the faster-to-encode code holds more, and not filled."""
+    from triclip.index import finalists
+    from triclip.index.vectors import exact_topk
+
+    monkeypatch.setattr(finalists, "FIRST_ROWS", 5000)
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    slow, fast = replace(flat, encode_us=100.0, fidelity=0.70), replace(lists, encode_us=10.0)  # ahead on the sample
+    calls = _filled_as(monkeypatch)
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    [settled] = settle([Choice(8, slow.codec, slow.recall, [], slow, bound_ms=10.0, rival=fast)], vectors,
+                       evaluation, rules)
+    assert calls == [(fast.codec, 5000), (slow.codec, 5000), (fast.codec, N)]  # the first rows, then N: the fast one only
+    head = vectors.head(5000)
+    truth = exact_topk(head, evaluation.queries, 10)  # brute force over the first rows
+    flat_held = overlap(bud.fill(flat.codec, head).search(evaluation.queries, 10)[1], truth)
+    first = settled.finalists["first_rows"]
+    assert first["n"] == 5000 and [f["of_exact_top10"] for f in first["finalists"]][1] == round(flat_held, 4)
+    lists_held = first["finalists"][0]["of_exact_top10"]
+    assert lists_held > flat_held and settled.kept.codec is fast.codec and settled.finalists["others"] == []
+    [left] = settled.finalists["not_filled"]
+    assert left["label"] == flat.codec.spec.label() and left["not_filled"].startswith(
+        f"on the first 5,000 rows, as stored, it held {flat_held:.3f} of their exact top 10 in 0.002 ms against"
+        f" {lists_held:.3f}") and left["not_filled"].endswith(f"whose {N:,} rows encode 10.0 x faster")
+    entry = bud.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
+    assert f"{flat.codec.spec.label()} not filled: on the first 5,000 rows" in bud.table(
+        {"8": {**entry, "code": entry["spec"]}})
+
+
+def test_a_slow_finalist_that_holds_more_on_the_first_rows_is_filled_at_n(collection, two, monkeypatch):  # noqa: F811
+    from triclip.index import finalists
+
+    monkeypatch.setattr(finalists, "FIRST_ROWS", 5000)
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    slow, fast = replace(lists, encode_us=100.0, fidelity=0.70), replace(flat, encode_us=10.0)
+    calls = _filled_as(monkeypatch)
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    [settled] = settle([Choice(8, slow.codec, slow.recall, [], slow, bound_ms=10.0, rival=fast)], vectors,
+                       evaluation, rules)
+    assert calls == [(fast.codec, 5000), (slow.codec, 5000), (slow.codec, N), (fast.codec, N)]
+    assert "not_filled" not in settled.finalists and settled.kept.codec is slow.codec
+    monkeypatch.setattr(finalists, "FIRST_ROWS", N // finalists.FIRST_FROM + 1)  # N < FIRST_FROM x FIRST_ROWS
+    calls.clear()
+    [again] = settle([Choice(8, slow.codec, slow.recall, [], slow, bound_ms=10.0, rival=fast)], vectors,
+                     evaluation, rules)
+    assert calls == [(slow.codec, N), (fast.codec, N)] and "first_rows" not in again.finalists

@@ -35,6 +35,16 @@ Codes are compared alone (each one's codes-alone share of the sample's exact top
 finalist may be a code alone or a first stage's shortlist, and a shortlist of 10,000 holds more than the same
 code alone (at 10M, 16 B: lists of RQ alone .643, lists of OPQ alone .579, their top 10,000 .767). It is recorded
 as not filled, with its estimate; each filled one records its refit and fill time (``fill_s``).
+
+A slow finalist ahead on the sample by more than the margin was still filled for nothing: at 10M and 8 B, lists of
+RQ led lists of OPQ by .056 / .072 of the sample's exact top 10, were filled in 730-888 s of 1,510-1,716 s builds,
+and held .68-.72 at N against OPQ's .80-.81 (3 seeds; at 16 B .855 against .947). The sample is 20,000 rows; a
+million tells them apart: at 1M, 8 B RQ lost on all 3 seeds (.787-.892 against .930-.966), and on 9 of 10 of the
+1M builds at 4-16 B. So where N is at least :data:`FIRST_FROM` times :data:`FIRST_ROWS`, a slow finalist and the
+cheapest one are first measured as stored on the collection's first ``FIRST_ROWS`` rows (:func:`tried_first`:
+the same refit, fill, tuning and bound, a tenth of the cost at 10M), and the slow one is filled at N only where it
+holds more there. It is recorded as not filled with both figures; ``finalists["first_rows"]`` keeps what each
+held there.
 """
 
 from __future__ import annotations
@@ -51,6 +61,8 @@ from triclip.index.latency import Latency
 LADDER = (100, 200, 300, 500, 1000, 2000, 5000, 10_000)  # shortlists tried at N for a finalist (with --rescore)
 FILL_RATIO = 3.0  # a finalist tied with a faster-to-encode one is not filled when its N rows take this many times
 # longer to encode (lists of RQ16x8 against lists of OPQ16x8, timed on the 10M sample: 12.4 x)
+FIRST_ROWS = 1_000_000  # a slow finalist still worth filling is first tried on the collection's first this many rows
+FIRST_FROM = 5  # ... where N is at least this many times FIRST_ROWS (there it costs at most a fifth of its fill)
 
 
 def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: bud.Rules,
@@ -69,6 +81,8 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
         alone = {t["label"]: t["fidelity"] for t in choice.tried  # each code's codes alone on the sample
                  if not t.get("shortlist") and t.get("fidelity") is not None}
         filling, unfilled = worth_filling(list(distinct.values()), vectors.count, alone)
+        filling, lost, first = tried_first(filling, choice, vectors, evaluation, rules, seed)
+        unfilled += lost
         records, best = [], None
         for variant in filling:
             measured = _as_stored(variant, choice, vectors, evaluation, rules, seed)
@@ -77,7 +91,8 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
                 best = measured  # a loser's filled codes are freed here: at most two held at once
         record, sized, variant, filled, tuned = best
         finalists = {"n": vectors.count, "queries": len(evaluation.queries), "kept": record,
-                     "others": [r for r in records if r is not record], **({"not_filled": unfilled} if unfilled else {})}
+                     "others": [r for r in records if r is not record], **({"not_filled": unfilled} if unfilled else {}),
+                     **({"first_rows": first} if first else {})}
         note = f"kept by the finalists measured at N = {vectors.count:,}" if variant.codec is not choice.kept.codec \
             or variant.shortlist != choice.kept.shortlist else ""
         out.append(replace(choice, codec=variant.codec, recall=variant.recall, kept=variant, finalists=finalists,
@@ -109,6 +124,33 @@ def worth_filling(variants: list[bud.Variant], n: int, alone: dict[str, float] |
         else:
             filling.append(v)
     return filling, unfilled
+
+
+def tried_first(filling: list[bud.Variant], choice: bud.Choice, vectors, evaluation: bud.EvalSet, rules: bud.Rules,
+                seed: int = 0) -> tuple[list[bud.Variant], list[dict], dict | None]:
+    """``filling`` without each finalist slow to encode (``encode_us`` over :data:`FILL_RATIO` times the cheapest
+    one's) that, measured as stored on the first :data:`FIRST_ROWS` rows of ``vectors``, holds less of their exact
+    top 10 within the bound than the cheapest one there (:func:`_rank`); a record ``{"label", "not_filled"}`` of each
+    one left out; and what each held there ``{"n", "finalists": [records]}`` (None where none was run: fewer than
+    :data:`FIRST_FROM` x ``FIRST_ROWS`` rows, or no slow finalist)."""
+    timed = [v for v in filling if v.encode_us is not None]
+    if not timed or vectors.count < FIRST_FROM * FIRST_ROWS:
+        return filling, [], None
+    cheapest = min(timed, key=lambda v: v.encode_us)
+    slow = [v for v in timed if v.encode_us > FILL_RATIO * cheapest.encode_us]
+    if not slow:
+        return filling, [], None
+    head = vectors.head(FIRST_ROWS)
+    held = {id(v): _as_stored(v, choice, head, evaluation, rules, seed)[0] for v in [cheapest, *slow]}
+    base = held[id(cheapest)]
+    lost = [v for v in slow if _rank(held[id(v)]) < _rank(base)]
+    unfilled = [{"label": v.codec.spec.label(), "not_filled": (
+        f"on the first {FIRST_ROWS:,} rows, as stored, it held {held[id(v)]['of_exact_top10']:.3f} of their exact"
+        f" top 10 in {held[id(v)]['ms']:.3g} ms against {base['of_exact_top10']:.3f} in {base['ms']:.3g} ms for"
+        f" {cheapest.codec.spec.label()}, whose {vectors.count:,} rows encode {v.encode_us / cheapest.encode_us:.1f}"
+        f" x faster")} for v in lost]
+    first = {"n": FIRST_ROWS, "finalists": list(held.values())}
+    return [v for v in filling if all(v is not gone for gone in lost)], unfilled, first
 
 
 def _rank(record: dict) -> tuple:

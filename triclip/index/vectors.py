@@ -90,6 +90,15 @@ class ShardVectors:
         return ShardVectors.of([ShardSlice(p, lo, min(lo + rows, len(p))) for p in self.parts
                                 for lo in range(0, len(p), rows)])
 
+    def head(self, n: int) -> "ShardVectors":
+        """The first ``n`` rows (every row where there are fewer), in the same parts, the last one cut at ``n``."""
+        parts = []
+        for part, lo in zip(self.parts, self.offsets[:-1].tolist()):
+            if lo >= n:
+                break
+            parts.append(part if lo + len(part) <= n else ShardSlice(part, 0, n - lo))
+        return ShardVectors.of(parts)
+
     def full(self) -> np.ndarray:
         """Every row at full D, float32, in memory. Shape: (N, D)."""
         return np.concatenate([np.asarray(p, np.float32) for p in self.parts])
