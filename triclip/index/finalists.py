@@ -58,7 +58,8 @@ import numpy as np
 from triclip.index import budgets as bud
 from triclip.index.latency import Latency
 
-LADDER = (100, 200, 300, 500, 1000, 2000, 5000, 10_000)  # shortlists tried at N for a finalist (with --rescore)
+LADDER = (100, 200, 300, 400, 500, 1000, 2000, 5000, 10_000)  # shortlists tried at N for a finalist (--rescore):
+# at 10M, 8 B, 500 rows read cold were over the bound and 300 held .713 of the exact top 10 (docs/results_scale.md)
 FILL_RATIO = 3.0  # a finalist tied with a faster-to-encode one is not filled when its N rows take this many times
 # longer to encode (lists of RQ16x8 against lists of OPQ16x8, timed on the 10M sample: 12.4 x)
 FIRST_ROWS = 1_000_000  # a slow finalist still worth filling is first tried on the collection's first this many rows
@@ -181,6 +182,8 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
             break  # its re-rank alone is over the bound, and a longer one's costs more
         tried.append(_at_n(stored, variant, length, choice, vectors, evaluation, rules, whole))
         whole = tried[-1][0].pop("whole")  # what every list holds: searched once per code
+        if length and choice.bound_ms is not None and tried[-1][0]["ms"] > choice.bound_ms:
+            break  # this shortlist is over the bound as measured, and a longer one reads more rows
     within = ([t for t in tried if t[0]["ms"] <= _limit(t[1], choice.bound_ms)]
               or [min(tried, key=lambda t: t[0]["ms"])])
     record, best, tuned = max(within, key=lambda t: _rank(t[0]))
