@@ -10,12 +10,17 @@ from triclip.index import budgets
 from triclip.index.vectors import ShardFile, ShardVectors
 
 
-def test_chunks_are_the_same_rows_in_order_read_from_the_files(tmp_path):
+def _three_shards(folder) -> tuple[list[np.ndarray], ShardVectors]:
+    """Shards of 5, 0 and 12 rows (D = 8, float16) saved as .npy in ``folder``: the arrays, and the files opened."""
     rng = np.random.default_rng(0)
     parts = [rng.standard_normal((n, 8)).astype(np.float16) for n in (5, 0, 12)]
     for s, p in enumerate(parts):
-        np.save(tmp_path / f"{s}.npy", p)
-    vectors = ShardVectors.of([ShardFile(tmp_path / f"{s}.npy") for s in range(3)])
+        np.save(folder / f"{s}.npy", p)
+    return parts, ShardVectors.of([ShardFile(folder / f"{s}.npy") for s in range(3)])
+
+
+def test_chunks_are_the_same_rows_in_order_read_from_the_files(tmp_path):
+    parts, vectors = _three_shards(tmp_path)
     chunked = vectors.chunked(4)
     assert [len(p) for p in chunked.parts] == [4, 1, 4, 4, 4] and chunked.count == vectors.count
     np.testing.assert_array_equal(np.concatenate([np.asarray(p) for p in chunked.parts]), np.concatenate(parts))
@@ -23,11 +28,7 @@ def test_chunks_are_the_same_rows_in_order_read_from_the_files(tmp_path):
 
 
 def test_a_head_is_the_first_rows_across_shards_read_from_the_files(tmp_path):
-    rng = np.random.default_rng(0)
-    parts = [rng.standard_normal((n, 8)).astype(np.float16) for n in (5, 0, 12)]
-    for s, p in enumerate(parts):
-        np.save(tmp_path / f"{s}.npy", p)
-    vectors = ShardVectors.of([ShardFile(tmp_path / f"{s}.npy") for s in range(3)])
+    parts, vectors = _three_shards(tmp_path)
     every = np.concatenate(parts)
     for n in (3, 5, 9, 17, 40):
         head = vectors.head(n)
