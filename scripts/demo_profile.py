@@ -2,7 +2,7 @@
 
 Usage::
 
-    TRICLIP_CACHE=EMPTY py-spy record -r 25 -s -f raw -o demo.txt -- .venv/bin/python -m triclip demo --workdir NEW --no-serve
+    TRICLIP_CACHE=$(mktemp -d) py-spy record -r 25 -s -f raw -o demo.txt -- .venv/bin/python -m triclip demo --workdir NEW --no-serve
     .venv/bin/python scripts/demo_profile.py demo.txt [--rate 25] [--top 25]
 
 Seconds are samples / rate, per thread and process (``-s``: the thumbnail workers too), so they add up to more than
