@@ -11,6 +11,7 @@ import pytest
 from triclip import codecs
 from triclip.index import budgets as bud
 from triclip.index.budgets import EvalSet, Rules, choose, exhaustive_ids, max_nprobe, overlap, tune_nprobe
+from triclip.index.vectors import ShardVectors
 from tests.index.conftest import GivenLatency, unit_vectors
 from tests.index.test_ivf import _ivf, clustered  # noqa: F401 (clustered: the same fixture)
 
@@ -165,7 +166,7 @@ class FillingLatency(GivenLatency):
         return super().search(codec, queries, k, n, params)
 
 
-def test_at_scale_a_budget_keeps_a_smaller_budgets_code_that_ranks_above_its_own(clustered):
+def test_a_budget_keeps_a_smaller_budgets_code_that_ranks_above_its_own(clustered):
     """A smaller budget's kept code that ranks above a larger budget's (fidelity up to the target, fewer bytes,
     faster) and answers within the larger one's bound is kept at the larger budget too, with a note; one over the
     bound, or ranking below, is not."""
@@ -187,6 +188,28 @@ def test_at_scale_a_budget_keeps_a_smaller_budgets_code_that_ranks_above_its_own
     assert worse[8].codec is large and worse[8].note == ""
     tie = bud.no_worse_than_smaller({4: choice(4, small, 0.96, 0.5), 8: choice(8, large, 0.99, 0.2)}, 0.95)
     assert tie[8].codec is small  # both reach the target: the fewer bytes
+
+
+def test_choose_all_keeps_a_smaller_budgets_code_at_any_size(clustered, monkeypatch):
+    """Below the size of inverted lists too (a few thousand rows, as the demo): a larger budget whose own
+    candidates measured below a smaller budget's kept code keeps that code (the demo's 16 B budget had kept
+    int8 m=16 alone at recall .509 under the 4 B budget's .606); one whose own ranks higher keeps its own."""
+    x, _ = clustered
+    small = codecs.fit(codecs.CodecSpec("binary", D, 4, {}), x)
+    own = {8: codecs.fit(codecs.CodecSpec("int8", 8, 8, {}), x), 16: codecs.fit(codecs.CodecSpec("int8", 16, 16, {}), x)}
+    recall = {4: 0.606, 8: 0.70, 16: 0.509}
+
+    def given(budget, *args, **kwargs):
+        codec = small if budget == 4 else own[budget]
+        kept = bud.Variant(codec, recall[budget], bud.Latency(0.1, "given"))
+        return bud.Choice(budget, codec, recall[budget], [], kept, bound_ms=0.2)
+
+    monkeypatch.setattr(bud, "choose", given)
+    vectors = ShardVectors.of([x[:2000]])
+    assert not bud.at_scale(vectors.count)
+    out = {c.budget: c for c in bud.choose_all([4, 8, 16], vectors, None)}
+    assert out[4].codec is small and out[8].codec is own[8] and out[8].note == ""
+    assert out[16].codec is own[8] and out[16].recall == 0.70 and "8 B budget's code" in out[16].note
 
 
 def test_overlap_within_counts_near_ties_of_the_kth_as_ann_benchmarks_knn_recall_does():
