@@ -193,7 +193,8 @@ def test_a_budget_keeps_a_smaller_budgets_code_that_ranks_above_its_own(clustere
 def test_choose_all_keeps_a_smaller_budgets_code_at_any_size(clustered, monkeypatch):
     """Below the size of inverted lists too (a few thousand rows, as the demo): a larger budget whose own
     candidates measured below a smaller budget's kept code keeps that code (the demo's 16 B budget had kept
-    int8 m=16 alone at recall .509 under the 4 B budget's .606); one whose own ranks higher keeps its own."""
+    int8 m=16 alone at recall .509 under the 4 B budget's .606); one whose own ranks higher keeps its own; with a
+    codec forced (``--codec``) each budget keeps that codec at its own size there."""
     x, _ = clustered
     small = codecs.fit(codecs.CodecSpec("binary", D, 4, {}), x)
     own = {8: codecs.fit(codecs.CodecSpec("int8", 8, 8, {}), x), 16: codecs.fit(codecs.CodecSpec("int8", 16, 16, {}), x)}
@@ -210,6 +211,8 @@ def test_choose_all_keeps_a_smaller_budgets_code_at_any_size(clustered, monkeypa
     out = {c.budget: c for c in bud.choose_all([4, 8, 16], vectors, None)}
     assert out[4].codec is small and out[8].codec is own[8] and out[8].note == ""
     assert out[16].codec is own[8] and out[16].recall == 0.70 and "8 B budget's code" in out[16].note
+    forced = {c.budget: c for c in bud.choose_all([4, 8, 16], vectors, None, force="int8")}
+    assert forced[16].codec is own[16] and forced[16].note == ""  # --codec C: C at each budget, as asked
 
 
 def test_overlap_within_counts_near_ties_of_the_kth_as_ann_benchmarks_knn_recall_does():

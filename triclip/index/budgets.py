@@ -587,8 +587,8 @@ def choose_all(budgets: list[int], vectors, evaluation: EvalSet, force: str | No
     """:func:`choose` for every budget, fitted on a sample of ``vectors`` (``triclip.index.vectors.ShardVectors``: the
     image rows, or the caption rows with a reversed ``evaluation``); ``rules``: N is ``vectors.count`` whatever
     it says. The sample is the only part of the collection held in memory here. Budgets are measured largest
-    first; each keeps a smaller budget's code that ranks above its own (:func:`no_worse_than_smaller`); the
-    choices come back in ``budgets``' order."""
+    first; each keeps a smaller budget's code that ranks above its own (:func:`no_worse_than_smaller`; below
+    :func:`at_scale` only when no codec is forced); the choices come back in ``budgets``' order."""
     rows = np.arange(vectors.count)
     if len(rows) > FIT_ROWS:
         rows = np.sort(np.random.default_rng(seed).choice(vectors.count, size=FIT_ROWS, replace=False))
@@ -596,7 +596,9 @@ def choose_all(budgets: list[int], vectors, evaluation: EvalSet, force: str | No
     rules = replace(rules, n=vectors.count) if rules is not None else Rules(n=vectors.count)
     # largest first: a smaller budget's RQ is then cut from a larger one's fit (triclip.codecs.rq.RQBooks)
     chosen = {b: choose(b, train, evaluation, force, seed, rules) for b in sorted(set(budgets), reverse=True)}
-    return [no_worse_than_smaller(chosen, rules.recall_target)[b] for b in budgets]
+    if force is None or at_scale(rules.n):  # --codec C at a few thousand rows: C at each budget, as asked
+        chosen = no_worse_than_smaller(chosen, rules.recall_target)
+    return [chosen[b] for b in budgets]
 
 
 def no_worse_than_smaller(chosen: dict[int, Choice], cap: float) -> dict[int, Choice]:
