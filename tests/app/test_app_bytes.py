@@ -113,6 +113,27 @@ def test_the_choices_table_says_what_each_choice_costs_and_keeps(bytes_index):
     assert "± about 0." in text and "by chance" in text  # the noise of a measured recall, said
 
 
+def test_a_budget_that_stores_a_smaller_budgets_code_says_so_in_plain_words(bytes_index):
+    """Where ``index build`` kept a smaller budget's code for a larger one (it ranked above every candidate of the
+    larger), the choices and the table name the smaller budget; a budget with a code of its own says nothing of it."""
+    from triclip.app.endpoints import AppConfig, SearchApp
+    from triclip.app.panels import choices_text, m_choices
+    from triclip.index.search import Searcher
+
+    view = SearchApp(Searcher.load(bytes_index), AppConfig(index=str(bytes_index), follow=0)).live.view()
+    budgets = view.searcher.manifest["budgets"]  # this test's own Searcher: changed below as a build could write it
+    shared = budgets["8"]["spec"] == budgets["4"]["spec"]  # this build's own choice, either way
+    budgets["16"] = {**budgets["8"], "note": "the 8 B budget's code ranks above every 16 B candidate: kept here too"}
+    labels = dict((value, label) for label, value in m_choices(view))
+    words = {b: next(line for line in choices_text(view).splitlines() if line.startswith(f"- **{b} B budget**"))
+             for b in (4, 8, 16)}
+    assert "same code" not in labels["4B"] + words[4]  # the smallest budget's code is its own
+    assert ("(same code as 4 B)" in labels["8B"]) == shared == ("The same code as the 4 B budget" in words[8])
+    twin = 4 if shared else 8  # the smallest budget storing it is named
+    assert labels["16B"].startswith(f"16 B budget: {_label(budgets['8'])}") and f"(same code as {twin} B)" in labels["16B"]
+    assert f"The same code as the {twin} B budget: no code of up to 16 B measured better" in words[16]
+
+
 def test_the_json_route_takes_bytes(bytes_index):
     with serving(bytes_index) as (url, _):
         route = url + "triclip/api/search_text"

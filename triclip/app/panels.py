@@ -221,8 +221,10 @@ def choices_text(view: IndexView) -> str:
                      "latency_ms": (entry.get("latency") or {}).get("ms"),
                      "size": human_bytes(entry["index_bytes"]), "t2i": entry.get("recall"),
                      "i2t": (entry.get("text") or {}).get("recall")})
-        at_n = held_at_n(entry)
-        words.append(f"- **{budget} B budget**: {describe(spec)}." + ("" if at_n is None else (
+        at_n, twin = held_at_n(entry), same_code_as(view.budgets, budget)
+        words.append(f"- **{budget} B budget**: {describe(spec)}." + ("" if twin is None else (
+            f" The same code as the {twin} B budget: no code of up to {budget} B measured better within the"
+            " latency bound, so the larger budget stores the smaller code.")) + ("" if at_n is None else (
             f" Among all {at_n['n']:,} images its answers hold {at_n['of_exact_top10']:.3f} of exact full-D search's"
             f" top 10 ({at_n['queries']} queries); the recall@10 beside it is measured on the"
             f" {entry.get('split') or 'validation'} images alone.")))
@@ -246,6 +248,13 @@ def noise_note(view: IndexView) -> str:
     where = "validation" if front.get("split") == "validation" else "indexed"
     return (f"Recall figures are measured on {queries} {where} queries, ± about {se:.2f} each (one standard error):"
             " a code can measure above full D by chance.")
+
+
+def same_code_as(budgets: dict, budget: int) -> int | None:
+    """The smallest smaller budget whose image code is the one ``budget`` stores (``index build`` keeps a smaller
+    budget's code where it ranks above every candidate of the larger one), None when its code is its own."""
+    spec = budgets[budget]["spec"]
+    return min((b for b, e in budgets.items() if b < budget and e["spec"] == spec), default=None)
 
 
 def _figure(value, fmt: str = ".3f") -> str:
@@ -275,7 +284,9 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
         out.append((label, m))
     for budget, entry in sorted(view.budgets.items()):
         used = entry.get("bytes_per_vector", budget)  # a smaller code may measure best within the budget
+        twin = same_code_as(view.budgets, budget)
         label = f"{budget} B budget: {code_label(entry)}, {used} B/image stored"
+        label += "" if twin is None else f" (same code as {twin} B)"
         label += f" · {human_bytes(entry['index_bytes'])}"
         if entry.get("recall") is not None:
             label += f" · R@10 {entry['recall']:.3f}"
