@@ -23,18 +23,17 @@ from collections import Counter, defaultdict
 import numpy as np
 
 from triclip.index import budgets as bud
-from triclip.index.store import read_manifest
+from triclip.index.store import load_contents
 from triclip.index.val_embeddings import validation_set
 from triclip.index.vectors import ShardVectors
-from triclip.index.versions import current_version
 
 
 def sides(index: str, val: str, which: str) -> dict:
-    """{side: (gallery ShardVectors, EvalSet)} of the index's current version."""
-    folder = f"{index}/{current_version(index)}"
-    evaluation = validation_set(val, read_manifest(index))
-    out = {"image": (ShardVectors.of([np.load(f"{folder}/vectors.npy")]), evaluation),
-           "text": (ShardVectors.of([np.load(f"{folder}/text_vectors.npy")]), evaluation.reverse())}
+    """{side: (gallery ShardVectors, EvalSet)} of the index's live version (its files checked on reading)."""
+    contents = load_contents(index, indexes=False)
+    evaluation = validation_set(val, contents.manifest)
+    out = {"image": (ShardVectors.of([contents.vectors]), evaluation),
+           "text": (ShardVectors.of([contents.text_vectors]), evaluation.reverse())}
     return {s: out[s] for s in (("image", "text") if which == "both" else (which,))}
 
 
@@ -45,9 +44,10 @@ def summary(choices: list[list[bud.Choice]], budget: int) -> str:
     bounds = np.array([c.bound_ms for c in picks])
     times, ratios, within = defaultdict(list), defaultdict(list), defaultdict(set)
     for c, t in ((c, t) for c in picks for t in c.tried if t.get("latency_ms") is not None):
-        times[t["label"], t.get("shortlist")].append(t["latency_ms"])
-        ratios[t["label"], t.get("shortlist")].append(t["latency_ms"] / c.bound_ms)
-        within[t["label"], t.get("shortlist")].add(t["latency_ms"] <= c.bound_ms)
+        key = t["label"], t.get("shortlist")
+        times[key].append(t["latency_ms"])
+        ratios[key].append(t["latency_ms"] / c.bound_ms)
+        within[key].add(t["latency_ms"] <= c.bound_ms)
     flips = sorted(f"{label}{'' if s is None else f' + {s}'}" for (label, s), w in within.items() if len(w) == 2)
     spread = {name: np.median([(max(v) - min(v)) / np.median(v) for v in got.values() if len(v) == len(picks)])
               for name, got in (("latency", times), ("latency / bound", ratios))}
