@@ -42,15 +42,14 @@ def summary(choices: list[list[bud.Choice]], budget: int) -> str:
     picks = [next(c for c in run if c.budget == budget) for run in choices]
     kept = Counter(f"{bud._words(c.kept)} ({c.recall:.3f})" for c in picks)
     bounds = np.array([c.bound_ms for c in picks])
-    times, ratios, within = defaultdict(list), defaultdict(list), defaultdict(set)
+    timed = defaultdict(list)  # (label, shortlist) -> [(ms, bound ms)], one per repeat that measured it
     for c, t in ((c, t) for c in picks for t in c.tried if t.get("latency_ms") is not None):
-        key = t["label"], t.get("shortlist")
-        times[key].append(t["latency_ms"])
-        ratios[key].append(t["latency_ms"] / c.bound_ms)
-        within[key].add(t["latency_ms"] <= c.bound_ms)
-    flips = sorted(f"{label}{'' if s is None else f' + {s}'}" for (label, s), w in within.items() if len(w) == 2)
-    spread = {name: np.median([(max(v) - min(v)) / np.median(v) for v in got.values() if len(v) == len(picks)])
-              for name, got in (("latency", times), ("latency / bound", ratios))}
+        timed[t["label"], t.get("shortlist")].append((t["latency_ms"], c.bound_ms))
+    flips = sorted(f"{label}{'' if s is None else f' + {s}'}" for (label, s), v in timed.items()
+                   if len({ms <= bound for ms, bound in v}) == 2)
+    every = [np.array(v) for v in timed.values() if len(v) == len(picks)]  # (repeats, 2) each
+    spread = {name: np.median([(x.max() - x.min()) / np.median(x) for x in map(of, every)])
+              for name, of in (("latency", lambda a: a[:, 0]), ("latency / bound", lambda a: a[:, 0] / a[:, 1]))}
     return (f"  {budget} B: kept {dict(kept)}; bound {np.median(bounds):.3g} ms [{bounds.min():.3g}, {bounds.max():.3g}];"
             f" {len(flips)} flips {flips}; spread {', '.join(f'{k} {v:.0%}' for k, v in spread.items())}")
 
