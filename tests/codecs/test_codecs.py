@@ -13,6 +13,7 @@ import pytest
 
 from triclip import codecs
 from triclip.codecs import allocation
+from triclip.codecs.base import unit_prefix
 from triclip.index.faiss_index import recall_at_k
 from triclip.index.vectors import exact_topk
 from triclip.core.errors import UserError
@@ -392,6 +393,39 @@ def test_water_filling_more_weight_more_bits():
     assert bits.sum() == 64
     assert bits[:4].min() >= bits[-4:].max()  # the high-variance leading dimensions get at least as many bits
     assert (mse[:, 1:] <= mse[:, :1] + 1e-12).all() and (np.diff(mse[:, 1:], axis=1) <= 1e-9).all()
+
+
+@pytest.mark.parametrize("n, budget_bits", [(2000, 64), (300, 7), (25_000, 200)])  # 25,000 > TABLE_SAMPLE: sampled
+def test_quantiser_ranges_are_the_tables_pick_at_each_dimensions_own_width(n, budget_bits):
+    """The mixed fit's ranges, measured at each dimension's own bit width only: bit for bit the full table's entry
+    (0 where a dimension is pruned), on an allocation with pruned, 1-bit and wide dimensions."""
+    x = _vectors(n, seed=n)
+    bits = allocation.allocate(allocation.query_weights(x)[:, None] * allocation.quantiser_table(x)[2], budget_bits)
+    assert (bits == 0).any() and (bits > 0).any()
+    x = unit_prefix(x, bits > 0)
+    lo, hi, _ = allocation.quantiser_table(x)
+    got_lo, got_hi = allocation.quantiser_ranges(x, bits)
+    assert np.array_equal(got_lo, lo[np.arange(D), bits]) and np.array_equal(got_hi, hi[np.arange(D), bits])
+    assert got_lo.dtype == got_hi.dtype == np.float32 and (got_lo[bits == 0] == 0).all()
+
+
+def test_mixed_fit_reuses_the_error_table_of_the_same_rows_with_the_same_code():
+    """A second fit on the same rows (another budget of one build) reads the remembered table: the same code as a
+    fit with nothing remembered; other rows get their own table."""
+    from triclip.codecs import mixed
+
+    x, other = _vectors(1500, seed=3), _vectors(1500, seed=4)
+    mixed._TABLES.clear()
+    fresh = {b: codecs.fit(codecs.CodecSpec("mixed", D, b), x) for b in (2, 8)}
+    assert len(mixed._TABLES) == 1  # the 8 B fit used the 2 B fit's table
+    codecs.fit(codecs.CodecSpec("mixed", D, 4), other)
+    assert len(mixed._TABLES) == 2
+    again = codecs.fit(codecs.CodecSpec("mixed", D, 8), x)
+    mixed._TABLES.clear()
+    for b, first in fresh.items():
+        alone = codecs.fit(codecs.CodecSpec("mixed", D, b), x)
+        assert alone.spec == first.spec and np.array_equal(alone.lo, first.lo) and np.array_equal(alone.hi, first.hi)
+    assert again.spec == fresh[8].spec and np.array_equal(again.lo, fresh[8].lo)
 
 
 def test_pack_unpack_round_trip():

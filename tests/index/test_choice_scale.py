@@ -215,6 +215,19 @@ def test_choose_all_keeps_a_smaller_budgets_code_at_any_size(clustered, monkeypa
     assert forced[16].codec is own[16] and forced[16].note == ""  # --codec C: C at each budget, as asked
 
 
+@pytest.mark.parametrize("queries, k, length, ids", [(200, 10, 5000, 6000), (7, 10, 30, 12), (3, 1, 1, 2)])
+def test_overlap_equals_the_per_row_set_intersection(queries, k, length, ids, monkeypatch):
+    """The vectorised overlap against its loop over rows of sets, with -1 (none found) and ids repeated within a
+    row on both sides; rows compared in blocks give the same share as all at once."""
+    rng = np.random.default_rng(queries)
+    found, truth = rng.integers(-1, ids, (queries, length)), rng.integers(-1, ids, (queries, k))
+    slow = np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth)])
+    assert bud.overlap(found, truth) == slow
+    monkeypatch.setattr(bud, "OVERLAP_CELLS", 1)  # one row per block
+    assert bud.overlap(found, truth) == slow
+    assert bud.overlap(truth, truth) == np.mean([len(set(t.tolist())) / k for t in truth])
+
+
 def test_overlap_within_counts_near_ties_of_the_kth_as_ann_benchmarks_knn_recall_does():
     rng = np.random.default_rng(0)
     q, x = unit_vectors(rng, 50, 16), unit_vectors(rng, 3000, 16)

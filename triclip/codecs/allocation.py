@@ -64,9 +64,7 @@ def quantiser_table(x: np.ndarray, max_bits: int = MAX_BITS, seed: int = 0):
         lo, hi: (D, max_bits + 1) range of the b-bit quantiser of each dimension (column 0 unused);
         mse: (D, max_bits + 1) its mean squared error on ``x``, ``mse[:, 0]`` the variance.
     """
-    if len(x) > TABLE_SAMPLE:
-        x = x[np.sort(np.random.default_rng(seed).choice(len(x), TABLE_SAMPLE, replace=False))]
-    x = np.asarray(x, dtype=np.float32)
+    x = _table_rows(x, seed)
     d = x.shape[1]
     lo = np.zeros((d, max_bits + 1), np.float32)
     hi = np.zeros((d, max_bits + 1), np.float32)
@@ -79,6 +77,38 @@ def quantiser_table(x: np.ndarray, max_bits: int = MAX_BITS, seed: int = 0):
             better = err < mse[:, b]
             mse[better, b], lo[better, b], hi[better, b] = err[better], qlo[better], qhi[better]
     return lo, hi, mse
+
+
+def quantiser_ranges(x: np.ndarray, bits: np.ndarray, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The range :func:`quantiser_table` picks for each dimension at its own bit width, measured at those widths only.
+
+    Equal to ``lo[j, bits[j]]`` and ``hi[j, bits[j]]`` of ``quantiser_table(x)`` (0 where ``bits[j]`` is 0): each
+    column is computed from the same array with the same operations (tests/codecs/test_codecs.py), at
+    ``len(CLIP_QUANTILES)`` passes over ``x`` instead of ``MAX_BITS`` times as many.
+
+    Shapes: x (N, m) float32, bits (m,) int -> lo, hi (m,) float32 each.
+    """
+    x = _table_rows(x, seed)
+    bits = np.asarray(bits, dtype=np.int64)
+    widths = np.maximum(bits, 1)  # a pruned dimension's range is unused (0): measured at 1 bit, then zeroed
+    lo = np.zeros(x.shape[1], np.float32)
+    hi = np.zeros(x.shape[1], np.float32)
+    best = np.full(x.shape[1], np.inf)
+    for p in CLIP_QUANTILES:
+        qlo, qhi = np.quantile(x, [p, 1 - p], axis=0).astype(np.float32)  # (m,) each
+        err = np.mean(np.square(dequantise(quantise(x, qlo, qhi, widths), qlo, qhi, widths) - x, dtype=np.float64), axis=0)
+        better = err < best
+        best[better], lo[better], hi[better] = err[better], qlo[better], qhi[better]
+    off = bits == 0
+    lo[off], hi[off] = 0.0, 0.0
+    return lo, hi
+
+
+def _table_rows(x: np.ndarray, seed: int) -> np.ndarray:
+    """The rows the error tables are measured on: all of ``x``, or a seeded sample of :data:`TABLE_SAMPLE`."""
+    if len(x) > TABLE_SAMPLE:
+        x = x[np.sort(np.random.default_rng(seed).choice(len(x), TABLE_SAMPLE, replace=False))]
+    return np.asarray(x, dtype=np.float32)
 
 
 def _step(lo: np.ndarray, hi: np.ndarray, bits) -> np.ndarray:

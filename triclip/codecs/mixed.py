@@ -8,7 +8,9 @@ packed bytes are searched by FAISS's ``IndexPQ`` lookup tables all the same (see
 
 from __future__ import annotations
 
+import hashlib
 import math
+from collections import OrderedDict
 from dataclasses import replace
 
 import faiss
@@ -22,6 +24,8 @@ from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
 
 FILE_HEAD = b"PK"  # numpy's .npz (a zip)
+TABLES_KEPT = 2  # error tables remembered (one per side of an index build: every budget's fit reads the same one)
+_TABLES: "OrderedDict[str, np.ndarray]" = OrderedDict()  # hash of the rows -> their (m, MAX_BITS + 1) errors
 
 
 @register_codec("mixed")
@@ -80,12 +84,10 @@ class MixedCodec(Codec):
         weights = allocation.query_weights(top) if importance is None else np.asarray(importance, np.float64)[: spec.m]
         if weights.shape != (spec.m,) or (weights < 0).any():
             raise UserError(f"importance must be {spec.m} non-negative weights, got shape {np.shape(importance)}")
-        mse = allocation.quantiser_table(top)[2]
-        bits = allocation.allocate(weights[:, None] * mse, 8 * spec.bytes_per_vector)
+        bits = allocation.allocate(weights[:, None] * _errors(top), 8 * spec.bytes_per_vector)
         m = int(np.flatnonzero(bits)[-1]) + 1 if bits.any() else 1
         bits = bits[:m]
-        lo, hi, _ = allocation.quantiser_table(unit_prefix(top[:, :m], bits > 0))  # ranges of what is stored
-        chosen = lo[np.arange(m), bits], hi[np.arange(m), bits]
+        chosen = allocation.quantiser_ranges(unit_prefix(top[:, :m], bits > 0), bits)  # ranges of what is stored
         fitted = replace(spec, m=m, bytes_per_vector=max(1, math.ceil(bits.sum() / 8)), params={"bits": bits.tolist()})
         return cls(fitted, *chosen, dim=train.shape[1])
 
@@ -147,3 +149,17 @@ class MixedCodec(Codec):
 
     def empty_copy(self):
         return MixedCodec(self.spec, self.lo, self.hi, self.dim)
+
+
+def _errors(rows: np.ndarray) -> np.ndarray:
+    """``allocation.quantiser_table(rows)``'s errors, remembered for the last :data:`TABLES_KEPT` row sets: the
+    budgets of an index build fit the code on the same rows, and the table took most of each fit (0.7 s of 0.9-2 s
+    on the demo's 5,443 images and 11,987 captions). Shape: (N, m) -> (m, MAX_BITS + 1)."""
+    rows = np.ascontiguousarray(rows, dtype=np.float32)
+    key = f"{rows.shape}:{hashlib.blake2b(rows.data).hexdigest()}"
+    if key not in _TABLES:
+        _TABLES[key] = allocation.quantiser_table(rows)[2]
+        while len(_TABLES) > TABLES_KEPT:
+            _TABLES.popitem(last=False)
+    _TABLES.move_to_end(key)
+    return _TABLES[key]

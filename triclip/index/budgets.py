@@ -50,6 +50,7 @@ FINALIST_MARGIN = 0.05  # at scale, another code within this share of the exact 
 COLD_HEADROOM = 0.1  # at N, a re-rank from disk is kept where its slower timing (end to end cold, or the parts
 # summed) stays this share under the bound: cold reads vary, and at 1M, 4 B, 8 ms the benchmark's cold timing of the
 # kept variant was up to 8.6% over the slower of the choice's two (8.62 against 7.94 ms, seed 1; docs/results_scale.md)
+OVERLAP_CELLS = 1 << 22  # comparisons :func:`overlap` holds at once (4 MB of bools)
 SHORTLIST_MAX = 50_000  # longest shortlist at N (scaled from the sample): 200 MB of float vectors read per query
 
 
@@ -517,8 +518,16 @@ def _two_stage(codes: codecs.Codec, vectors: np.ndarray, queries: np.ndarray, sh
 
 
 def overlap(found: np.ndarray, truth: np.ndarray) -> float:
-    """Mean share of each row of ``truth`` (Q, K) found in the same row of ``found`` (Q, >= K)."""
-    return float(np.mean([len(set(f.tolist()) & set(t.tolist())) / len(t) for f, t in zip(found, truth)]))
+    """Mean share of each row of ``truth`` (Q, K) found in the same row of ``found`` (Q, >= K): per row, the
+    distinct ids of ``truth`` that ``found`` holds, over K (a duplicate in ``truth`` counts once, as a set does)."""
+    found, truth = np.asarray(found), np.asarray(truth)
+    hit = np.zeros(truth.shape, bool)  # (Q, K): truth[q, k] is in found[q]
+    step = max(1, OVERLAP_CELLS // max(truth.shape[1] * found.shape[1], 1))
+    for start in range(0, len(truth), step):  # rows in blocks: a block's comparisons hold OVERLAP_CELLS bools
+        rows = slice(start, start + step)
+        hit[rows] = (truth[rows, :, None] == found[rows, None, :]).any(axis=2)
+    again = np.tril(truth[:, :, None] == truth[:, None, :], -1).any(axis=2)  # (Q, K): an id seen earlier in its row
+    return float(np.mean((hit & ~again).sum(axis=1) / truth.shape[1]))
 
 
 def overlap_within(scores: np.ndarray, kth: np.ndarray, eps: float) -> float:
