@@ -73,6 +73,20 @@ def test_regex_fallback_agrees_with_the_xml_parser_on_real_files():
         assert _from_text(_decode(data)) == _from_tree(ET.fromstring(data))
 
 
+@needs_package
+def test_metadata_read_on_worker_processes_equals_the_read_in_this_one(monkeypatch):
+    """The clips (and what was skipped, and why) of 300 names and an absent one, in the names' order either way."""
+    names = openclipart.list_clipart(SVG)[:300] + ["no_such_folder/no_such_clip"]
+    inline_skipped, pool_skipped = Counter(), Counter()
+    monkeypatch.setattr(openclipart, "MIN_POOL_JOBS", 10**6)
+    inline = openclipart.read_clips(names, inline_skipped)
+    monkeypatch.setattr(openclipart, "MIN_POOL_JOBS", 1)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    pool = openclipart.read_clips(names, pool_skipped)
+    assert pool == inline and len(inline) > 250 and [c.name for c in inline] == sorted(c.name for c in inline)
+    assert pool_skipped == inline_skipped and inline_skipped["missing_file"] >= 1
+
+
 @pytest.mark.slow
 @needs_package
 def test_regex_fallback_agrees_with_the_xml_parser_on_every_file():
