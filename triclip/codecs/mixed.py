@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 
@@ -26,6 +27,7 @@ from triclip.codecs.spec import CodecSpec
 FILE_HEAD = b"PK"  # numpy's .npz (a zip)
 TABLES_KEPT = 2  # error tables remembered (one per side of an index build: every budget's fit reads the same one)
 _TABLES: "OrderedDict[str, np.ndarray]" = OrderedDict()  # hash of the rows -> their (m, MAX_BITS + 1) errors
+_TABLES_LOCK = threading.Lock()  # fits in several threads share the tables
 
 
 @register_codec("mixed")
@@ -157,9 +159,13 @@ def _errors(rows: np.ndarray) -> np.ndarray:
     on the demo's 5,443 images and 11,987 captions). Shape: (N, m) -> (m, MAX_BITS + 1)."""
     rows = np.ascontiguousarray(rows, dtype=np.float32)
     key = f"{rows.shape}:{hashlib.blake2b(rows.data).hexdigest()}"
-    if key not in _TABLES:
-        _TABLES[key] = allocation.quantiser_table(rows)[2]
+    with _TABLES_LOCK:
+        table = _TABLES.pop(key, None)
+    if table is None:
+        table = allocation.quantiser_table(rows)[2]
+        table.flags.writeable = False  # shared by the fits that read it
+    with _TABLES_LOCK:  # the last used at the end; the oldest dropped
+        _TABLES[key] = table
         while len(_TABLES) > TABLES_KEPT:
             _TABLES.popitem(last=False)
-    _TABLES.move_to_end(key)
-    return _TABLES[key]
+    return table
