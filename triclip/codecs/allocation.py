@@ -73,7 +73,7 @@ def quantiser_table(x: np.ndarray, max_bits: int = MAX_BITS, seed: int = 0):
     for p in CLIP_QUANTILES:
         qlo, qhi = np.quantile(x, [p, 1 - p], axis=0).astype(np.float32)  # (D,) each
         for b in range(1, max_bits + 1):
-            err = np.mean(np.square(dequantise(quantise(x, qlo, qhi, b), qlo, qhi, b) - x, dtype=np.float64), axis=0)
+            err = _errors_at(x, qlo, qhi, b)
             better = err < mse[:, b]
             mse[better, b], lo[better, b], hi[better, b] = err[better], qlo[better], qhi[better]
     return lo, hi, mse
@@ -96,12 +96,17 @@ def quantiser_ranges(x: np.ndarray, bits: np.ndarray, seed: int = 0) -> tuple[np
     best = np.full(x.shape[1], np.inf)
     for p in CLIP_QUANTILES:
         qlo, qhi = np.quantile(x, [p, 1 - p], axis=0).astype(np.float32)  # (m,) each
-        err = np.mean(np.square(dequantise(quantise(x, qlo, qhi, widths), qlo, qhi, widths) - x, dtype=np.float64), axis=0)
+        err = _errors_at(x, qlo, qhi, widths)
         better = err < best
         best[better], lo[better], hi[better] = err[better], qlo[better], qhi[better]
     off = bits == 0
     lo[off], hi[off] = 0.0, 0.0
     return lo, hi
+
+
+def _errors_at(x: np.ndarray, lo: np.ndarray, hi: np.ndarray, bits) -> np.ndarray:
+    """Mean squared error of each column of ``x`` quantised in ``[lo, hi]`` with ``bits``. Shape: (N, m) -> (m,)."""
+    return np.mean(np.square(dequantise(quantise(x, lo, hi, bits), lo, hi, bits) - x, dtype=np.float64), axis=0)
 
 
 def _table_rows(x: np.ndarray, seed: int) -> np.ndarray:
