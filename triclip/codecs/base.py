@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import ClassVar
 
 import faiss
@@ -220,3 +221,9 @@ def unit_prefix(x: np.ndarray, keep) -> np.ndarray:
     part = x[:, :keep] if isinstance(keep, (int, np.integer)) else np.where(keep, x, np.float32(0))  # (N, m) or (N, W)
     norms = np.linalg.norm(part, axis=1, keepdims=True)  # (N, 1)
     return np.ascontiguousarray(x / np.maximum(norms, 1e-12), dtype=np.float32)
+
+
+def rows_key(rows: np.ndarray) -> str:
+    """A key for a fit's cache: the rows' shape, dtype and a blake2b of their bytes (equal rows, equal key)."""
+    rows = np.ascontiguousarray(rows)
+    return f"{rows.shape}:{rows.dtype}:{hashlib.blake2b(rows.data).hexdigest()}"

@@ -7,14 +7,13 @@ M codebooks of 2^nbits centroids over the whole width, each encoding what the pr
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 
 import faiss
 import numpy as np
 
 from triclip.core.errors import UserError
-from triclip.codecs.base import METRIC, SLOW_FIT_ROWS, unit_prefix
+from triclip.codecs.base import METRIC, SLOW_FIT_ROWS, rows_key, unit_prefix
 from triclip.codecs.faiss_codec import CodebookCodec
 from triclip.codecs.registry import register_codec
 from triclip.codecs.spec import CodecSpec
@@ -42,7 +41,7 @@ class RQBooks:
     def fit(cls, spec, train, importance=None):
         n, dim = train.shape
         small, inner, _ = cls.faiss_parts(spec, n)
-        key = (cls.name, small.m, small.params["nbits"], hashlib.blake2b(np.ascontiguousarray(train).data).hexdigest())
+        key = (cls.name, small.m, small.params["nbits"], rows_key(train))
         books = _BOOKS.get(key)
         if books is None or books[0] < small.params["M"]:
             codec = super().fit(spec, train, importance)

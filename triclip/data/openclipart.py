@@ -109,10 +109,6 @@ def make_thumbnail(job: tuple[str, str, int]) -> Thumb:
     return Thumb(None, content_hash(data), content_hash(encoded.getvalue()), destination)
 
 
-def _run_jobs(jobs: list[tuple[str, str, int]]) -> list[Thumb]:
-    return _mapped(make_thumbnail, jobs, desc="openclipart thumbnails", unit=" img", chunksize=4)
-
-
 def _mapped(work, jobs: list, desc: str, unit: str, chunksize: int) -> list:
     """``[work(job) for job in jobs]``, in order, on :data:`WORKERS` processes (in this one for a few jobs)."""
     bar = dict(total=len(jobs), desc=desc, unit=unit)
@@ -163,7 +159,7 @@ def write_thumbnails(clips: list[Clip], out: str) -> dict[str, Thumb]:
     for clip in clips:
         first.setdefault(clip.source, clip.name)
     jobs = [(source, _image_path(out, name), DEFAULT_MAX_PIXELS) for source, name in first.items()]
-    return dict(zip(first, _run_jobs(jobs)))
+    return dict(zip(first, _mapped(make_thumbnail, jobs, desc="openclipart thumbnails", unit=" img", chunksize=4)))
 
 
 def _image_path(out: str, name: str) -> str:
