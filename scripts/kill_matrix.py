@@ -1,7 +1,7 @@
 """The kill matrix: every command that writes, SIGKILLed at each step it takes, then run again.
 
     python scripts/kill_matrix.py [--only train,solve] [--parts kill,replace,disk] [--steps 1,5-9] [--work DIR]
-                                  [--no-disk] [--demo] [--list] [--at GLOB]
+                                  [--no-disk] [--demo] [--list] [--at GLOB] [--jobs 2]
 
 For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solve --run``, ``embed``,
 ``index build``; ``demo`` with ``--demo``, which needs Debian's openclipart-png and takes minutes):
@@ -25,7 +25,8 @@ For each command (``data prepare``, ``data split``, ``train``, ``solve``, ``solv
 
 A rerun passes when it exits 0, prints no traceback and leaves a folder whose mark
 (``triclip.core.io.MARK``) says done. Kills follow the files, not the clock: a command that
-finishes in a second is killed at each of its steps as one that takes minutes. A SKIP is a
+finishes in a second is killed at each of its steps as one that takes minutes, so ``--jobs 2`` runs
+two cases at once (each in its own folder, killed at its own command's files) in about half the time. A SKIP is a
 case whose step never came (the command exited first: its last file, or a kind of file the
 reference wrote and this run did not), counted apart. One line per case; exit status 1 when
 any case failed. ``--list`` prints each command's steps without killing anything. The slow
@@ -44,6 +45,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import fnmatch
+import functools
 import json
 import os
 import re
@@ -53,9 +55,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterable, Iterator
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = "out"  # the output folder's name inside each case's own folder (the watched one)
@@ -351,28 +354,52 @@ def said(step: tuple, n: int) -> str:
 
 
 def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps | None,
-               reference: Path, parts: tuple = PARTS, only: set | None = None) -> Iterator[tuple[str, str | None]]:
+               reference: Path, parts: tuple = PARTS, only: set | None = None) -> Iterator[tuple[str, Callable]]:
     """Killed at each step of a fresh run (run again as it was, and with ``--overwrite``), and at each step of
-    an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again); each case
-    as it ends. ``parts`` says which of the two (``kill``, ``replace``); ``only``, at which step numbers (all)."""
+    an ``--overwrite`` of a finished folder (``replace``: the old folder kept whole, then run again): each case's
+    title and what runs it (returns why it failed, or None). ``parts`` says which of the two (``kill``,
+    ``replace``); ``only``, at which step numbers (all)."""
     slug = name.replace(" ", "_")
     for n, step in enumerate(fresh.order if "kill" in parts else [], 1):
         if only and n not in only:
             continue
         for overwrite in (False, True) if replace is not None else (False,):
-            parent = case_folder(work, f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}")
-            killed = killed_at(spec, parent, work, step)
-            why = rerun(spec, parent / OUT, work, overwrite) if killed else "skip: it exited before the step came"
-            yield f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}", why
+            case = f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}"
+            yield (f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}",
+                   functools.partial(killed_then_rerun, spec, work, case, step, overwrite))  # fmt: skip
     for n, step in enumerate(replace.order if replace is not None and "replace" in parts else [], 1):
         if only and n not in only:
             continue
-        parent = case_folder(work, f"{slug}-{n}-replace")
-        killed = killed_at(spec, parent, work, step, "--overwrite", copy=reference)
-        why = None if done(kept(parent / OUT), spec["kind"]) else "the old folder is not whole after a killed --overwrite"
-        why = why or rerun(spec, parent / OUT, work, overwrite=True)
         yield (f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
-               why if killed else "skip: it exited before the step came")  # fmt: skip
+               functools.partial(replace_killed, spec, work, f"{slug}-{n}-replace", step, reference))  # fmt: skip
+
+
+def killed_then_rerun(spec: dict, work: Path, case: str, step: tuple, overwrite: bool) -> str | None:
+    """A run into a new folder killed at ``step``, then run again (with ``--overwrite``, where asked)."""
+    parent = case_folder(work, case)
+    if not killed_at(spec, parent, work, step):
+        return "skip: it exited before the step came"
+    return rerun(spec, parent / OUT, work, overwrite)
+
+
+def replace_killed(spec: dict, work: Path, case: str, step: tuple, reference: Path) -> str | None:
+    """An ``--overwrite`` of a copy of the finished ``reference`` killed at ``step``: the old folder must be whole
+    after it, and a run again with ``--overwrite`` pass."""
+    parent = case_folder(work, case)
+    if not killed_at(spec, parent, work, step, "--overwrite", copy=reference):
+        return "skip: it exited before the step came"
+    if not done(kept(parent / OUT), spec["kind"]):
+        return "the old folder is not whole after a killed --overwrite"
+    return rerun(spec, parent / OUT, work, overwrite=True)
+
+
+def in_order(cases: Iterable[tuple[str, Callable]], jobs: int) -> Iterator[tuple[str, str | None]]:
+    """Each case's ``(title, why it failed or None)``, in the order given, with up to ``jobs`` cases running at
+    once (each in its own folder; a kill follows its own command's files, not the clock)."""
+    with ThreadPoolExecutor(jobs) as pool:
+        running = [(title, pool.submit(run)) for title, run in cases]
+        for title, future in running:
+            yield title, future.result()
 
 
 def killed_at(spec: dict, parent: Path, work: Path, step: tuple | str, *extra: str, copy: Path | None = None) -> bool:
@@ -399,11 +426,11 @@ def at_cases(name: str, spec: dict, work: Path, glob: str) -> Iterator[tuple[str
 
 
 def all_cases(name: str, spec: dict, work: Path, refs: tuple, parts: tuple,
-              only: set | None = None) -> Iterator[tuple[str, str | None]]:
-    """The kill cases, then the disk cases (5 MB; where it fit, half of what it wrote), those of ``parts``, each
-    as it ends (printed at once)."""
+              only: set | None = None, jobs: int = 1) -> Iterator[tuple[str, str | None]]:
+    """The kill cases (``jobs`` at once), then the disk cases (5 MB; where it fit, half of what it wrote), those of
+    ``parts``, each as it ends, in order (printed at once)."""
     if "kill" in parts or "replace" in parts:
-        yield from kill_cases(name, spec, work, *refs, parts=parts, only=only)
+        yield from in_order(kill_cases(name, spec, work, *refs, parts=parts, only=only), jobs)
     if "disk" in parts:
         case, why, how, used = disk_case(name, spec, work)
         yield f"{case} ({how})", why
@@ -482,6 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-disk", action="store_true", help="leave out the 5 MB disk cases")
     parser.add_argument("--demo", action="store_true", help="include the demo (openclipart-png; minutes)")
     parser.add_argument("--list", action="store_true", help="print each command's steps; kill nothing")
+    parser.add_argument("--jobs", type=int, default=1, help="kill cases run at once, each in its own folder (default: 1)")
     parser.add_argument("--at", default="", help="kill at the first path under the case folder matching this glob (no steps)")
     ns = parser.parse_args(argv)
     work = Path(ns.work or tempfile.mkdtemp(prefix="kill-matrix-")).absolute()
@@ -497,6 +525,8 @@ def main(argv: list[str] | None = None) -> int:
         only = step_numbers(ns.steps)
     except ValueError:
         parser.error(f"--steps: {ns.steps!r} is not numbers and ranges such as 1,5-9")
+    if ns.jobs < 1:
+        parser.error(f"--jobs: {ns.jobs} is not a count of cases (1 or more)")
     if ns.at and ns.list:
         parser.error("--at kills at a path, not at numbered steps: leave out --list")
     setup(work)
@@ -513,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         if ns.at:
             cases = at_cases(name, spec, work, ns.at)
         else:
-            cases = all_cases(name, spec, work, (fresh, replace, reference), parts, only)
+            cases = all_cases(name, spec, work, (fresh, replace, reference), parts, only, ns.jobs)
         for case, why in cases:
             verdict = "PASS" if why is None or why.startswith("exit ") and "ok:" in why else "FAIL"
             verdict = "SKIP" if why and why.startswith("skip") else verdict
