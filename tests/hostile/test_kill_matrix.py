@@ -139,3 +139,24 @@ def test_the_index_writers_survive_kills_and_a_full_disk(matrix, tmp_path, capsy
     out = capsys.readouterr().out
     assert "PASS" in out and status == 0, out
     assert " 0 skipped, 0 failed" in out.splitlines()[-1], out
+
+
+def test_cases_run_two_at_once_come_back_in_the_order_given(matrix):
+    """``--jobs 2``: the second case runs while the first waits on it, and the results keep the cases' order."""
+    import threading
+
+    second_ran = threading.Event()
+
+    def first():
+        assert second_ran.wait(10), "the second case did not run beside the first"
+        return None
+
+    def second():
+        second_ran.set()
+        return "skip: it exited before the step came"
+
+    cases = [("a", first), ("b", second), ("c", lambda: "exit 1: boom")]
+    assert list(matrix.in_order(iter(cases), 2)) == [("a", None), ("b", cases[1][1]()), ("c", "exit 1: boom")]
+    with pytest.raises(SystemExit) as bad:
+        matrix.main(["--jobs", "0", "--list"])
+    assert bad.value.code == 2
