@@ -366,31 +366,25 @@ def kill_cases(name: str, spec: dict, work: Path, fresh: Steps, replace: Steps |
         for overwrite in (False, True) if replace is not None else (False,):
             case = f"{slug}-{n}-{'overwrite' if overwrite else 'plain'}"
             yield (f"{name}: killed at {said(step, n)}, run again{' --overwrite' if overwrite else ''}",
-                   functools.partial(killed_then_rerun, spec, work, case, step, overwrite))  # fmt: skip
+                   functools.partial(killed_case, spec, work, case, step, overwrite))  # fmt: skip
     for n, step in enumerate(replace.order if replace is not None and "replace" in parts else [], 1):
         if only and n not in only:
             continue
         yield (f"{name}: --overwrite killed at {said(step, n)}, old kept, run again",
-               functools.partial(replace_killed, spec, work, f"{slug}-{n}-replace", step, reference))  # fmt: skip
+               functools.partial(killed_case, spec, work, f"{slug}-{n}-replace", step, True, reference))  # fmt: skip
 
 
-def killed_then_rerun(spec: dict, work: Path, case: str, step: tuple, overwrite: bool) -> str | None:
-    """A run into a new folder killed at ``step``, then run again (with ``--overwrite``, where asked)."""
+def killed_case(spec: dict, work: Path, case: str, step: tuple, overwrite: bool, reference: Path | None = None) -> str | None:
+    """A run into a new folder killed at ``step``, then run again (with ``--overwrite``, where asked); with
+    ``reference``, an ``--overwrite`` of a copy of that finished folder is killed instead, and the old folder must
+    be whole after it. Returns why the case failed, or None."""
     parent = case_folder(work, case)
-    if not killed_at(spec, parent, work, step):
+    extra = ("--overwrite",) if reference is not None else ()
+    if not killed_at(spec, parent, work, step, *extra, copy=reference):
         return "skip: it exited before the step came"
-    return rerun(spec, parent / OUT, work, overwrite)
-
-
-def replace_killed(spec: dict, work: Path, case: str, step: tuple, reference: Path) -> str | None:
-    """An ``--overwrite`` of a copy of the finished ``reference`` killed at ``step``: the old folder must be whole
-    after it, and a run again with ``--overwrite`` pass."""
-    parent = case_folder(work, case)
-    if not killed_at(spec, parent, work, step, "--overwrite", copy=reference):
-        return "skip: it exited before the step came"
-    if not done(kept(parent / OUT), spec["kind"]):
+    if reference is not None and not done(kept(parent / OUT), spec["kind"]):
         return "the old folder is not whole after a killed --overwrite"
-    return rerun(spec, parent / OUT, work, overwrite=True)
+    return rerun(spec, parent / OUT, work, overwrite)
 
 
 def in_order(cases: Iterable[tuple[str, Callable]], jobs: int) -> Iterator[tuple[str, str | None]]:
