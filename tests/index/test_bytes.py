@@ -228,6 +228,10 @@ def test_cli_prints_the_table_and_searches_by_bytes(by_bytes, run_dir, shapes_di
         assert line[:3] == ["4", side, "binary"] and line[3] in ("m=16", "m=32")
         assert line[4:7] == [line[3][2:], str(int(line[3][2:]) // 8), "B"]  # m, then the bytes the code stores
     assert summary["budgets"]["4"]["code"]["codec"] == summary["budgets"]["4"]["text"]["code"]["codec"] == "binary"
+    assert "candidates" not in captured.out  # the table on stderr lists them; curves.json keeps them
+    curves = json.loads(next(built.glob("v*/curves.json")).read_text())
+    assert {c["codec"] for c in curves["bytes"]["candidates"]["4"]} == {"binary"}
+    assert any(line.strip().startswith("- binary m=") for line in captured.err.splitlines())
     out, _ = by_bytes
     assert main(["search", "--index", str(out), "--text", "a red circle", "--bytes", "8", "--json", "-k", "3"]) == 0
     hits = json.loads(capsys.readouterr().out)

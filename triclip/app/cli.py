@@ -303,17 +303,19 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     if summary.get("rank", 0) == 0:  # under torchrun (--embeddings): one summary, from rank 0
         if summary.get("budgets"):  # the codes kept per budget, for a person (stdout stays one JSON object)
             print(table(summary["budgets"]), file=sys.stderr)
-        _print_json(summary)
+        _print_json(_without_candidates(summary))
     return 0
 
 
-def cmd_index_export(ns: argparse.Namespace) -> int:
-    from triclip.app.options import to_config
-    from triclip.index.config import ExportConfig
-    from triclip.index.milvus_export import export
+def _without_candidates(summary: dict) -> dict:
+    """The build's summary less every budget's tried candidates: the table shows them, and the index's
+    ``curves.json`` keeps them (``bytes`` / ``text_bytes``, ``candidates``)."""
+    def entry(e: dict) -> dict:
+        return {k: entry(v) if k == "text" else v for k, v in e.items() if k != "candidates"}
 
-    _print_json(export(to_config(ExportConfig, ns)))
-    return 0
+    if not summary.get("budgets"):
+        return summary
+    return {**summary, "budgets": {b: entry(e) for b, e in summary["budgets"].items()}}
 
 
 def _index_export_options(p: argparse.ArgumentParser) -> None:
