@@ -97,6 +97,40 @@ def test_no_function_outside_tests_is_over_80_lines():
     assert long == []
 
 
+def _defined_twice(tree: ast.Module) -> list[str]:
+    """Functions and classes a module (or a class) defines twice under one name: the later one silently
+    replaces the earlier (a test defined twice never runs its first copy). Property setters are not counted."""
+    twice, bodies = [], [tree.body]
+    while bodies:
+        body = bodies.pop()
+        seen = set()
+        for node in body:
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                continue
+            if isinstance(node, ast.ClassDef):
+                bodies.append(node.body)
+            elif any(isinstance(d, ast.Attribute) for d in node.decorator_list):  # @x.setter, @x.deleter
+                continue
+            if node.name in seen:
+                twice.append(f"{node.name} (line {node.lineno})")
+            seen.add(node.name)
+    return twice
+
+
+def test_no_module_defines_a_name_twice():
+    files = [f for d in ("triclip", "benchmarks", "scripts", "tests") for f in (ROOT / d).rglob("*.py")]
+    twice = {str(f.relative_to(ROOT)): found for f in files
+             if (found := _defined_twice(ast.parse(f.read_text(encoding="utf-8"))))}
+    assert twice == {}
+
+
+def test_a_name_defined_twice_is_caught():
+    source = "def f(): pass\nclass C:\n    def g(self): pass\n    def g(self): pass\ndef f(): pass\n"
+    assert sorted(_defined_twice(ast.parse(source))) == ["f (line 5)", "g (line 4)"]
+    prop = "class C:\n    @property\n    def x(self): pass\n    @x.setter\n    def x(self, v): pass\n"
+    assert _defined_twice(ast.parse(prop)) == []
+
+
 def test_serving_modules_never_import_training():
     for name in SERVING:
         assert "training" not in _imported_packages(ROOT / name), name
