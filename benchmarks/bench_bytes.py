@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -120,8 +119,6 @@ def sides(split: dict, direction: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
 
 def queries(split: dict) -> tuple[np.ndarray, np.ndarray]:
     """Distinct texts as queries and which gallery images each finds relevant. Shapes: (U, D), (U, N) bool."""
-    import torch
-
     from triclip.compact.metrics import distinct_texts
 
     text_id, first_row = distinct_texts(split["texts"])

@@ -5,7 +5,6 @@ usearch in the peers' environment when it exists), its answers compared with exa
 import json
 import os
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -13,7 +13,6 @@ import pytest
 from triclip.core.errors import UserError
 from triclip.index import budgets as bud
 from triclip.index.budgets import EvalSet, Rules, choose
-from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.store import current_version
 from tests.index.conftest import GivenLatency, unit_vectors
 

@@ -13,7 +13,7 @@ import pytest
 
 from triclip.codecs import ivf
 from triclip.index import budgets as bud
-from triclip.index.budgets import Choice, EvalSet, Latency, Rules, Variant, choose, overlap
+from triclip.index.budgets import Choice, Latency, Rules, Variant, choose, overlap
 from triclip.index.finalists import LADDER, settle
 from tests.index.conftest import GivenLatency
 from tests.index.test_ivf_at_n import D, N, _spec, collection, small_sample  # noqa: F401 (the same fixtures)

@@ -15,8 +15,8 @@ from triclip.index.budgets import max_nprobe, overlap, tune_nprobe
 from triclip.codecs import ivf
 from triclip.index.sources import IndexBuildConfig, build_index
 from triclip.index.store import current_version, load_contents
-from triclip.index.vectors import ShardVectors, exact_topk
-from tests.index.conftest import GivenLatency, unit_vectors
+from triclip.index.vectors import exact_topk
+from tests.index.conftest import unit_vectors
 
 D = 32
 

@@ -80,9 +80,11 @@ def test_partly_lock_freezes_the_bottom_only_and_keeps_the_state_dict(tiny):
     assert all(not p.requires_grad for p in image_bottom.parameters())
     assert all(p.requires_grad for p in image_top.parameters())
     assert all(not p.requires_grad for p in text_bottom.parameters())
+    assert all(p.requires_grad for p in text_top.parameters())
     assert model.image_head.weight.requires_grad
     model.train()
     assert not any(m.training for m in image_bottom.modules()) and image_top.training
+    assert not any(m.training for m in text_bottom.modules()) and text_top.training
 
 
 def test_bad_cut_is_one_line(tiny):

@@ -14,7 +14,6 @@ from triclip.model.embed import embed_pairs
 from triclip.core.errors import UserError
 from triclip.losses import build_loss
 from triclip.model.run import load_run
-from triclip.training.batches import BatchSource
 from triclip.training.config import SolveConfig
 from triclip.training.evaluate import evaluate_run
 from triclip.training.solve import eq6_value, fit_cca, pair_stats, paired_features, solve

@@ -304,8 +304,6 @@ def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Pa
     ones) beyond ``memory`` bytes (``on_disk`` "auto"; "always": any size) in ``{file}.ivfdata``, written in
     ``work`` and named in ``contents.files`` so the version takes it in. ``filled``: the same code already
     filled in memory (by the finalists), kept as it is where the lists stay in memory."""
-    from triclip.index import budgets as bud
-
     lists = fi.ivf_list_bytes(codec.index, vectors.count) if hasattr(codec, "filled_on_disk") else None
     blocked = lists is not None and isinstance(
         faiss.downcast_InvertedLists(faiss.extract_index_ivf(codec.index).invlists), faiss.BlockInvertedLists)

@@ -203,7 +203,7 @@ def open_meta(folder: Path, meta_name: str, count: int, arrays: dict, damaged) -
     size = (folder / meta_name).stat().st_size
     if int(offsets[0]) != 0 or int(offsets[-1]) != size:
         raise damaged(f"{OFFSETS} does not span {meta_name} ({int(offsets[-1]):,} of {size:,} bytes)")
-    for array in (offsets, hashes, order):
-        random_access(array)
+    for mapped in (offsets, hashes, order):
+        random_access(mapped)
     return LazyMeta(folder / meta_name, offsets, hashes, order, damaged)
 

@@ -41,7 +41,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 from triclip.core.progress import progress
@@ -50,6 +50,9 @@ from triclip.core.config import bounded, check_fields, check_device
 from triclip.core.errors import UserError, first_line
 from triclip.core.io import claim_output_dir, file_sha256, read_json, temp_dir, write_errors, write_json_atomic, writing
 from triclip.data.records import DataConfig
+
+if TYPE_CHECKING:  # for the annotations only
+    from triclip.data import PairSet
 
 # torch and the model code load inside the embedding functions: reading shards (index build
 # --embeddings, benchmarks) needs neither, and torch alone takes ~600 MB of resident memory.
