@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -154,3 +155,24 @@ def test_numpy_transform_matches_compact_transform():
         np.testing.assert_allclose(got, transform(z).numpy(), atol=1e-6)
     with pytest.raises(Exception, match="dimension 12"):
         _numpy_transform({"transform": selection.to_dict(), "dim": 12}, "I", 16)
+
+
+def test_the_app_searcher_embeds_texts_through_the_export_and_images_through_the_model(lite_index, cache_env):
+    """``use_text_export`` (what ``triclip app`` calls): the model stays for image queries, texts take the export
+    (written when missing), and the answers are the torch path's."""
+    index, cache = lite_index
+    shutil.rmtree(cache / "text_encoder", ignore_errors=True)  # no export yet: it is written
+    slow = Searcher.load(index)
+    served = Searcher.load(index)
+    assert served.text_encoder is None and served.use_text_export() and served.text_encoder is not None
+    assert served.model is not None and served.use_text_export()  # again: nothing to do
+    np.testing.assert_allclose(served.embed_texts(QUERIES), slow.embed_texts(QUERIES), atol=1e-4)
+    for m in (8, None):
+        _same_hits(served.search_text(QUERIES, k=5, m=m), slow.search_text(QUERIES, k=5, m=m))
+    calls, encode = [], served.text_encoder.encode
+    served.text_encoder.encode = lambda texts: calls.append(len(texts)) or encode(texts)
+    served.search_text(QUERIES, k=3)
+    assert sum(calls) == len(QUERIES)  # every text query went through the export
+    image = json.loads((index / "v000001" / "meta.jsonl").read_text().splitlines()[2])["image"]
+    assert served.search_image([image], k=3) == slow.search_image([image], k=3)
+    assert sum(calls) == len(QUERIES)  # an image query did not

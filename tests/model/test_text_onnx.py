@@ -147,3 +147,16 @@ def test_a_head_solved_on_a_run_exports_too(run):
         expected = model.encode_text(CAPTIONS[:3]).numpy()
     got = text_onnx.cached_text_encoder(run, "best", "f00d").encode(CAPTIONS[:3])
     np.testing.assert_allclose(got, expected, atol=TOL)
+
+
+def test_sessions_take_omp_num_threads_else_torchs_count(monkeypatch):
+    """A server sets torch's thread count (triclip.app.server.set_threads); the text export's session follows it."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert text_onnx._default_threads() == 3
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert text_onnx._default_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -187,6 +187,7 @@ def serve(
     log_to_stderr()
     set_threads(cfg.threads)  # before the warm-up: the ONNX session takes torch's thread count when it is made
     searcher = open_searcher(index, run=run, device=device, collection=collection)
+    searcher.use_text_export()  # text queries through the run's exported text side: less CPU each (a lite run)
     searcher.embed_texts(["warm-up"])  # the first query pays for lazy initialisation (ONNX sessions), not a user
     blocks, app = build_app(searcher, cfg)
     gc.collect()

@@ -253,6 +253,7 @@ class LiveIndex:
             searcher = old.searcher.with_contents(contents, self.root)  # the same run: keep the loaded model
         else:
             searcher = Searcher.load(self.root, run=self.run, device=self.device)
+            searcher.use_text_export()  # as serve() does for the first version
         view = IndexView.of(searcher, self.root)
         self.files_of[view.version] = view.files
         while len(self.files_of) > KEPT_VERSIONS:

@@ -153,6 +153,25 @@ class Searcher:
             searcher.timings["text_export"] = export_for_run(searcher.model, run, weights, manifest["fingerprint"])
         return searcher
 
+    def use_text_export(self) -> bool:
+        """Answer text queries through the run's exported text side (ONNX Runtime: a lite run on the CPU), keeping
+        the loaded model for image queries; writes the export when none is cached. A served text query then costs
+        less CPU (docs/benchmarks.md, "The search app under load"). True when text queries now take it."""
+        run, weights, device, where = self._source
+        if self.text_encoder is not None:
+            return True
+        if self.model is None or device not in (None, "cpu") or getattr(self.device, "type", "cpu") != "cpu":
+            return False
+        fingerprint = self.manifest["fingerprint"]
+        encoder = cached_text_encoder(run, weights, fingerprint)
+        if encoder is None and export_for_run(self.model, run, weights, fingerprint) > 0:
+            encoder = cached_text_encoder(run, weights, fingerprint)
+        if encoder is None:  # not a lite run, or no ONNX Runtime: the model embeds texts too
+            return False
+        self._text_transform = _numpy_transform(self.manifest, where, encoder.dim)
+        self.text_encoder = encoder
+        return True
+
     def _ensure_model(self) -> None:
         """Load the run's model now (a Searcher opened on the exported text side, asked an image query)."""
         if self.model is None:

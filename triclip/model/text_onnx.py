@@ -156,10 +156,13 @@ def file_stamps(paths) -> dict[str, list[int] | None]:
 
 
 def _default_threads() -> int:
+    """``OMP_NUM_THREADS``, else torch's intra-op count where torch is loaded (a server sets it:
+    ``triclip.app.server.set_threads``), else every core."""
     try:
         return max(1, int(os.environ.get("OMP_NUM_THREADS", "")))
     except ValueError:
-        return max(1, os.cpu_count() or 1)
+        torch = sys.modules.get("torch")
+        return torch.get_num_threads() if torch is not None else max(1, os.cpu_count() or 1)
 
 
 # ---------------------------------------------------------------------------- export (torch)
