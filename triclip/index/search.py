@@ -138,11 +138,9 @@ class Searcher:
         run = os.fspath(run) if run is not None else manifest.get("run", "")
         weights = manifest.get("weights", "best")  # the run's weights the index was built with
         source = (run, weights, device, where)
-        encoder = None
-        if text_only and device in (None, "cpu"):
-            encoder = cached_text_encoder(run, weights, manifest["fingerprint"])
+        encoder, text_transform = _text_export(manifest, run, weights, where) if text_only and device in (None, "cpu") \
+            else (None, None)
         if encoder is not None:
-            text_transform = _numpy_transform(manifest, where, encoder.dim)  # UserError: a damaged or foreign transform
             searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source, _text_transform=text_transform,
                            **fields)
         else:
@@ -157,19 +155,17 @@ class Searcher:
         """Answer text queries through the run's exported text side (ONNX Runtime: a lite run on the CPU), keeping
         the loaded model for image queries; writes the export when none is cached. A served text query then costs
         less CPU (docs/benchmarks.md, "The search app under load"). True when text queries now take it."""
-        run, weights, device, where = self._source
         if self.text_encoder is not None:
             return True
-        if self.model is None or device not in (None, "cpu") or getattr(self.device, "type", "cpu") != "cpu":
+        if self.model is None or self.device.type != "cpu":
             return False
-        fingerprint = self.manifest["fingerprint"]
-        encoder = cached_text_encoder(run, weights, fingerprint)
-        if encoder is None and export_for_run(self.model, run, weights, fingerprint) > 0:
-            encoder = cached_text_encoder(run, weights, fingerprint)
+        run, weights, _, where = self._source
+        encoder, transform = _text_export(self.manifest, run, weights, where)
+        if encoder is None and export_for_run(self.model, run, weights, self.manifest["fingerprint"]) > 0:
+            encoder, transform = _text_export(self.manifest, run, weights, where)
         if encoder is None:  # not a lite run, or no ONNX Runtime: the model embeds texts too
             return False
-        self._text_transform = _numpy_transform(self.manifest, where, encoder.dim)
-        self.text_encoder = encoder
+        self.text_encoder, self._text_transform = encoder, transform
         return True
 
     def _ensure_model(self) -> None:
@@ -686,6 +682,18 @@ def _caption_texts(meta: Sequence[dict], text_rows: np.ndarray):
         while at < row:
             at, current = at + 1, next(walk)
         yield row, current["captions"][caption]
+
+
+def _text_export(manifest: dict, run: str, weights: str, index_dir) -> tuple:
+    """``(TextEncoder, its numpy compact transform)`` of the run's cached export, or ``(None, None)`` on a miss.
+
+    Raises:
+        UserError: a damaged or foreign transform in the manifest.
+    """
+    encoder = cached_text_encoder(run, weights, manifest["fingerprint"])
+    if encoder is None:
+        return None, None
+    return encoder, _numpy_transform(manifest, index_dir, encoder.dim)
 
 
 def _numpy_transform(manifest: dict, index_dir, dim: int):
