@@ -160,3 +160,16 @@ def test_sessions_take_omp_num_threads_else_torchs_count(monkeypatch):
         assert text_onnx._default_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_export_removes_what_a_killed_export_of_the_same_entry_left(model, run):
+    entry = text_onnx.entry_dir(run, "best", "f00d")
+    entry.parent.mkdir(parents=True)
+    left = entry.parent / f".{entry.name}.tmp-killed"  # a kill -9 between temp_dir and swap_dir leaves this
+    left.mkdir()
+    (left / text_onnx.ONNX_FILE).write_bytes(b"half an export")
+    other = entry.parent / ".another-entry.tmp-x"  # another entry's staging: not this export's to remove
+    other.mkdir()
+    assert _export(model, run) == entry
+    assert not left.exists() and other.exists()
+    assert text_onnx.cached_text_encoder(run, "best", "f00d") is not None

@@ -259,9 +259,13 @@ def export_text_encoder(
 
 def _remove_superseded(entry: Path, run: str, which: str) -> None:
     """Remove the entries of the same ``run`` (its real path) and ``which`` weights other than ``entry``
-    (a retrained run's old export), and those of runs whose folder is gone (about 90 MB each for lite)."""
+    (a retrained run's old export), those of runs whose folder is gone (about 90 MB each for lite), and the
+    staging folders of ``entry`` that an export killed mid-way left (``entry`` is whole now)."""
     for other in entry.parent.iterdir():
         if other == entry:
+            continue
+        if other.name.startswith(f".{entry.name}.tmp-"):
+            shutil.rmtree(other, ignore_errors=True)
             continue
         try:
             old = json.loads((other / META_FILE).read_text(encoding="utf-8"))
