@@ -20,6 +20,7 @@ import tempfile
 import time
 
 from triclip.index import budgets as bud
+from triclip.index import report
 from triclip.index.config import IndexBuildConfig
 from triclip.index.sources import open_embeddings
 
@@ -43,7 +44,7 @@ def lines(side: str, n: int, choices: list, cpu: float, wall: float) -> list[str
     for c in choices:
         out.append(f"  {c.budget} B kept: {bud._words(c.kept)}, recall@10 {c.recall:.4f}, {c.kept.latency.ms:.3g} ms"
                    f" ({c.kept.latency.how}); bound {c.bound_ms:.3g} ms (float32 scan) {c.note}")
-        out += ["    - " + bud._candidate(t) + (f", keeps {t['keeps']}" if t.get("keeps", 1) != 1 else "")
+        out += ["    - " + report._candidate(t) + (f", keeps {t['keeps']}" if t.get("keeps", 1) != 1 else "")
                 for t in c.tried]
     return out
 

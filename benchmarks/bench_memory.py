@@ -252,6 +252,7 @@ def fill(emb: str, kind: str, shards: int, m: int, chunk: int) -> dict:
     from triclip import codecs
     from triclip.codecs.spec import CodecSpec
     from triclip.index import budgets
+    from triclip.index import scale
     from triclip.index.vectors import ShardVectors
 
     vectors = ShardVectors.open(emb, shards, kind)
@@ -260,7 +261,7 @@ def fill(emb: str, kind: str, shards: int, m: int, chunk: int) -> dict:
     out, codes = {}, {}
     for how, source in (("whole shards", vectors), (f"{chunk} rows", vectors.chunked(chunk))):
         with sampled(how, 0.02) as took:
-            full = budgets.fill(codec, source)
+            full = scale.fill(codec, source)
         out[how] = {"anon_peak_above_mib": took["anon_peak_above_mib"], "seconds": took["seconds"]}
         path = Path(tempfile.mkdtemp()) / "codes"
         full.save(path)

@@ -371,7 +371,8 @@ def test_a_candidate_left_out_by_the_evidence_is_shown_skipped_with_its_reason_a
     build's table prints that line, and on a collection where the unpruned choice does not keep OPQ the kept code
     and its recall are the unpruned choice's (latencies given: nothing timed)."""
     from triclip.index import budgets
-    from triclip.index.budgets import EvalSet, Rules, choose, table
+    from triclip.index.budgets import EvalSet, Rules, choose
+    from triclip.index.report import table
 
     rng = np.random.default_rng(0)
     centres = rng.standard_normal((30, 256)).astype(np.float32)  # D = 256: OPQ32x8 needs 8 dimensions a code

@@ -12,6 +12,7 @@ import pytest
 
 from triclip.core.errors import UserError
 from triclip.index import budgets as bud
+from triclip.index import report
 from triclip.index.budgets import EvalSet, Rules, choose
 from triclip.index.store import current_version
 from tests.index.conftest import GivenLatency, unit_vectors
@@ -84,7 +85,7 @@ def test_two_stages_re_rank_a_tuned_shortlist_by_the_float_vectors(collection):
     assert _kept(half)["disk_bytes_per_query"] == 2 * D * half.kept.shortlist  # float16 vectors: half the reads
     stored = half.codec.empty_copy()
     stored.add(x)
-    rescore = bud.manifest_entry(half, stored, evaluation, "image.b4.codec", vector_bytes=2)["rescore"]
+    rescore = report.manifest_entry(half, stored, evaluation, "image.b4.codec", vector_bytes=2)["rescore"]
     assert rescore["disk_bytes_per_query"] == 2 * D * half.kept.shortlist
     tune = bud.TuneSet.of(x, evaluation)
     copy = two.codec.empty_copy()

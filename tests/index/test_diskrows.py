@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from triclip.index import budgets as bud
-from triclip.index.budgets import EvalSet, Rules, choose, table
+from triclip.index.budgets import EvalSet, Rules, choose
+from triclip.index.report import table
 from triclip.index.diskrows import GATHER_MIN, DiskRows, cold_read_ms, evict, settle
 from triclip.index.search import Searcher, rerank, rerank_from
 from triclip.index.sources import IndexBuildConfig, build_index

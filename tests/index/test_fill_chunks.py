@@ -7,6 +7,7 @@ import numpy as np
 from triclip import codecs
 from triclip.codecs.spec import CodecSpec
 from triclip.index import budgets
+from triclip.index import scale
 from triclip.index.vectors import ShardFile, ShardVectors
 
 
@@ -44,7 +45,7 @@ def test_a_pq_filled_in_chunks_holds_the_codes_of_one_filled_a_shard_at_once(tmp
     x /= np.linalg.norm(x, axis=1, keepdims=True)
     vectors = ShardVectors.of([x[:1700], x[1700:]])
     codec = codecs.fit(CodecSpec("pq", 256, 16, {"M": 16, "nbits": 8}), x[:2000])
-    whole, chunked = budgets.fill(codec, vectors), budgets.fill(codec, vectors.chunked(256))
+    whole, chunked = scale.fill(codec, vectors), scale.fill(codec, vectors.chunked(256))
     whole.save(tmp_path / "whole")
     chunked.save(tmp_path / "chunked")
     assert len(chunked) == 3000

@@ -13,6 +13,8 @@ import pytest
 
 from triclip.codecs import ivf
 from triclip.index import budgets as bud
+from triclip.index import report
+from triclip.index import scale
 from triclip.index.budgets import Choice, Latency, Rules, Variant, choose, overlap
 from triclip.index.finalists import LADDER, settle
 from tests.index.conftest import GivenLatency
@@ -38,7 +40,7 @@ def test_the_rival_that_holds_more_at_n_is_kept_and_every_finalist_is_recorded(c
     rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
     tied = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)
     [settled] = settle([tied], vectors, evaluation, rules)
-    stored = bud.fill(flat.codec, vectors)
+    stored = scale.fill(flat.codec, vectors)
     flat_held = overlap(stored.search(evaluation.queries, 10)[1], truth)  # brute force over every row
     assert settled.kept.codec is lists.codec and settled.codec is lists.codec and "finalists measured" in settled.note
     assert settled.kept.latency.how == "measured" and settled.kept.shortlist is None
@@ -55,9 +57,9 @@ def test_the_rival_that_holds_more_at_n_is_kept_and_every_finalist_is_recorded(c
                      evaluation, rules)
     untimed = lambda record: {k: v for k, v in record.items() if k != "fill_s"}  # noqa: E731 (a wall time)
     assert again.kept.codec is lists.codec and again.note == "" and untimed(again.finalists["kept"]) == untimed(got["kept"])
-    entry = bud.manifest_entry(settled, stored, evaluation, "image.b8.codec")
+    entry = report.manifest_entry(settled, stored, evaluation, "image.b8.codec")
     assert entry["finalists_at_n"] == got
-    assert "finalists measured as stored at N = 25,000" in bud.table({"8": {**entry, "code": entry["spec"]}})
+    assert "finalists measured as stored at N = 25,000" in report.table({"8": {**entry, "code": entry["spec"]}})
     for done in (settled, again):  # the winner as refitted for N, kept for the build to store
         assert done.sized_at_n[0].ivf.nlist == done.sized_at_n[1]["nlist"] == ivf.lists_for(N)
 
@@ -74,7 +76,7 @@ def test_the_longest_shortlist_within_the_bound_at_n_is_kept_with_its_cold_reads
     choice = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, first_stage=over)
     [settled] = settle([choice], vectors, evaluation, rules)
     within = [n for n in LADDER if 0.002 + 0.011 * n <= 10.0]
-    stored = bud.fill(flat.codec, vectors)
+    stored = scale.fill(flat.codec, vectors)
     held = {n: round(overlap(stored.search(evaluation.queries, n)[1], truth), 4) for n in within}  # brute force
     fits = min(n for n in within if held[n] == max(held.values()))
     assert within[-1] == 500 and held[fits] > held[100] and settled.kept.shortlist == fits
@@ -124,10 +126,10 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
     rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
     [settled] = settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)], vectors,
                        evaluation, rules)
-    fresh = bud.fill(settled.sized_at_n[0], vectors)  # what encoding the N rows again would store
-    monkeypatch.setattr(bud, "sized_for_n", lambda *a, **k: pytest.fail("refitted again"))
-    monkeypatch.setattr(bud, "fill", lambda *a, **k: pytest.fail("the N rows encoded again"))
-    monkeypatch.setattr(bud, "tune_at_n", lambda *a, **k: pytest.fail("tuned at N again"))
+    fresh = scale.fill(settled.sized_at_n[0], vectors)  # what encoding the N rows again would store
+    monkeypatch.setattr(scale, "sized_for_n", lambda *a, **k: pytest.fail("refitted again"))
+    monkeypatch.setattr(scale, "fill", lambda *a, **k: pytest.fail("the N rows encoded again"))
+    monkeypatch.setattr(scale, "tune_at_n", lambda *a, **k: pytest.fail("tuned at N again"))
     stored, entry = build._stored(settled, vectors, evaluation, rules, IndexBuildConfig(out=str(tmp_path / "x")),
                                   1 << 30, tmp_path, "image.b8.codec", IndexContents({}, [], None, {}))
     assert stored is settled.filled_at_n and len(stored) == N and stored.ivf.nlist == ivf.lists_for(N)
@@ -140,7 +142,7 @@ def test_the_build_stores_the_winner_from_the_refit_its_settling_made(collection
     from triclip.index.manifest import summary
 
     printed = summary({"budgets": {"8": entry}}, str(tmp_path), 0.0)["budgets"]["8"]  # what index build prints
-    assert printed["finalists_at_n"] == settled.finalists and "finalists measured" in bud.table({"8": printed})
+    assert printed["finalists_at_n"] == settled.finalists and "finalists measured" in report.table({"8": printed})
 
 
 def test_the_choice_names_as_rival_the_best_other_code_within_the_margin(collection, small_sample):  # noqa: F811
@@ -201,7 +203,7 @@ def test_lists_search_every_list_once_per_code_and_the_ladder_stops_past_the_bou
     does not depend on the shortlist); shortlists whose re-rank alone is over the bound are not tuned."""
     vectors, evaluation, _ = collection
     flat, lists = two
-    calls, tune = [], bud.tune_at_n
+    calls, tune = [], scale.tune_at_n
 
     def counted(stored, vectors, evaluation, choice, rules, whole=None):
         at_n = tune(stored, vectors, evaluation, choice, rules, whole)
@@ -209,7 +211,7 @@ def test_lists_search_every_list_once_per_code_and_the_ladder_stops_past_the_bou
             calls.append((choice.kept.shortlist, whole, at_n["whole_lists"]))
         return at_n
 
-    monkeypatch.setattr(bud, "tune_at_n", counted)
+    monkeypatch.setattr(scale, "tune_at_n", counted)
     rules = Rules(n=N, recall_target=0.95, rescore=True, model=GivenLatency(reference=10.0, per_candidate=0.02))
     settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)], vectors, evaluation, rules)
     assert [c[0] for c in calls] == [None, 100, 200, 300, 400, 500]  # 1,000 rows: a re-rank of 20 ms alone, not tuned
@@ -278,8 +280,9 @@ def test_settling_leaves_the_slow_kept_code_unfilled_and_keeps_its_rival(collect
     assert got["not_filled"] == [{"label": flat.codec.spec.label(), "not_filled": (
         f"its {N:,} rows would take ~2 s to encode, 10.0 x {lists.codec.spec.label()}'s, whose codes alone the"
         f" sample puts within {bud.FINALIST_MARGIN:g} of its (0.580 against 0.600)")}]
-    entry = bud.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
-    assert f"{flat.codec.spec.label()} not filled: its {N:,} rows" in bud.table({"8": {**entry, "code": entry["spec"]}})
+    entry = report.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
+    printed = report.table({"8": {**entry, "code": entry["spec"]}})
+    assert f"{flat.codec.spec.label()} not filled: its {N:,} rows" in printed
 
 
 def test_the_sample_fill_times_each_codes_encoding(collection, small_sample):  # noqa: F811
@@ -321,7 +324,7 @@ def test_a_slow_finalist_that_holds_less_on_the_first_rows_is_not_filled_at_n(co
     assert calls == [(fast.codec, 5000), (slow.codec, 5000), (fast.codec, N)]  # the first rows, then N: the fast one only
     head = vectors.head(5000)
     truth = exact_topk(head, evaluation.queries, 10)  # brute force over the first rows
-    flat_held = overlap(bud.fill(flat.codec, head).search(evaluation.queries, 10)[1], truth)
+    flat_held = overlap(scale.fill(flat.codec, head).search(evaluation.queries, 10)[1], truth)
     first = settled.finalists["first_rows"]
     assert first["n"] == 5000 and [f["of_exact_top10"] for f in first["finalists"]][1] == round(flat_held, 4)
     lists_held = first["finalists"][0]["of_exact_top10"]
@@ -330,8 +333,8 @@ def test_a_slow_finalist_that_holds_less_on_the_first_rows_is_not_filled_at_n(co
     assert left["label"] == flat.codec.spec.label() and left["not_filled"].startswith(
         f"on the first 5,000 rows, as stored, it held {flat_held:.3f} of their exact top 10 in 0.002 ms against"
         f" {lists_held:.3f}") and left["not_filled"].endswith(f"whose {N:,} rows encode 10.0 x faster")
-    entry = bud.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
-    assert f"{flat.codec.spec.label()} not filled: on the first 5,000 rows" in bud.table(
+    entry = report.manifest_entry(settled, settled.filled_at_n, evaluation, "image.b8.codec")
+    assert f"{flat.codec.spec.label()} not filled: on the first 5,000 rows" in report.table(
         {"8": {**entry, "code": entry["spec"]}})
 
 

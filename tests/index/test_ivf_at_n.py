@@ -11,6 +11,8 @@ import pytest
 
 from triclip.codecs import ivf
 from triclip.index import budgets as bud
+from triclip.index import report
+from triclip.index import scale
 from triclip.index.budgets import EvalSet, Rules, overlap
 from triclip.index.vectors import ShardVectors
 from tests.index.conftest import GivenLatency, unit_vectors
@@ -62,12 +64,12 @@ def test_the_stored_lists_are_refitted_for_n_and_nprobe_holds_the_target_at_n(co
     sample = vectors.rows(np.sort(np.random.default_rng(0).choice(N, 2000, replace=False)), D)
     fitted = bud.codecs.fit(spec, bud.fit_sample(sample, spec))
     assert fitted.ivf.nlist == 2000 // ivf.TRAIN_PER_LIST < ivf.lists_for(N) == 512  # capped by the sample
-    sized, done = bud.sized_for_n(fitted, vectors)
+    sized, done = scale.sized_for_n(fitted, vectors)
     assert sized.ivf.nlist == 512 and done["nlist"] == 512 and done["coarse_rows"] == ivf.coarse_rows(N, 512) == N
     assert done["inner_rows"] == min(N, ivf.IVFCodec.fit_rows_at_n_of(spec) or N)
-    stored = bud.fill(sized, vectors)
+    stored = scale.fill(sized, vectors)
     choice = bud.Choice(8, fitted, 0.5, [], bud.Variant(fitted, 0.5, bud.Latency(1.0, "given")), bound_ms=10.0)
-    at_n = bud.tune_at_n(stored, vectors, evaluation, choice, rules)
+    at_n = scale.tune_at_n(stored, vectors, evaluation, choice, rules)
     q = evaluation.queries
     held = lambda p: overlap(stored.search(q, 10, params={"nprobe": p})[1], truth)  # noqa: E731
     whole = held(512)
@@ -77,12 +79,12 @@ def test_the_stored_lists_are_refitted_for_n_and_nprobe_holds_the_target_at_n(co
     assert held(p) >= 0.95 * whole - 1e-9
     assert p == 1 or held(p // 2) < 0.95 * whole
     assert [c["nprobe"] for c in at_n["curve"]] == [2 ** i for i in range(p.bit_length())]
-    entry = bud.manifest_entry(choice, stored, evaluation, "codes.8.faiss", {**done, "fitted_on_sample": "x"}, at_n)
+    entry = report.manifest_entry(choice, stored, evaluation, "codes.8.faiss", {**done, "fitted_on_sample": "x"}, at_n)
     assert entry["spec"]["params"]["nlist"] == 512 and entry["spec"]["params"]["nprobe"] == p
     assert entry["sized_for_n"]["nlist"] == 512 and entry["at_n"]["nprobe"] == p
-    assert bud.held_at_n(entry) == {"n": N, "queries": 200, "of_exact_top10": round(held(p), 4)}
+    assert report.held_at_n(entry) == {"n": N, "queries": 200, "of_exact_top10": round(held(p), 4)}
     assert entry["latency"]["how"] == "measured" and entry["latency_on_sample"]["how"] == "given"
-    printed = bud.table({"8": {**entry, "code": entry["spec"]}})
+    printed = report.table({"8": {**entry, "code": entry["spec"]}})
     assert f"512 lists trained on {N:,} rows" in printed and f"nprobe {p} tuned at N" in printed
 
 
@@ -91,13 +93,13 @@ def test_the_approximate_lists_at_n_are_exact_search_over_their_codes_scanning_e
     their top 10 at the tuned nprobe finds most of exact float search's top 10 (clustered data, 8 B of PQ)."""
     vectors, evaluation, truth = collection
     spec = _spec("pq")
-    sized, _ = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
-    stored = bud.fill(sized, vectors)
+    sized, _ = scale.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    stored = scale.fill(sized, vectors)
     q = evaluation.queries
     decoded = np.argsort(-(q @ stored.reconstruct().T), axis=1, kind="stable")[:, :10]
     assert overlap(stored.search(q, 10, params={"nprobe": 512})[1], decoded) >= 0.99
     choice = bud.Choice(8, sized, 0.5, [], None, bound_ms=10.0)
-    at_n = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=GivenLatency()))
+    at_n = scale.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=GivenLatency()))
     assert overlap(stored.search(q, 10)[1], truth) >= 0.95 * overlap(stored.search(q, 10, params={"nprobe": 512})[1],
                                                                        truth) - 1e-9
     assert at_n["whole_lists"] > 0.5
@@ -111,9 +113,9 @@ def test_opq_in_lists_at_n_is_refitted_on_its_own_rows_and_is_exact_over_its_cod
     vectors, evaluation, truth = collection
     spec = _spec("opq")
     assert ivf.IVFCodec.fit_rows_at_n_of(spec) == 7000 > bud.codecs.lookup("opq").fit_rows
-    sized, done = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    sized, done = scale.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
     assert done["inner_rows"] == 7000 and sized.ivf.nlist == 512
-    stored = bud.fill(sized, vectors)
+    stored = scale.fill(sized, vectors)
     q = evaluation.queries
     decoded = np.argsort(-(q @ stored.reconstruct().T), axis=1, kind="stable")[:, :10]
     found = stored.search(q, 10, params={"nprobe": 512})[1]
@@ -129,24 +131,24 @@ def test_a_shortlist_is_checked_at_n_and_the_latency_bound_caps_nprobe(collectio
     vectors, evaluation, truth = collection
     spec = _spec("pq")
     fitted = bud.codecs.fit(spec, vectors.rows(np.arange(2000), D))
-    stored = bud.fill(bud.sized_for_n(fitted, vectors)[0], vectors)
+    stored = scale.fill(scale.sized_for_n(fitted, vectors)[0], vectors)
     model = GivenLatency()
     model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
     kept = bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200)
-    at_n = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=100.0),
+    at_n = scale.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=100.0),
                          Rules(n=N, recall_target=0.9, model=model))
     q = evaluation.queries
     p = at_n["nprobe"]
     assert at_n["shortlist"] == 200 and at_n["reached"]
     assert overlap(stored.search(q, 200, params={"nprobe": p})[1], truth) >= 0.9
     assert p == 1 or overlap(stored.search(q, 200, params={"nprobe": p // 2})[1], truth) < 0.9
-    capped = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=4.0),
+    capped = scale.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=4.0),
                            Rules(n=N, recall_target=1.0, model=model))
     assert not capped["reached"] and "fewest lists holding the most" in capped["note"]
     assert capped["curve"][-1]["nprobe"] == 8 and capped["curve"][-1]["ms"] > 4.0
     within = {c["nprobe"]: c["of_exact_top10"] for c in capped["curve"] if c["ms"] <= 4.0}  # nprobe 1, 2, 4
     assert capped["nprobe"] == stored.ivf.nprobe == min(p for p, held in within.items() if held == max(within.values()))
-    wide = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=1e9),
+    wide = scale.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=1e9),
                          Rules(n=N, recall_target=1.01, model=model))  # unreachable: every nprobe is timed
     held = {c["nprobe"]: c["of_exact_top10"] for c in wide["curve"]}
     assert max(held) == stored.ivf.nlist and wide["nprobe"] < max(held)  # a plateau before every list ...
@@ -161,16 +163,16 @@ def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_and_stepped_down_un
     latency is the slower of the two."""
     vectors, evaluation, _ = collection
     fitted = bud.codecs.fit(_spec("pq"), vectors.rows(np.arange(2000), D))
-    stored = bud.fill(bud.sized_for_n(fitted, vectors)[0], vectors)
+    stored = scale.fill(scale.sized_for_n(fitted, vectors)[0], vectors)
     kept = bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200, reads="disk")
     for bound, extra, over in ((100.0, 0.5, False), (10.0, 1.5, False), (10.0, 30.0, True)):
-        edge = bound * (1 - bud.COLD_HEADROOM)
+        edge = bound * (1 - scale.COLD_HEADROOM)
         model, timed = GivenLatency(per_read=0.01), []
         model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
         model.cold_search = lambda codes, file, queries, length, k=10: timed.append(codes.ivf.nprobe) or (
             codes.ivf.nprobe + 2.0 + extra)  # the parts summed (nprobe + 2 ms of reads) and extra ms
         choice = bud.Choice(8, fitted, 0.5, [], kept, bound_ms=bound)
-        at_n = bud.tune_at_n(stored, vectors, evaluation, choice,
+        at_n = scale.tune_at_n(stored, vectors, evaluation, choice,
                              Rules(n=N, recall_target=1.01, model=model, reads_from="v.npy"))  # to the bound
         assert stored.ivf.nprobe == at_n["nprobe"] == timed[-1]
         summed = {c["nprobe"]: c["ms"] for c in at_n["curve"]}
@@ -180,12 +182,12 @@ def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_and_stepped_down_un
         assert timed == ([first, max(fits)] if stepped else [first])  # one step, to the most lists that fit
         assert (max(at_n["cold_ms"], summed[at_n["nprobe"]]) <= edge) != over
         assert at_n["cold_ms"] == pytest.approx(at_n["nprobe"] + 2.0 + extra)
-        entry = bud.manifest_entry(choice, stored, evaluation, "image.b8.codec", at_n=at_n)
+        entry = report.manifest_entry(choice, stored, evaluation, "image.b8.codec", at_n=at_n)
         assert entry["latency"] == {"ms": max(at_n["cold_ms"], summed[at_n["nprobe"]]), "how": "measured cold"}
         assert ("over the bound: scanning fewer lists would not save that" in at_n["note"]) == over
         assert over or at_n["nprobe"] < first or "over" not in at_n["note"]
         assert ("stepped down" in at_n["note"]) == stepped == (bound == 10.0 and not over)
-    in_memory, before = bud.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model)), len(timed)
+    in_memory, before = scale.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model)), len(timed)
     assert "cold_ms" not in in_memory and len(timed) == before  # vectors in memory: the sum is the cost
 
 
@@ -195,14 +197,14 @@ def test_a_cold_timing_over_the_edge_that_fewer_lists_would_not_save_keeps_the_l
     same curve: the cold timing is 0.7 ms over the parts, more than any step saves, so the lists stay."""
     vectors, evaluation, _ = collection
     fitted = bud.codecs.fit(_spec("pq"), vectors.rows(np.arange(2000), D))
-    stored = bud.fill(bud.sized_for_n(fitted, vectors)[0], vectors)
+    stored = scale.fill(scale.sized_for_n(fitted, vectors)[0], vectors)
     kept = bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200, reads="disk")
     model, timed = GivenLatency(), []
     parts = lambda nprobe: 8.3 + 0.015 * nprobe  # noqa: E731
     model.search = lambda codec, queries, k, n, params=None: bud.Latency(parts(params["nprobe"]), "given")
     model.cold_search = lambda codes, file, queries, length, k=10: timed.append(codes.ivf.nprobe) or (
         parts(codes.ivf.nprobe) + 0.7)
-    at_n = bud.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=10.0),
+    at_n = scale.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=10.0),
                          Rules(n=N, recall_target=1.01, model=model, reads_from="v.npy"))
     held = {c["nprobe"]: c["of_exact_top10"] for c in at_n["curve"]}
     assert timed == [at_n["nprobe"]] and held[at_n["nprobe"]] > held[1]  # timed once, the lists kept
@@ -231,20 +233,20 @@ def test_a_resumed_build_reads_back_the_refit_lists_and_their_tuning(collection,
         return build._stored(choice, vectors, evaluation, rules, cfg, 1 << 30, work, "image.b8.codec", contents)
 
     clean, clean_entry = stored(tmp_path / "clean")
-    tune = bud.tune_at_n
+    tune = scale.tune_at_n
 
     def killed(*args, **kwargs):
         raise KeyboardInterrupt  # the kill, once the lists are refitted and filled
 
-    monkeypatch.setattr(bud, "tune_at_n", killed)
+    monkeypatch.setattr(scale, "tune_at_n", killed)
     with pytest.raises(KeyboardInterrupt):
         stored(tmp_path / "resumed")
     assert (tmp_path / "resumed" / "image.b8.codec.sized.pkl").exists()
     assert not (tmp_path / "resumed" / "image.b8.codec.at_n.pkl").exists()
-    monkeypatch.setattr(bud, "tune_at_n", tune)
+    monkeypatch.setattr(scale, "tune_at_n", tune)
     monkeypatch.setattr(ivf.IVFCodec, "sized_for", lambda *a, **k: pytest.fail("refitted again"))
     again, entry = stored(tmp_path / "resumed")  # tunes once (the kill came first), from the kept lists
-    monkeypatch.setattr(bud, "exact_at_n", lambda *a, **k: pytest.fail("streamed the N rows again"))
+    monkeypatch.setattr(scale, "exact_at_n", lambda *a, **k: pytest.fail("streamed the N rows again"))
     third, third_entry = stored(tmp_path / "resumed")  # everything read back
     q = evaluation.queries
     for codes, e in [(again, entry), (third, third_entry)]:
@@ -276,9 +278,9 @@ def test_many_lists_are_trained_two_level_and_rows_assigned_through_groups_of_ce
     again (saved and read back as such), and the lists as good as exact assignment's for the queries."""
     vectors, evaluation, truth = collection
     spec = _spec("pq")
-    sized, done = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    sized, done = scale.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
     assert sized.ivf.nlist == 512 and "two-level k-means" in done["large"]
-    stored = bud.fill(sized, vectors)
+    stored = scale.fill(sized, vectors)
     where = stored._where()[:, 0]  # (N,) each row's list as stored
     nearest = _nearest_lists(stored, vectors)
     assert 0.97 <= np.mean(where == nearest) < 1.0  # a few rows in a near list: the assigner scans 4 of 22 groups
@@ -305,11 +307,11 @@ def test_rows_added_through_groups_scanning_all_are_the_plain_faiss_add(collecti
     vectors, evaluation, _ = collection
     spec = _spec(inner) if inner != "pqfs" else bud.codecs.CodecSpec(
         "ivf", D, 8, {"inner": "pqfs", "M": 16, "nbits": 4, "nlist": ivf.lists_for(N), "nprobe": 8})
-    sized, _ = bud.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
-    plain = bud.fill(sized, vectors)
+    sized, _ = scale.sized_for_n(bud.codecs.fit(spec, vectors.rows(np.arange(2000), D)), vectors)
+    plain = scale.fill(sized, vectors)
     monkeypatch.setattr(ivf, "LARGE_LISTS", 256)
     monkeypatch.setattr(ivf, "ASSIGN_PROBE", 10_000)
-    through = bud.fill(sized, vectors)
+    through = scale.fill(sized, vectors)
     q = evaluation.queries
     (d1, i1), (d2, i2) = plain.search(q, 10, params={"nprobe": 32}), through.search(q, 10, params={"nprobe": 32})
     assert np.array_equal(i1, i2) and np.allclose(d1, d2, atol=1e-6)
@@ -320,8 +322,8 @@ def test_many_lists_filled_on_disk_are_the_lists_filled_in_memory(collection, sm
     """The on-disk fill (one shard at a time, merged into a mapped lists file) assigns rows through the same
     groups of centroids as the in-memory fill: every row in the same list, the same answers."""
     vectors, evaluation, _ = collection
-    sized, _ = bud.sized_for_n(bud.codecs.fit(_spec("opq"), vectors.rows(np.arange(2000), D)), vectors)
-    memory = bud.fill(sized, vectors)
+    sized, _ = scale.sized_for_n(bud.codecs.fit(_spec("opq"), vectors.rows(np.arange(2000), D)), vectors)
+    memory = scale.fill(sized, vectors)
     disk = sized.filled_on_disk(vectors, tmp_path / "codes.ivfdata")
     assert disk.on_disk() and np.array_equal(disk._where(), memory._where())
     q = evaluation.queries

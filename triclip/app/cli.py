@@ -296,7 +296,7 @@ def cmd_index_build(ns: argparse.Namespace) -> int:
     from triclip.index.config import IndexBuildConfig, check_build
 
     cfg = _config(IndexBuildConfig, ns, check_build)
-    from triclip.index.budgets import table
+    from triclip.index.report import table
     from triclip.index.sources import build_index
 
     summary = build_index(cfg)

@@ -350,7 +350,7 @@ def latency_note(entry: dict) -> str:
     """``", 0.052 ms"``: a budget's recorded single-query latency at the index's size (index build --bytes); ""
     for an index that records none. Inverted lists tuned at the index's N add what their answers hold there of
     exact search's top 10 (the recall beside it is measured on the validation gallery)."""
-    from triclip.index.budgets import held_at_n
+    from triclip.index.report import held_at_n
 
     latency, at_n = entry.get("latency"), held_at_n(entry)
     held = "" if at_n is None else f"; {at_n['of_exact_top10']:.3f} of exact search's top 10 at N = {at_n['n']:,}"

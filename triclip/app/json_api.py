@@ -112,12 +112,12 @@ class JsonSearch:
 def _searched(view: IndexView, m) -> dict:
     """What the answer searched: ``m`` (the code's own m for a budget), ``bytes`` (the budget, or None) and, for
     a budget, ``code`` (its label, codec, m and bytes stored), ``stored_bytes`` (what each image's code holds) and
-    ``at_n`` (``triclip.index.budgets.held_at_n``: its share of exact search's top 10 at the index's N, where its
+    ``at_n`` (``triclip.index.report.held_at_n``: its share of exact search's top 10 at the index's N, where its
     inverted lists were tuned there; None elsewhere)."""
     if not isinstance(m, str):
         return {"m": m, "bytes": None, "latency_ms": None}
     from triclip.codecs import CodecSpec
-    from triclip.index.budgets import held_at_n
+    from triclip.index.report import held_at_n
 
     entry = view.budgets[int(m[:-1])]
     spec = CodecSpec.from_json(entry["spec"])

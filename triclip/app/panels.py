@@ -205,7 +205,7 @@ def choices_text(view: IndexView) -> str:
     """What each choice costs (bytes stored, index size, latency where recorded) and keeps (recall@10), and each
     code in plain words (``triclip.codecs.describe``), with the noise of the measured recall."""
     from triclip.app.endpoints import text_recall
-    from triclip.index.budgets import held_at_n, human_bytes
+    from triclip.index.report import held_at_n, human_bytes
     from triclip.codecs import CodecSpec, describe
 
     if getattr(view.searcher, "served_from", None):
@@ -265,7 +265,7 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
     """Radio choices: (label with bytes per image, index size and measured recall, m) for each m the index
     holds (float32: 4m bytes), then (the same, ``"{B}B"``) for each byte budget's codes."""
     from triclip.app.endpoints import code_label
-    from triclip.index.budgets import human_bytes
+    from triclip.index.report import human_bytes
 
     n = len(view.searcher)
     out: list[tuple[str, int | str]] = []
@@ -487,7 +487,7 @@ def budgets_table(view: IndexView) -> str:
     query (from memory, or from disk when they exceed the build's memory budget); short headers, for the page's
     side column."""
     from triclip.app.endpoints import code_label
-    from triclip.index.budgets import human_bytes
+    from triclip.index.report import human_bytes
 
     if not view.budgets:
         return ""

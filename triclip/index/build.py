@@ -228,6 +228,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     or with ``--on-disk always``, in a lists file in ``work``: :func:`fill_codes`); returns the manifest's
     ``budgets`` and the curves with their frontiers (``bytes``, ``text_bytes``)."""
     from triclip.index import budgets as bud
+    from triclip.index import report
     from triclip.index.finalists import settle
     from triclip.index.store import code_name
 
@@ -252,7 +253,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
     curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
                       "ordering": coll.origin.transform["ordering"], "curves": {}}
-    curves["bytes"] = bud.frontier(choices, own, evaluation)
+    curves["bytes"] = report.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
         text_rules = replace(rules, reads_from=_reads_from(contents.files.get(TEXT_VECTORS), contents.text_vectors,
@@ -264,7 +265,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
             file = code_name(choice.budget, "text")
             contents.text_codes[choice.budget], entries[str(choice.budget)]["text"] = _stored(
                 choice, coll.text, reverse, text_rules, cfg, memory, work, file, contents)
-        curves["text_bytes"] = bud.frontier(text_choices, None, reverse)
+        curves["text_bytes"] = report.frontier(text_choices, None, reverse)
     return entries, curves
 
 
@@ -278,24 +279,24 @@ def _reads_from(file: Path | None, stored: np.ndarray, memory: int) -> str | Non
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,
             contents: IndexContents) -> tuple:
     """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
-    (inverted lists refitted for N: ``budgets.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
-    it when they made one), its nprobe tuned at N on the filled lists (``budgets.tune_at_n``; the finalists'
+    (inverted lists refitted for N: ``scale.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
+    it when they made one), its nprobe tuned at N on the filled lists (``scale.tune_at_n``; the finalists'
     tuning when this is their fill). The refit code and the tuning are kept in the parts folder (:func:`kept_in`):
     a resumed build reads them back instead of refitting and streaming all N rows again."""
-    from triclip.index import budgets as bud
+    from triclip.index import report, scale
 
     codec, sized = choice.codec, None
-    if bud.resized_for_n(choice.codec, vectors):
-        codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or bud.sized_for_n(
+    if scale.resized_for_n(choice.codec, vectors):
+        codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or scale.sized_for_n(
             choice.codec, vectors, cfg.seed), vectors.dim)  # refitted already when a near-tie was settled at N
     stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents, choice.filled_at_n)
     at_n = None
     if sized is not None:
         tuned = choice.tuned_at_n if stored is choice.filled_at_n else None  # the finalists' tuning of this code
-        at_n = kept_in(work / f"{file}.at_n.pkl", lambda: tuned or bud.tune_at_n(stored, vectors, evaluation, choice,
+        at_n = kept_in(work / f"{file}.at_n.pkl", lambda: tuned or scale.tune_at_n(stored, vectors, evaluation, choice,
                                                                                  rules), vectors.dim)
         stored.set_nprobe(at_n["nprobe"])  # tune_at_n sets it; read back on a resume, it is set here
-    return stored, bud.manifest_entry(choice, stored, evaluation, file, sized, at_n, rules.vector_bytes)
+    return stored, report.manifest_entry(choice, stored, evaluation, file, sized, at_n, rules.vector_bytes)
 
 
 def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Path, file: str,
@@ -317,13 +318,13 @@ def fill_codes(codec, vectors: ShardVectors, on_disk: str, memory: int, work: Pa
 
 
 def _filled(codec, vectors: ShardVectors, file: Path):
-    """``bud.fill`` of ``codec``, saved to ``file`` in the parts folder; an earlier run's file read back."""
+    """``scale.fill`` of ``codec``, saved to ``file`` in the parts folder; an earlier run's file read back."""
     from triclip import codecs
-    from triclip.index import budgets as bud
+    from triclip.index import scale
 
     if file.exists():
         return codecs.load(file, vectors.dim)
-    full = bud.fill(codec, vectors.chunked(FILL_ROWS))
+    full = scale.fill(codec, vectors.chunked(FILL_ROWS))
     with write_errors(file):
         full.save(file)
     return full

@@ -17,9 +17,9 @@ So the kept variant's code and up to two more are finalists (``Choice.rival``: a
 alone take at most half the bound, the one whose shortest re-ranked shortlist holds the most on the sample:
 ``budgets._first_stage``). Each is filled with every row (lists refitted for N), and measured at N for its
 codes alone and for each shortlist of :data:`LADDER` re-ranked (latency: the code searched at N, plus the
-re-rank; when the vectors are read from disk, the two stages timed end to end, cold: ``budgets.cold_ms``;
+re-rank; when the vectors are read from disk, the two stages timed end to end, cold: ``scale.cold_ms``;
 lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over all N rows within
-the bound (timed cold: ``budgets.COLD_HEADROOM`` under it) is kept (then the faster). A re-rank keeps every
+the bound (timed cold: ``scale.COLD_HEADROOM`` under it) is kept (then the faster). A re-rank keeps every
 exact top-10 row its shortlist holds, so a shortlist is scored by what it holds. The cost: the finalists filled
 and searched at N, one to three codes; the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
 encoded once, and its tuning at N is the one the build records (``Choice.tuned_at_n``): a second tuning of the
@@ -56,6 +56,7 @@ from dataclasses import replace
 import numpy as np
 
 from triclip.index import budgets as bud
+from triclip.index import scale
 from triclip.index.latency import Latency
 
 LADDER = (100, 200, 300, 400, 500, 1000, 2000, 5000, 10_000)  # shortlists tried at N for a finalist (--rescore):
@@ -163,15 +164,15 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
                seed: int) -> tuple[dict, tuple | None, bud.Variant, bud.codecs.Codec, dict | None]:
     """The best way to search ``variant``'s code when stored, within the choice's bound, and what it holds of the
     exact float top 10 over every row of ``vectors``: ``{"label", "shortlist", "of_exact_top10", "ms", "nprobe"}``.
-    The code is sized for N (``budgets.sized_for_n``), filled in memory ((B + 8) N bytes for lists), and searched
+    The code is sized for N (``scale.sized_for_n``), filled in memory ((B + 8) N bytes for lists), and searched
     alone and (``rules.rescore``) with each shortlist of :data:`LADDER`. Also returns what ``sized_for_n`` gave
     (None for a code it leaves as fitted: the build stores the winner from it instead of refitting it), the
     variant measured best, the code filled with every row (the build stores the winner's as it is instead of
-    encoding the N rows again), and that variant's ``budgets.tune_at_n`` on it (None for a flat code: nothing
+    encoding the N rows again), and that variant's ``scale.tune_at_n`` on it (None for a flat code: nothing
     to tune), which the build records instead of tuning the same code again."""
     started = time.perf_counter()
-    codec, done = bud.sized_for_n(variant.codec, vectors, seed)
-    stored = bud.fill(codec, vectors)
+    codec, done = scale.sized_for_n(variant.codec, vectors, seed)
+    stored = scale.fill(codec, vectors)
     fill_s = round(time.perf_counter() - started, 1)  # the refit for N and the fill: what this finalist cost
     lengths = [None] + ([n for n in LADDER if n < len(stored) // 4] if rules.rescore and variant.codec.spec.codec
                         != "float32" else [])
@@ -192,9 +193,9 @@ def _as_stored(variant: bud.Variant, choice: bud.Choice, vectors, evaluation: bu
 
 
 def _limit(staged: bud.Variant, bound: float) -> float:
-    """The most a finalist's variant may take: ``bound``, less ``budgets.COLD_HEADROOM`` where it was timed end to
+    """The most a finalist's variant may take: ``bound``, less ``scale.COLD_HEADROOM`` where it was timed end to
     end cold (cold reads vary)."""
-    return bud.cold_limit(bound) if staged.latency.how == "measured cold" else bound
+    return scale.cold_limit(bound) if staged.latency.how == "measured cold" else bound
 
 
 def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, vectors, evaluation: bud.EvalSet,
@@ -206,15 +207,15 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
     timed = queries[: bud.TUNE_QUERIES]
     staged = replace(variant, shortlist=length, shortlist_how="measured at N",
                      reads="disk" if rules.reads_from and length else "memory")
-    at_n = bud.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules, whole)
+    at_n = scale.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules, whole)
     if at_n is not None:  # lists: nprobe tuned at N for this length, within the bound where one is
         point = next(c for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
-        latency = bud.at_n_latency(at_n)
+        latency = scale.at_n_latency(at_n)
         held, ms, how, nprobe, whole = point["of_exact_top10"], latency["ms"], latency["how"], at_n["nprobe"], \
             at_n["whole_lists"]
     else:
-        held = bud.overlap(stored.search(queries, length or bud.K)[1], bud.exact_at_n(vectors, evaluation))
-        ms, how, nprobe = bud.cold_ms(stored, rules, timed, length), "measured cold", None
+        held = bud.overlap(stored.search(queries, length or bud.K)[1], scale.exact_at_n(vectors, evaluation))
+        ms, how, nprobe = scale.cold_ms(stored, rules, timed, length), "measured cold", None
         if ms is None:
             ms = rules.model.search(stored, timed, length or bud.K, len(stored)).ms
             ms += rules.rerank_ms(evaluation.gallery, timed, length) if length else 0.0
