@@ -24,9 +24,9 @@ from triclip.index.vectors import exact_topk
 EXACT_ROWS = 65_536  # rows read at once for the exact float top 10 at N (tune_at_n): 64 MB at D = 256
 COLD_HEADROOM = 0.2  # at N, a re-rank from disk is kept where its slower timing (end to end cold, or the parts
 # summed) stays this share under the bound: a served query reads the same rows later, and cold reads on this VM's
-# disk move with time. The benchmark's cold median of the kept variant, minutes after the build, was 8.6-27% over
-# the build's timing (1M 4 B and 8 B, 10M 8 B and 32 B; 13.7% at most without the hits' meta rows); one 1M index
-# timed again and again the build's way over 15 minutes gave 7.5-8.7 ms, where its build had timed 7.67
+# disk move with time. The benchmark's cold median of the kept variant, minutes after the build, was 7.4-13.7%
+# over the build's timing at 1M and 10M (the ids; 8.6-26.5% with the hits' meta rows, not bounded); one 1M index
+# timed again and again the build's way over 15 minutes gave 7.2-8.7 ms, where its build had timed 7.67
 # (docs/results_scale.md, "The build's cold timing against the benchmark's"). At 0.1 the 10M, 32 B build kept
 # 8.78 ms under a 10 ms bound and served 10.82.
 
