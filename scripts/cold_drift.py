@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,18 +35,9 @@ from triclip.index.latency import LatencyModel  # noqa: E402
 from triclip.index.store import load_contents  # noqa: E402
 
 
-def evicting(search, queries: np.ndarray, files: list[str]) -> float:
-    """Median ms of ``search`` per query, each searched once untimed, then ``files`` evicted, then timed."""
-    out = []
-    for q in queries:
-        search(q[None], 1)
-        search.drop()  # a mapped page stays cached: unmapped first
-        for file in files:
-            evict(file)
-        started = time.perf_counter()
-        search(q[None], 1)
-        out.append(1000 * (time.perf_counter() - started))
-    return float(np.median(out))
+def median_evicted(search, queries: np.ndarray, files: list[str]) -> float:
+    """Median ms of ``peer_worker.evicted_query_ms``: each query searched once untimed, ``files`` evicted, timed."""
+    return float(np.median(peer_worker.evicted_query_ms(search, queries, files)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -78,10 +68,10 @@ def main(argv: list[str] | None = None) -> None:
             row = {"round": r, "build": LatencyModel().cold_search(codes, vectors, queries, shortlist)}
             if args.fresh_copy:
                 row["build, fresh copy"] = LatencyModel().cold_search(codes, copy, queries, shortlist)
-            row["bench ids"] = evicting(search.rows, queries, files["bench ids"])
-            row["bench full"] = evicting(search, queries, files["bench ids"])
+            row["bench ids"] = median_evicted(search.rows, queries, files["bench ids"])
+            row["bench full"] = median_evicted(search, queries, files["bench ids"])
             for name in ("version only", "vectors only"):
-                row[name] = evicting(search.rows, queries, files[name])
+                row[name] = median_evicted(search.rows, queries, files[name])
             print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in row.items()}), flush=True)
     finally:
         if args.fresh_copy and os.path.exists(copy):

@@ -244,8 +244,12 @@ def cold_query_ms(search, queries: np.ndarray, folder: str) -> list[float]:
     storage has just served), then every file under ``folder`` evicted from the page cache (not timed), then
     timed. What "cold" is for the build's choice too (``triclip.index.diskrows.settle``): a VM's host caches what
     it served, so a query's first reads would be slower than its repeats, by what ran before."""
+    return evicted_query_ms(search, queries, index_files(folder))
+
+
+def evicted_query_ms(search, queries: np.ndarray, files: list[str]) -> list[float]:
+    """:func:`cold_query_ms` evicting ``files`` before each timed query."""
     from triclip.index.diskrows import evict
-    files = index_files(folder)
     out = []
     for q in queries:
         search(q[None], 1)
