@@ -11,7 +11,8 @@ Each round times the same queries, one after the other:
 - ``bench full``: the same with the hits' meta rows read ("p50 ms cold");
 - ``version only`` / ``vectors only``: the benchmark's way, evicting only the live version's files / its vectors.
 
-``--fresh-copy`` adds ``build`` on a copy of the vectors file written just before the first round (does a file
+``--fresh-copy`` adds ``build`` on a copy of the vectors file (``.cold_drift-vectors.npy`` beside INDEX, removed at
+the end) written just before the first round (does a file
 just written read faster cold?). Prints one JSON line per round: median milliseconds of each. Torch-free.
 """
 
