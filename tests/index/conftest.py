@@ -117,7 +117,7 @@ class GivenLatency:
         self.reads.append((file, count))
         return self.per_read * count
 
-    def cold_search(self, codes, file, queries, length, k=10):
+    def cold_search(self, codes, file, queries, length, k=10, sq8=None):
         self.cold.append((codes.spec.label(), file, length))
         return self.ms(codes.spec) + (self.per_candidate + self.per_read) * length + self.cold_extra
 

@@ -169,7 +169,7 @@ def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_and_stepped_down_un
         edge = bound * (1 - scale.COLD_HEADROOM)
         model, timed = GivenLatency(per_read=0.01), []
         model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
-        model.cold_search = lambda codes, file, queries, length, k=10: timed.append(codes.ivf.nprobe) or (
+        model.cold_search = lambda codes, file, queries, length, k=10, sq8=None: timed.append(codes.ivf.nprobe) or (
             codes.ivf.nprobe + 2.0 + extra)  # the parts summed (nprobe + 2 ms of reads) and extra ms
         choice = bud.Choice(8, fitted, 0.5, [], kept, bound_ms=bound)
         at_n = scale.tune_at_n(stored, vectors, evaluation, choice,
@@ -202,7 +202,7 @@ def test_a_cold_timing_over_the_edge_that_fewer_lists_would_not_save_keeps_the_l
     model, timed = GivenLatency(), []
     parts = lambda nprobe: 8.3 + 0.015 * nprobe  # noqa: E731
     model.search = lambda codec, queries, k, n, params=None: bud.Latency(parts(params["nprobe"]), "given")
-    model.cold_search = lambda codes, file, queries, length, k=10: timed.append(codes.ivf.nprobe) or (
+    model.cold_search = lambda codes, file, queries, length, k=10, sq8=None: timed.append(codes.ivf.nprobe) or (
         parts(codes.ivf.nprobe) + 0.7)
     at_n = scale.tune_at_n(stored, vectors, evaluation, bud.Choice(8, fitted, 0.5, [], kept, bound_ms=10.0),
                          Rules(n=N, recall_target=1.01, model=model, reads_from="v.npy"))

@@ -29,8 +29,8 @@ def test_the_dtype_follows_the_free_disk_and_a_dtype_that_does_not_fit_is_refuse
     assert stored_dtype("auto", rows, dim, tmp_path, free=2 * GB) == "float32"
     assert stored_dtype("auto", rows, dim, tmp_path, free=GB) == "float16"  # float32 is 1.024 GB
     assert stored_dtype("float16", rows, dim, tmp_path, free=2 * GB) == "float16"
-    with pytest.raises(UserError, match=r"1\.0 GB as float32 or 0\.5 GB as float16 on disk.* 0\.3 GB free"):
-        stored_dtype("auto", rows, dim, tmp_path, free=GB // 3)
+    with pytest.raises(UserError, match=r"1\.0 GB as float32 or 0\.5 GB as float16 or 0\.3 GB as sq8 on disk.* 0\.2 GB free"):
+        stored_dtype("auto", rows, dim, tmp_path, free=GB // 5)
     with pytest.raises(UserError, match=r"need 1\.0 GB as float32 on disk"):
         stored_dtype("float32", rows, dim, tmp_path, free=GB)
     assert stored_dtype("auto", 100, 32, tmp_path) == "float32"  # this disk, measured
@@ -117,7 +117,7 @@ def test_auto_keeps_float16_when_float32_would_not_fit_and_refuses_before_any_wo
     monkeypatch.setattr(vec.shutil, "disk_usage", lambda where: Usage(0, 0, need32 * 3 // 4))
     out = _build(emb, tmp_path / "auto", "auto")
     assert load_contents(out).manifest["vectors_dtype"] == "float16"
-    monkeypatch.setattr(vec.shutil, "disk_usage", lambda where: Usage(0, 0, need32 // 4))
+    monkeypatch.setattr(vec.shutil, "disk_usage", lambda where: Usage(0, 0, need32 // 5))  # under sq8's quarter
     with pytest.raises(UserError, match="free some space") as err:
         _build(emb, tmp_path / "none", "auto")
     assert "\n" not in str(err.value)
@@ -151,9 +151,14 @@ def test_float16_rows_move_scores_by_at_most_half_a_step_and_rows_already_float1
     out = tmp_path / "index"
     build_index(IndexBuildConfig(embeddings=str(emb), out=str(out), factory="Flat"))
     got = measure(str(out), k=5, queries=100)
-    assert got["queries"] == 100 and got["bytes_per_row"] == {"float32": 4 * got["dim"], "float16": 2 * got["dim"]}
-    assert 0 < got["max_score_change"] <= 2**-11 and got["max_shortfall"] <= 2 * 2**-11
-    assert 0.9 <= got["top_k_kept"] <= 1 and (got["top_k_kept"] == 1) == (got["queries_changed"] == 0)
+    dim = got["dim"]
+    assert got["queries"] == 100 and got["bytes_per_row"] == {"float32": 4 * dim, "float16": 2 * dim, "sq8": dim}
+    half = got["float16"]
+    assert 0 < half["max_score_change"] <= 2**-11 and half["max_shortfall"] <= 2 * 2**-11
+    assert 0.9 <= half["top_k_kept"] <= 1 and (half["top_k_kept"] == 1) == (half["queries_changed"] == 0)
+    sq8 = got["sq8"]  # coarser than float16: moves scores more, keeps at most as much
+    assert half["max_score_change"] < sq8["max_score_change"] < 0.05 and 0.5 <= sq8["top_k_kept"] <= 1
+    assert (sq8["top_k_kept"] == 1) == (sq8["queries_changed"] == 0) and set(got["t2i_recall"]) == {"float32", "float16", "sq8"}
     half = _build(emb, tmp_path / "half", "float16")  # its rows are what float16 holds: nothing moves
-    same = measure(str(half), k=5, queries=100)
-    assert same["max_score_change"] == 0 and same["top_k_kept"] == 1 and same["t2i_recall"]["float16"] == same["t2i_recall"]["float32"]
+    same = measure(str(half), k=5, queries=100)["float16"]
+    assert same["max_score_change"] == 0 and same["top_k_kept"] == 1

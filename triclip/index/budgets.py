@@ -140,7 +140,8 @@ class Rules:
     model: LatencyModel = field(default_factory=lambda: latency_model())  # how latencies are obtained
     reads_from: str | None = None  # the float vectors file a re-rank reads from disk (they exceed the memory
     # budget): its cold reads are timed and charged, and shorter shortlists offered; None: they stay in memory
-    vector_bytes: int = 4  # bytes per dimension of the stored float vectors a re-rank reads (2: kept as float16)
+    vector_bytes: int = 4  # bytes per dimension of the stored float vectors a re-rank reads (2: float16, 1: sq8)
+    sq8: np.ndarray | None = None  # the ranges of vectors kept as sq8 codes (a re-rank decodes them); None: floats
 
     def rerank_ms(self, gallery: np.ndarray, queries: np.ndarray, count: int) -> float:
         """One query's re-rank of ``count`` candidates: scoring them, plus reading them cold from disk

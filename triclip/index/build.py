@@ -77,7 +77,7 @@ from triclip.index.parts import (  # noqa: F401 (OWNER, PARTS_SUFFIX, claim_part
 from triclip.index.metarows import RENAMES, MetaRows
 from triclip.index.manifest import Origin, attach_curves, make_manifest, summary
 from triclip.index.store import TEXT_VECTORS, VECTORS, IndexContents, ivfdata_name, write_version, writer_lock
-from triclip.index.vectors import ShardVectors, exact_topk, stored_dtype
+from triclip.index.vectors import SQ8_SAMPLE, STORED_AS, ShardVectors, SQ8Rows, exact_topk, stored_dtype
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path, write_errors
 from triclip.core.progress import progress
@@ -191,7 +191,8 @@ def _vectors_dtype(cfg, coll: Collection, work: Path) -> str:
     """The dtype the full-D vectors are written in (``--vectors``, ``triclip.index.vectors.stored_dtype``); a
     resumed build keeps the one its vectors file was written in."""
     if (work / VECTORS).exists():
-        return str(np.load(work / VECTORS, mmap_mode="r").dtype)
+        held = np.load(work / VECTORS, mmap_mode="r").dtype
+        return next(name for name, dtype in STORED_AS.items() if np.dtype(dtype) == held)
     rows = coll.image.count + (coll.text.count if coll.text is not None else 0)
     return stored_dtype(cfg.vectors, rows, coll.image.dim, work.parent)
 
@@ -241,7 +242,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     budgets = bud.parse_budgets(cfg.bytes)
     rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore,
                       reads_from=_reads_from(contents.files.get(VECTORS), contents.vectors, memory),
-                      vector_bytes=contents.vectors.dtype.itemsize)
+                      vector_bytes=contents.vectors.dtype.itemsize, sq8=_ranges_of(contents.vectors))
     entries = {}
     choices = kept_in(work / "codes.image.choices.pkl", lambda: settle(
         bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image, evaluation, rules,
@@ -257,7 +258,8 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     if coll.text is not None:
         reverse = evaluation.reverse()
         text_rules = replace(rules, reads_from=_reads_from(contents.files.get(TEXT_VECTORS), contents.text_vectors,
-                                                           memory), vector_bytes=contents.text_vectors.dtype.itemsize)
+                                                           memory), vector_bytes=contents.text_vectors.dtype.itemsize,
+                           sq8=_ranges_of(contents.text_vectors))
         text_choices = kept_in(work / "codes.text.choices.pkl", lambda: settle(bud.choose_all(
             budgets, coll.text, reverse, cfg.codec, cfg.seed, text_rules), coll.text, reverse, text_rules, cfg.seed),
             coll.text.dim)
@@ -267,6 +269,11 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
                 choice, coll.text, reverse, text_rules, cfg, memory, work, file, contents)
         curves["text_bytes"] = report.frontier(text_choices, None, reverse)
     return entries, curves
+
+
+def _ranges_of(stored) -> np.ndarray | None:
+    """The sq8 ranges of stored vectors kept as codes (a re-rank decodes them), None for floats."""
+    return stored.params if isinstance(stored, SQ8Rows) else None
 
 
 def _reads_from(file: Path | None, stored: np.ndarray, memory: int) -> str | None:
@@ -417,16 +424,28 @@ def _contents(coll: Collection, image_indexes: dict, text_indexes: dict, work: P
                 files[ivfdata_name(kind, m)] = Path(fi.on_disk_lists(index).filename)
     if files or coll.origin.embeddings is not None:  # the vectors go to their file shard by shard
         files[VECTORS] = work / VECTORS
-        contents.vectors = stack_to_file(coll.image, files[VECTORS], dtype)  # (N, D) memory-mapped
+        contents.vectors = _kept_vectors(coll.image, dtype, files[VECTORS])  # (N, D) memory-mapped
         if coll.text is not None:
             files[TEXT_VECTORS] = work / TEXT_VECTORS
-            contents.text_vectors = stack_to_file(coll.text, files[TEXT_VECTORS], dtype)  # (T, D)
+            contents.text_vectors = _kept_vectors(coll.text, dtype, files[TEXT_VECTORS])  # (T, D)
         contents.files = files
         return contents
-    contents.vectors = coll.image.full().astype(dtype, copy=False)  # (N, D)
+    contents.vectors = _kept_vectors(coll.image, dtype)  # (N, D)
     if coll.text is not None:
-        contents.text_vectors = coll.text.full().astype(dtype, copy=False)  # (T, D)
+        contents.text_vectors = _kept_vectors(coll.text, dtype)  # (T, D)
     return contents
+
+
+def _kept_vectors(vectors: ShardVectors, dtype: str, file: Path | None = None):
+    """The full-D vectors as a version keeps them, in ``dtype`` (``--vectors``): written to ``file`` shard by shard
+    and memory-mapped, or in memory (None). sq8: codes in ranges fitted on the first :data:`SQ8_SAMPLE` rows
+    (the same rows when a killed build resumes), read through :class:`SQ8Rows`."""
+    store = None
+    if dtype == "sq8":
+        store = SQ8Rows(np.empty((0, vectors.dim), np.uint8), SQ8Rows.fit(vectors.head(SQ8_SAMPLE).full()))
+    encode = store.encode if store is not None else lambda rows: np.ascontiguousarray(rows, dtype=STORED_AS[dtype])  # (n, D)
+    held = stack_to_file(vectors, file, encode, STORED_AS[dtype]) if file else encode(vectors.full())
+    return held if store is None else store.with_codes(held)
 
 
 # ---------------------------------------------------------------------------- choosing
@@ -658,9 +677,10 @@ def tune_nprobe(index, base: ShardVectors, queries_from: ShardVectors, m: int, c
     return {"nprobe": nprobe, "recall": curve[nprobe], "curve": {str(p): r for p, r in curve.items()}, "queries": q}
 
 
-def stack_to_file(vectors: ShardVectors, file: Path, dtype: str = "float32") -> np.ndarray:
-    """Write every shard's vectors, as ``dtype``, into one ``.npy`` file, a shard at a time (atomic: a file there
-    is whole, and an earlier run's is reused). Returns it mapped read-only.
+def stack_to_file(vectors: ShardVectors, file: Path, encode=None, dtype=np.float32) -> np.ndarray:
+    """Write every shard's vectors, as ``encode(rows)`` (n, D) of ``dtype`` gives them (default: float32), into
+    one ``.npy`` file, a shard at a time (atomic: a file there is whole, and an earlier run's is reused). Returns
+    it mapped read-only.
 
     Plain writes, not a writable memory map: the pages of a map written through count as the process's
     resident memory until it is closed (the whole file at the end), plain writes only pass through the page
@@ -672,9 +692,10 @@ def stack_to_file(vectors: ShardVectors, file: Path, dtype: str = "float32") -> 
         header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False,
                   "shape": (vectors.count, vectors.dim)}
         np.lib.format.write_array_header_1_0(out, header)
+        encode = encode or (lambda rows: np.ascontiguousarray(rows, dtype=dtype))
         for part in vectors.parts:
             if len(part):
-                out.write(np.ascontiguousarray(part[:], dtype=dtype).tobytes())  # (n_s, D)
+                out.write(np.ascontiguousarray(encode(part[:]), dtype=dtype).tobytes())  # (n_s, D)
             rows.update(len(part))
     rows.close()
     return np.load(file, mmap_mode="r")

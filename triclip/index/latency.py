@@ -112,21 +112,25 @@ class LatencyModel:
             cache[file, count] = cold_read_ms(file, count)
         return cache[file, count]
 
-    def cold_search(self, codes, file: str, queries: np.ndarray, length: int, k: int = 10) -> float:
+    def cold_search(self, codes, file: str, queries: np.ndarray, length: int, k: int = 10,
+                    sq8: np.ndarray | None = None) -> float:
         """Median milliseconds of one query searched as a stored two-stage budget whose float vectors are read
         from disk: the top ``length`` of ``codes`` (filled, its nprobe set), their rows gathered from ``file``
         (``triclip.index.diskrows.DiskRows``) and re-ranked to ``k``, end to end; before each query (not timed)
         its rows are read once and the file evicted from the page cache (``triclip.index.diskrows.settle``: what
         "cold" is). The parts timed apart and summed miss some of it: at 10M rows, 16 B, a shortlist of 500
         summed to 9.8 ms and ran in 9.7-11.1 ms (the code's scan is slower right after an eviction, and cold
-        reads vary)."""
+        reads vary). ``sq8``: the file holds sq8 codes of these ranges (``triclip.index.vectors.SQ8Rows``), decoded
+        as a served re-rank decodes them."""
         from triclip.index.diskrows import DiskRows, settle
-        from triclip.index.search import rerank
+        from triclip.index.search import rerank_from
+        from triclip.index.vectors import SQ8Rows
 
         rows = DiskRows(file)
+        source = rows if sq8 is None else SQ8Rows(rows, sq8)
 
         def query(q: np.ndarray) -> np.ndarray:
-            return rerank(rows, q, codes.search(q, length)[1], k)
+            return rerank_from(source, q, codes.search(q, length)[1], k)
 
         def cold(q: np.ndarray) -> None:  # its rows read once, then out of the page cache (diskrows.settle)
             settle(rows, codes.search(q, length)[1].reshape(-1))

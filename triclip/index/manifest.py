@@ -40,7 +40,8 @@ from pathlib import Path
 
 import numpy as np
 
-from triclip.index.store import FORMAT, TMP_PREFIX, IndexContents, vectors_dtype
+from triclip.index.store import FORMAT, TMP_PREFIX, IndexContents
+from triclip.index.vectors import SQ8Rows, stored_name
 from triclip.core.errors import UserError
 from triclip.core.io import write_errors
 
@@ -92,13 +93,22 @@ def make_manifest(cfg, contents: IndexContents, origin: Origin, build: dict, pre
         "metric": "inner_product",
         "count": len(contents.meta),
         "text_count": None if contents.text_vectors is None else int(len(contents.text_vectors)),
-        "vectors_dtype": vectors_dtype(contents.vectors),  # index build --vectors
+        "vectors_dtype": stored_name(contents.vectors),  # index build --vectors
+        **_sq8_entry(contents),
         "sources": previous.get("sources", []) + [origin.source],
         "skipped": dict(Counter(previous.get("skipped", {})) + Counter(dict(origin.skipped))),
         "embeddings": previous.get("embeddings", origin.embeddings),
         "created": previous.get("created", time.strftime("%Y-%m-%dT%H:%M:%S")),
         "updated": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+
+
+def _sq8_entry(contents: IndexContents) -> dict:
+    """``{"vectors_sq8": {"image": ranges, "text": ranges}}`` for vectors kept as sq8 codes, else {}."""
+    if not isinstance(contents.vectors, SQ8Rows):
+        return {}
+    kinds = {"image": contents.vectors, "text": contents.text_vectors}
+    return {"vectors_sq8": {k: [float(v) for v in rows.params] for k, rows in kinds.items() if rows is not None}}
 
 
 def summary(manifest: dict, index: str, started: float, **extra) -> dict:

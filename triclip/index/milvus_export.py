@@ -43,7 +43,7 @@ from triclip.index import milvus as mv
 from triclip.index.config import ExportConfig
 from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, read_live
 from triclip.index.versions import VERSION_RE
-from triclip.index.vectors import prefix
+from triclip.index.vectors import SQ8Rows, prefix
 
 INDEX_FOR_CODEC = {  # the code of a budget -> (the Milvus index on a server, on Milvus Lite), same m
     "float32": ("HNSW", "FLAT"),  # float top-m
@@ -171,11 +171,12 @@ def _open_version(root: Path, version: str) -> Source:
         why = filecheck.check_file(folder / name, folder, records)  # what the manifest vouches for is exported
         if why is not None:
             raise filecheck.refused(folder, why)
-    vectors = _mapped(folder / VECTORS, (count, dim), damaged)
+    vectors = _mapped(folder / VECTORS, (count, dim), damaged, _ranges(manifest, "image", damaged))
     meta_file = open(folder / META, encoding="utf-8")  # noqa: SIM115 (kept open for the export)
     src = Source(root, version, manifest, hashlib.sha256(raw).hexdigest(), vectors, meta_file)
     if text_count is not None:
-        src.text_vectors = _mapped(folder / TEXT_VECTORS, (int(text_count), dim), damaged)
+        src.text_vectors = _mapped(folder / TEXT_VECTORS, (int(text_count), dim), damaged,
+                                   _ranges(manifest, "text", damaged))
         rows = np.load(folder / TEXT_ROWS, mmap_mode="r", allow_pickle=False)
         if rows.shape != (int(text_count), 2):
             raise damaged(f"{TEXT_ROWS} holds {rows.shape}, expected ({text_count}, 2)")
@@ -183,19 +184,38 @@ def _open_version(root: Path, version: str) -> Source:
     return src
 
 
-def _mapped(file: Path, shape: tuple, damaged) -> "Rows":
+def _ranges(manifest: dict, kind: str, damaged) -> np.ndarray | None:
+    """The sq8 ranges of the ``kind`` vectors (``index build --vectors sq8``), None for float vectors."""
+    if manifest.get("vectors_dtype") != "sq8":
+        return None
+    try:
+        return np.asarray(manifest["vectors_sq8"][kind], np.float32)  # (2 * D,), checked by SQ8Rows
+    except (KeyError, TypeError, ValueError):
+        raise damaged(f"{MANIFEST} lacks the {kind} vectors' sq8 ranges") from None
+
+
+def _mapped(file: Path, shape: tuple, damaged, ranges: np.ndarray | None = None) -> "Rows | SQ8Rows":
     try:
         arr = np.load(file, mmap_mode="r", allow_pickle=False)
     except (ValueError, EOFError) as err:
         raise damaged(f"cannot read {file.name} ({err})") from None
-    if arr.dtype not in (np.float32, np.float16) or arr.shape != shape or not arr.flags.c_contiguous:
-        raise damaged(f"{file.name} holds {arr.dtype} {arr.shape}, expected float32 or float16 {shape}")
-    return Rows(open(file, "rb"), arr.offset, shape, arr.dtype)  # noqa: SIM115 (kept open for the export)
+    wanted = (np.uint8,) if ranges is not None else (np.float32, np.float16)
+    if arr.dtype not in wanted or arr.shape != shape or not arr.flags.c_contiguous:
+        names = "sq8 (uint8)" if ranges is not None else "float32 or float16"
+        raise damaged(f"{file.name} holds {arr.dtype} {arr.shape}, expected {names} {shape}")
+    rows = Rows(open(file, "rb"), arr.offset, shape, arr.dtype)  # noqa: SIM115 (kept open for the export)
+    if ranges is None:
+        return rows
+    try:
+        return SQ8Rows(rows, ranges)
+    except ValueError as err:
+        raise damaged(f"{MANIFEST}'s vectors_sq8: {err}") from None
 
 
 class Rows:
-    """Rows of a float32 (or float16) ``.npy`` matrix read on demand with ``pread``: unlike a memory map, the rows
-    read do not stay resident in this process, so its memory follows the chunk, not the file."""
+    """Rows of a float32 (or float16) ``.npy`` matrix read on demand with ``pread`` as float32, or of sq8 codes as
+    uint8 (decoded by :class:`~triclip.index.vectors.SQ8Rows`): unlike a memory map, the rows read do not stay
+    resident in this process, so its memory follows the chunk, not the file."""
 
     def __init__(self, fh, offset: int, shape: tuple, dtype=np.float32):
         self.fh, self.offset, self.shape, self.dtype = fh, offset, shape, np.dtype(dtype)
@@ -209,7 +229,8 @@ class Rows:
         data = os.pread(self.fh.fileno(), max(0, stop - start) * width, self.offset + start * width)
         if len(data) != max(0, stop - start) * width:
             raise UserError(f"{self.fh.name} is truncated; rebuild the index")
-        return np.frombuffer(data, self.dtype).astype(np.float32, copy=False).reshape(-1, self.shape[1])  # (stop - start, D)
+        rows = np.frombuffer(data, self.dtype).reshape(-1, self.shape[1])  # (stop - start, D)
+        return rows if self.dtype == np.uint8 else rows.astype(np.float32, copy=False)  # codes stay codes (SQ8Rows)
 
 
 # ---------------------------------------------------------------------------- the Milvus index per budget

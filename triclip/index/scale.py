@@ -162,7 +162,7 @@ def cold_ms(stored: codecs.Codec, rules: Rules, queries: np.ndarray, shortlist: 
     less. None without a re-rank from disk: the sum is then what it costs."""
     if not shortlist or not rules.reads_from:
         return None
-    return rules.model.cold_search(stored, rules.reads_from, queries, shortlist)
+    return rules.model.cold_search(stored, rules.reads_from, queries, shortlist, sq8=rules.sq8)
 
 
 def at_n_latency(at_n: dict) -> dict:

@@ -57,7 +57,7 @@ from triclip.index.config import SHORTLIST_FACTOR  # noqa: F401 (re-exported)
 from triclip.index.metafile import id_rows, meta_rows
 from triclip.index.store import IndexContents, load_contents
 from triclip.codecs.threads import in_search_thread
-from triclip.index.vectors import prefix
+from triclip.index.vectors import SQ8Rows, prefix
 from triclip.core.errors import UserError
 from triclip.model.text_onnx import TextEncoder, cached_text_encoder, export_for_run
 
@@ -413,7 +413,11 @@ class Searcher:
         if key not in self._rows_on_disk:
             if len(self._rows_on_disk) >= 2:  # images and captions of one version; a newer version replaces them
                 self._rows_on_disk.clear()
-            self._rows_on_disk[key] = DiskRows.of(vectors)
+            if isinstance(vectors, SQ8Rows):  # its codes read from disk, decoded
+                rows = DiskRows.of(vectors.codes)
+                self._rows_on_disk[key] = None if rows is None else vectors.with_codes(rows)
+            else:
+                self._rows_on_disk[key] = DiskRows.of(vectors)
         return self._rows_on_disk[key] if self._rows_on_disk[key] is not None else vectors
 
     def _search_codes(self, codes, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -51,7 +51,7 @@ from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_
 from triclip.index.val_embeddings import validation_set
 from triclip.index.metarows import MetaRows, shard_meta_files
 from triclip.index.store import IndexContents, is_index_dir, load_contents, write_version, writer_lock
-from triclip.index.vectors import ShardVectors, prefix
+from triclip.index.vectors import ShardVectors, appended, prefix
 from triclip.model.cache import locked_tower_outputs
 from triclip.compact.features import CompactTransform, compact_curve, make_transform
 from triclip.data import DataConfig, PairSet, load_pairs
@@ -289,7 +289,7 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
     for codec in live.codes.values():  # the codes of --bytes: same trained code, more rows
         codec.add(vectors)
     offset = len(live.meta)
-    live.vectors = np.concatenate([live.vectors, vectors.astype(live.vectors.dtype)])  # the index's own precision
+    live.vectors = appended(live.vectors, vectors)  # the index's own precision
     live.meta = live.meta + meta
     if live.text_vectors is not None:
         starts = np.cumsum([0] + [len(r.captions) for r in records])  # caption rows of each record
@@ -298,7 +298,7 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
             fi.add_vectors(index, prefix(picked, m), progress=True)
         for codec in live.text_codes.values():
             codec.add(picked)
-        live.text_vectors = np.concatenate([live.text_vectors, picked.astype(live.text_vectors.dtype)])
+        live.text_vectors = appended(live.text_vectors, picked)
         live.text_rows = np.concatenate([live.text_rows, text_rows(meta, offset)])
     return len(rows)
 

@@ -6,8 +6,8 @@
     INDEX/v000003/meta.jsonl      one line per image row: {"id", "image", "captions", "label"}
     INDEX/v000003/meta.offsets.npy, meta.idhash.npy, meta.idrow.npy  each line's byte offset, the ids' hashes and
                                   their rows: the rows are read when asked (``triclip.index.metafile``)
-    INDEX/v000003/vectors.npy     (N, D) float32 (or float16: the manifest's ``vectors_dtype``): the full-D compact
-                                  vectors (unit rows)
+    INDEX/v000003/vectors.npy     (N, D) float32 (or float16, or uint8 sq8 codes whose ranges the manifest's
+                                  ``vectors_sq8`` holds: its ``vectors_dtype``): the full-D compact vectors (unit rows)
     INDEX/v000003/image.m16.faiss one FAISS index per m over the re-normalised first m dims
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
@@ -64,7 +64,7 @@ from triclip.codecs import ondisk
 from triclip.index import faiss_index as fi
 from triclip.index import filecheck, metafile
 from triclip.index.lazy_codes import CodeFile, LazyCodes
-from triclip.index.vectors import VECTOR_BYTES
+from triclip.index.vectors import STORED_AS, VECTOR_BYTES, SQ8Rows, stored_name
 from triclip.core.errors import UserError
 from triclip.core.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 from triclip.index.versions import (  # noqa: F401 (re-exported: where the live version is)
@@ -259,22 +259,17 @@ def write_version(root: str | os.PathLike, contents: IndexContents, keep_previou
     return name
 
 
-def vectors_dtype(vectors: np.ndarray) -> str:
-    """The dtype full-D vectors are saved in: their own when it is one ``index build --vectors`` offers, else float32."""
-    return str(vectors.dtype) if str(vectors.dtype) in VECTOR_BYTES else "float32"
-
-
 def _write_files(folder: Path, c: IndexContents) -> None:
     on_disk = _move_in(folder, c)
     for m, index in c.image_indexes.items():
         ondisk.write_index(fi.to_cpu(index), folder / image_index_name(m))
     if VECTORS not in c.files:
-        np.save(folder / VECTORS, np.ascontiguousarray(c.vectors, dtype=vectors_dtype(c.vectors)))
+        np.save(folder / VECTORS, _as_stored(c.vectors))
     if c.text_vectors is not None:
         for m, index in c.text_indexes.items():
             ondisk.write_index(fi.to_cpu(index), folder / text_index_name(m))
         if TEXT_VECTORS not in c.files:
-            np.save(folder / TEXT_VECTORS, np.ascontiguousarray(c.text_vectors, dtype=vectors_dtype(c.text_vectors)))
+            np.save(folder / TEXT_VECTORS, _as_stored(c.text_vectors))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
     for budget, codec in c.codes.items():
         codec.save(folder / code_name(budget))
@@ -292,6 +287,13 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         fh.write(json.dumps(c.manifest, indent=1, default=str) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def _as_stored(vectors) -> np.ndarray:
+    """What a vectors file holds: the sq8 codes, or the floats in their own precision (float32 for any other)."""
+    if isinstance(vectors, SQ8Rows):
+        return np.ascontiguousarray(vectors.codes, dtype=np.uint8)
+    return np.ascontiguousarray(vectors, dtype=STORED_AS[stored_name(vectors)])
 
 
 def _move_in(folder: Path, c: IndexContents) -> dict:
@@ -386,10 +388,12 @@ def _load_version(folder: Path, indexes: bool | str) -> IndexContents:
     dtype = manifest.get("vectors_dtype", "float32")  # older versions: float32
     if dtype not in VECTOR_BYTES:
         raise _damaged(folder, f"{MANIFEST} gives the vectors' dtype as {dtype!r}, not one of {sorted(VECTOR_BYTES)}")
-    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, records, mmap, dtype)
+    ranges = _sq8_ranges(manifest, dim, text_count is not None, folder) if dtype == "sq8" else {}
+    vectors = _read_vectors(folder / VECTORS, (count, dim), folder, records, mmap, dtype, ranges.get("image"))
     contents = IndexContents(manifest, meta, vectors, {})
     if text_count is not None:
-        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, records, mmap, dtype)
+        contents.text_vectors = _read_vectors(folder / TEXT_VECTORS, (text_count, dim), folder, records, mmap, dtype,
+                                              ranges.get("text"))
         contents.text_rows = _read_text_rows(folder / TEXT_ROWS, text_count, count, folder, records)
     for m in dims:
         lists = on_disk.get(("image", m))
@@ -540,17 +544,32 @@ def _read_array(file: Path, folder: Path, records: dict | None, mmap: bool = Fal
 
 
 def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, records: dict | None, mmap: bool = False,
-                  dtype: str = "float32") -> np.ndarray:
-    """The full-D vectors, of the manifest's ``dtype``; ``mmap``: memory-mapped read-only, values not scanned
-    (only shape and dtype)."""
+                  dtype: str = "float32", ranges: np.ndarray | None = None) -> np.ndarray | SQ8Rows:
+    """The full-D vectors, of the manifest's ``dtype`` (sq8: its codes, decoded by ``ranges``); ``mmap``:
+    memory-mapped read-only, values not scanned (only shape and dtype)."""
     arr, why = _read_array(file, folder, records, mmap)
-    if arr.dtype != np.dtype(dtype) or arr.shape != shape:
+    if arr.dtype != np.dtype(STORED_AS[dtype]) or arr.shape != shape:
         raise _damaged(folder, f"{file.name} holds {arr.dtype} {arr.shape}, expected {dtype} {shape}")
-    if not mmap and not np.isfinite(arr).all():
+    if not mmap and arr.dtype.kind == "f" and not np.isfinite(arr).all():
         raise _damaged(folder, f"{file.name} holds NaN or infinity")
     if why is not None:
         raise filecheck.refused(folder, why)
-    return arr
+    return arr if ranges is None else SQ8Rows(arr, ranges)
+
+
+def _sq8_ranges(manifest: dict, dim: int, text: bool, folder: Path) -> dict[str, np.ndarray]:
+    """The ranges of each sq8 vectors file ("image", and "text" with captions): 2 x D finite numbers each."""
+    entry = manifest.get("vectors_sq8")
+    ranges = {}
+    for kind in ("image", "text") if text else ("image",):
+        try:
+            ranges[kind] = np.asarray(entry[kind], np.float32)  # (2 * D,)
+            ok = ranges[kind].shape == (2 * dim,) and np.isfinite(ranges[kind]).all()
+        except (KeyError, TypeError, ValueError):
+            ok = False
+        if not ok:
+            raise _damaged(folder, f"{MANIFEST} lacks the {kind} vectors' sq8 ranges (vectors_sq8: 2 x {dim} numbers)")
+    return ranges
 
 
 def _read_text_rows(file: Path, text_count: int, count: int, folder: Path, records: dict | None) -> np.ndarray:

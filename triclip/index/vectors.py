@@ -20,25 +20,117 @@ import numpy as np
 from triclip.core.errors import UserError
 
 
-VECTOR_BYTES = {"float32": 4, "float16": 2}  # bytes per dimension of the stored full-D vectors, by dtype
+VECTOR_BYTES = {"float32": 4, "float16": 2, "sq8": 1}  # bytes per dimension of the stored full-D vectors, by dtype
+STORED_AS = {"float32": np.float32, "float16": np.float16, "sq8": np.uint8}  # the numpy dtype of each in its .npy
+SQ8_SAMPLE = 100_000  # rows an sq8 store's ranges are fitted on (the first ones: the same on a resumed build)
 
 
 def stored_dtype(choice: str, rows: int, dim: int, where: str | os.PathLike, free: int | None = None) -> str:
     """The dtype the full-D vectors of a build are kept in (``index build --vectors``), or UserError.
 
-    ``choice``: ``float32``, ``float16`` or ``auto`` (float32 unless its ``rows`` x ``dim`` would not fit in the
-    ``free`` bytes of the filesystem holding ``where``, then float16, half the disk). A dtype that does not fit is
-    refused in one line, before any work. ``free``: None, measured (``shutil.disk_usage``).
+    ``choice``: ``float32``, ``float16``, ``sq8`` or ``auto`` (float32 unless its ``rows`` x ``dim`` would not fit
+    in the ``free`` bytes of the filesystem holding ``where``, then float16, half the disk, then sq8, a quarter). A
+    dtype that does not fit is refused in one line, before any work. ``free``: None, measured
+    (``shutil.disk_usage``).
     """
     free = shutil.disk_usage(where).free if free is None else free
     need = {dtype: rows * dim * size for dtype, size in VECTOR_BYTES.items()}
-    order = ("float32", "float16") if choice == "auto" else (choice,)
+    order = ("float32", "float16", "sq8") if choice == "auto" else (choice,)
     fits = [d for d in order if need[d] <= free]
     if fits:
         return fits[0]
     wanted = " or ".join(f"{need[d] / 1e9:.1f} GB as {d}" for d in order)
     raise UserError(f"the full-D vectors of {rows:,} rows x {dim} need {wanted} on disk, and {os.fspath(where)}"
                     f" has {free / 1e9:.1f} GB free: free some space, or build where there is more")
+
+
+def stored_name(vectors) -> str:
+    """The name (a key of :data:`VECTOR_BYTES`) of the precision stored vectors are kept in; float32 for any other."""
+    if isinstance(vectors, SQ8Rows):
+        return "sq8"
+    return str(vectors.dtype) if str(vectors.dtype) in ("float32", "float16") else "float32"
+
+
+class SQ8Rows:
+    """Full-D vectors kept as 8-bit codes (``index build --vectors sq8``), read like an (N, D) float32 array.
+
+    FAISS's own scalar quantiser (``faiss.ScalarQuantizer``, ``QT_8bit``: each dimension's range, min to max
+    over the rows it was fitted on, cut in 256 steps; values outside it are clipped) encodes and decodes. Written
+    here because FAISS keeps its codes inside an index in memory; a re-rank needs them as rows of a plain
+    ``.npy`` file that :class:`triclip.index.diskrows.DiskRows` reads from disk a page per row. ``rows[key]``
+    decodes only the rows asked for (any key numpy takes), so a re-rank, "more like this" and the Milvus export
+    read it as they read float vectors. ``params``: the quantiser's ranges (2 x D float32: every dimension's
+    minimum, then its width), recorded in the manifest (``vectors_sq8``).
+    """
+
+    def __init__(self, codes, params: np.ndarray):
+        self.codes = codes  # (N, D) uint8: an array, a memory map or a DiskRows
+        self.shape, self.dtype = tuple(codes.shape), np.dtype(np.uint8)
+        self.params = np.asarray(params, np.float32).reshape(-1)  # (2 * D,)
+        if self.params.shape != (2 * self.shape[1],) or not np.isfinite(self.params).all():
+            raise ValueError(f"sq8 ranges must be {2 * self.shape[1]} finite numbers, got {self.params.shape}")
+        self._sq = _quantiser(self.shape[1], self.params)
+
+    @classmethod
+    def fit(cls, sample: np.ndarray) -> np.ndarray:
+        """The ranges (2 x D float32) of an sq8 store fitted on ``sample`` (n, D)."""
+        sq = faiss.ScalarQuantizer(sample.shape[1], faiss.ScalarQuantizer.QT_8bit)
+        sq.train(np.ascontiguousarray(sample, dtype=np.float32))
+        return faiss.vector_to_array(sq.trained).astype(np.float32)
+
+    def encode(self, rows: np.ndarray) -> np.ndarray:
+        """(n, D) float -> (n, D) uint8 codes in this store's ranges."""
+        return encode_sq8(self._sq, rows)
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """(..., D) uint8 -> (..., D) float32."""
+        flat = np.ascontiguousarray(codes, dtype=np.uint8).reshape(-1, self.shape[1])
+        return self._sq.decode(flat).reshape(*np.shape(codes)[:-1], self.shape[1])
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def filename(self) -> str | None:
+        """The codes' file when they are memory-mapped (as ``np.memmap.filename``), else None."""
+        return getattr(self.codes, "filename", None)
+
+    def __getitem__(self, key) -> np.ndarray:
+        return self.decode(np.asarray(self.codes[key]))
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self.decode(np.asarray(self.codes)).astype(dtype or np.float32, copy=False)
+
+    def reconstruct(self, rows: np.ndarray) -> np.ndarray:
+        """(U,) row ids -> (U, D) float32, as a codec decodes (``triclip.index.search.rerank_from``)."""
+        return self[np.asarray(rows, np.int64)]
+
+    def with_codes(self, codes) -> "SQ8Rows":
+        """The same ranges over other codes (more rows, or the same file read through a DiskRows)."""
+        return SQ8Rows(codes, self.params)
+
+
+def appended(stored, rows: np.ndarray):
+    """Stored full-D vectors with ``rows`` (n, D) after them, in the same precision (sq8: the same ranges)."""
+    if isinstance(stored, SQ8Rows):
+        return stored.with_codes(np.concatenate([np.asarray(stored.codes), stored.encode(rows)]))
+    return np.concatenate([stored, np.asarray(rows).astype(stored.dtype)])
+
+
+def _quantiser(dim: int, params: np.ndarray) -> "faiss.ScalarQuantizer":
+    sq = faiss.ScalarQuantizer(dim, faiss.ScalarQuantizer.QT_8bit)
+    sq.trained.resize(len(params))
+    faiss.copy_array_to_vector(params, sq.trained)
+    return sq
+
+
+def encode_sq8(sq: "faiss.ScalarQuantizer", rows: np.ndarray) -> np.ndarray:
+    """(n, D) float -> (n, D) uint8 codes of a fitted quantiser."""
+    return sq.compute_codes(np.ascontiguousarray(rows, dtype=np.float32))
 
 
 def prefix(vectors: np.ndarray, m: int) -> np.ndarray:
