@@ -2,7 +2,7 @@
 
     python -m benchmarks.haystack_peers INDEX --data DATA --work DIR [--n 1000000] [--seeds 0,1,2]
         [--bytes 4,8,16,32] [--latency-ms 10] [--methods triclip,faiss,autofaiss,usearch] [--venv DIR] [--factory F]
-        [--no-text-codes] [--equal-memory]
+        [--no-text-codes] [--equal-memory] [--vectors auto|float32|float16|sq8]
 
 Per seed, the haystack of ``benchmarks.haystack`` (the real test captions and images among N - T distractors) is
 written once under DIR, with a folder of .npy links to its shards that the peers read, and the exact float top 10
@@ -12,7 +12,7 @@ of the test captions and of the val captions (the peers' tuning queries). Per by
   --latency-ms L [--factory F]`` (one build for every budget; its progress lines kept in H/triclip-b....log): the
   codes are chosen on the val split, like the peers' tuning. ``--equal-memory``: one build per budget, with
   ``--memory-budget`` = :func:`memory_cap` (autofaiss's): its float vectors then exceed it, so the choice charges
-  a re-rank its cold reads from disk;
+  a re-rank its cold reads from disk. ``--vectors``: the precision of the rows it re-ranks with (a build of its own);
 - **faiss**: ``IVF{nlist},PQ{2B}x4fs`` in ``IndexRefineFlat`` (the float rows in memory), nprobe and k_factor
   tuned on the val captions to :data:`TARGET` of their exact top 10, FAISS of the main environment;
 - **autofaiss**: ``build_index`` with ``max_index_memory_usage`` = :func:`memory_cap` and
@@ -71,6 +71,7 @@ class PeersConfig:
     factory: str = "auto"  # triclip's float index at D (index build --factory): auto (HNSW32 from 100k rows) or e.g.
     # Flat (built at once; search --bytes reads the codes and the float vectors file, not this index)
     equal_memory: bool = False  # triclip built per budget within autofaiss's memory (--memory-budget memory_cap)
+    vectors: str = "auto"  # triclip's full-D rows for its re-ranks (index build --vectors): auto, float32, float16, sq8
 
 
 def usearch_dtype(budget: int, dim: int) -> str | None:
@@ -90,11 +91,12 @@ def nlist_for(n: int) -> int:
 
 
 def triclip_dir(budgets: list[int], factory: str = "auto", memory: int | None = None,
-                latency_ms: float = PeersConfig.latency_ms) -> str:
+                latency_ms: float = PeersConfig.latency_ms, vectors: str = "auto") -> str:
     """The folder of triclip's build of ``budgets`` in a haystack (one build per set of budgets, factory, memory
-    budget and latency bound)."""
+    budget, latency bound and precision of the rows it re-ranks with)."""
     return ("triclip-b" + "-".join(map(str, budgets)) + ("" if factory == "auto" else "-" + factory.lower())
-            + ("" if memory is None else f"-mem{memory}") + bound_suffix(latency_ms))
+            + ("" if memory is None else f"-mem{memory}") + bound_suffix(latency_ms)
+            + ("" if vectors == "auto" else f"-{vectors}"))
 
 
 def bound_suffix(latency_ms: float) -> str:
@@ -201,12 +203,12 @@ def triclip_builds(cfg: PeersConfig, h: Haystack, seed: int) -> dict:
 def triclip_build(cfg: PeersConfig, h: Haystack, seed: int, budgets: list[int], memory: int | None = None) -> dict:
     """``triclip index build`` of ``budgets`` over the haystack's shards (reused when built), within ``memory``
     bytes (None: triclip's default); budget -> its record from the manifest."""
-    out = h.root / triclip_dir(budgets, cfg.factory, memory, cfg.latency_ms)
+    out = h.root / triclip_dir(budgets, cfg.factory, memory, cfg.latency_ms, cfg.vectors)
     if not (out / "built.json").is_file():
         command = [sys.executable, "-m", "triclip", "index", "build", "--embeddings", str(h.root / "embeddings"),
                    "--val-embeddings", str(h.root / "val-embeddings"), "--out", str(out),
                    "--bytes", ",".join(map(str, budgets)), "--latency-ms", str(cfg.latency_ms),
-                   "--seed", str(seed), "--factory", cfg.factory, "--overwrite",
+                   "--seed", str(seed), "--factory", cfg.factory, "--vectors", cfg.vectors, "--overwrite",
                    *([] if cfg.text_codes else ["--no-text-index"]),
                    *([] if memory is None else ["--memory-budget", str(memory)])]
         started = time.perf_counter()
@@ -216,11 +218,13 @@ def triclip_build(cfg: PeersConfig, h: Haystack, seed: int, budgets: list[int], 
             raise UserError(f"triclip index build failed: {last_line(done.stderr)}")
         (out / "built.json").write_text(json.dumps({"build_s": round(time.perf_counter() - started, 1)}))
     from triclip.index.store import load_contents
-    budgets = load_contents(str(out), indexes=False).manifest.get("budgets", {})
+    manifest = load_contents(str(out), indexes=False).manifest
+    budgets, rows = manifest.get("budgets", {}), manifest.get("vectors_dtype", "float32")
     common = {**json.loads((out / "built.json").read_text()),
               "disk_bytes": sum(p.stat().st_size for p in out.rglob("*") if p.is_file())}
     from triclip.codecs import CodecSpec
-    return {int(b): {"label": e.get("label") or CodecSpec.from_json(e["spec"]).label(), "code_bytes": int(b),
+    return {int(b): {"label": (e.get("label") or CodecSpec.from_json(e["spec"]).label())
+                     + ("" if rows == "float32" else f", {rows} rows"), "code_bytes": int(b),
                      "ram_bytes": e.get("ram_bytes"), "shortlist": (e.get("rescore") or {}).get("shortlist"),
                      "reads": (e.get("rescore") or {}).get("reads"), "note": e.get("note", ""), "dir": str(out),
                      **common} for b, e in budgets.items()}
@@ -252,6 +256,7 @@ def run_budget(cfg: PeersConfig, h: Haystack, seed: int, budget: int, tri: dict,
     records, dim = [], int(np.load(h.queries, mmap_mode="r").shape[1])
     for method, (spec, built) in specs_for(cfg, h, budget, dim, tri).items():
         bound = bound_suffix(cfg.latency_ms) if method in ("triclip", "autofaiss") else ""  # built to the bound
+        bound += f"-{cfg.vectors}" if method == "triclip" and cfg.vectors != "auto" else ""
         spec = {"dir": str(h.root / f"{method}-b{budget}{bound}"), **spec, "method": method}
         spec["ids"], spec["times"] = os.path.join(spec["dir"], "ids.npy"), os.path.join(spec["dir"], "query_ms.npz")
         rec = {"seed": seed, "n": cfg.n, "method": method, "budget": budget,
@@ -338,6 +343,8 @@ def parse(argv: list[str] | None) -> PeersConfig:
                         "text->image search)")
     p.add_argument("--equal-memory", action="store_true",
                    help="triclip built per budget with --memory-budget = autofaiss's memory cap")
+    p.add_argument("--vectors", choices=("auto", "float32", "float16", "sq8"), default=PeersConfig.vectors,
+                   help="triclip's full-D rows for its re-ranks (index build --vectors)")
     return PeersConfig(**vars(p.parse_args(argv)))
 
 

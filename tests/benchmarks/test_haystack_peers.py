@@ -39,6 +39,7 @@ def test_memory_cap_nlist_and_folders():
     assert hp.parse(["I", "--data", "D", "--work", "W"]).factory == "auto"
     assert hp.triclip_dir([8], "Flat", 16_000_000) == "triclip-b8-flat-mem16000000"  # within a memory budget
     assert hp.triclip_dir([8], latency_ms=50) == "triclip-b8-50ms" and hp.bound_suffix(10.0) == ""
+    assert hp.triclip_dir([8], vectors="sq8") == "triclip-b8-sq8"  # rows kept in another precision: another build
     assert hp.parse(["I", "--data", "D", "--work", "W", "--equal-memory"]).equal_memory
     assert not hp.parse(["I", "--data", "D", "--work", "W"]).equal_memory
 
