@@ -191,7 +191,7 @@ def triclip_load(spec: dict):
     def drop() -> None:  # cold: the pages this process maps stay cached, so they are unmapped first
         for disk in searcher._rows_on_disk.values():
             if disk is not None:
-                disk.drop_pages()
+                getattr(disk, "codes", disk).drop_pages()  # sq8 rows (SQ8Rows): their codes' DiskRows
         for name in ("offsets", "hashes", "order"):  # the meta's arrays (a version read whole has none)
             mapped = getattr(getattr(contents.meta, name, None), "_mmap", None)
             if mapped is not None:

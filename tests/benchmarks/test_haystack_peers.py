@@ -167,14 +167,24 @@ def test_autofaiss_against_exact_search(small):
     assert rec["code_bytes"] * 6000 <= rec["disk_bytes"]  # bytes per vector: the index's own
 
 
-def test_triclip_is_measured_cold_with_and_without_the_hits_meta_rows_and_both_answer_the_same_rows(emb, tmp_path):  # noqa: F811
+@pytest.mark.parametrize("kept", [{}, {"vectors": "sq8", "memory_budget": 20_000}])  # sq8 rows re-ranked from disk
+def test_triclip_is_measured_cold_with_and_without_the_hits_meta_rows_and_both_answer_the_same_rows(emb, tmp_path, kept):  # noqa: F811
     """The worker's triclip search maps each hit's meta id back to its row; its ``rows`` search returns the rows
-    the codes rank, without reading the meta: the same answers, and ``measure`` times both cold."""
+    the codes rank, without reading the meta: the same answers, and ``measure`` times both cold (the rows a
+    re-rank reads from disk dropped from the process's map before each query, sq8 codes' too)."""
     from triclip.index.sources import IndexBuildConfig, build_index
     from triclip.index.store import load_contents
 
     out = tmp_path / "index"
-    build_index(IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], bytes=[8], factory="Flat"))
+    build_index(IndexBuildConfig(embeddings=str(emb), out=str(out), dims=[8], bytes=[8], factory="Flat", **kept))
+    if kept:  # a re-rank of 40 sq8 rows read from disk, whatever the build kept on these few rows
+        from triclip.index.store import MANIFEST, current_version
+
+        file = out / current_version(out) / MANIFEST
+        manifest = json.loads(file.read_text())
+        manifest["budgets"]["8"]["rescore"] = {"with": "float", "shortlist": 40, "shortlist_how": "measured",
+                                               "disk_bytes_per_query": 0, "reads": "disk"}
+        file.write_text(json.dumps(manifest))
     queries = np.asarray(load_contents(str(out), indexes=False).text_vectors[:30], np.float32)  # (30, D)
     np.save(tmp_path / "queries.npy", queries)
     search = worker.triclip_load({"dir": str(out), "bytes": 8})

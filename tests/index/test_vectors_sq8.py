@@ -138,6 +138,20 @@ def test_an_sq8_build_records_its_ranges_quarters_the_files_and_answers_as_float
     assert [h["id"] for h in b.search_ids(ids[:5], k=1)[0]] == ids[:1]  # an image finds itself first
 
 
+def test_a_stage_that_reads_sq8_rows_from_disk_decodes_them_through_a_diskrows_with_the_answers_from_memory(builds):
+    searcher = Searcher.load(builds / "sq8")
+    queries = np.asarray(searcher.contents.text_vectors[:25])
+    stage = {"with": "float", "shortlist": 40, "shortlist_how": "measured", "disk_bytes_per_query": 0}
+    answers = {}
+    for reads in ("memory", "disk"):
+        searcher.contents.manifest["budgets"]["8"]["rescore"] = {**stage, "reads": reads}
+        answers[reads] = searcher.search_vectors(queries, k=5, bytes=8)
+        assert bool(searcher._rows_on_disk) == (reads == "disk")
+    assert answers["disk"] == answers["memory"]
+    on_disk = next(iter(searcher._rows_on_disk.values()))
+    assert isinstance(on_disk, SQ8Rows) and isinstance(on_disk.codes, DiskRows)
+
+
 def test_a_manifest_without_the_ranges_or_with_a_float_file_is_refused_in_one_line(builds, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(builds / "sq8", copy)
@@ -172,12 +186,19 @@ def test_the_milvus_export_reads_sq8_rows_decoded(builds):
         _mapped(folder / "vectors.npy", codes.shape, lambda what: UserError(what))
 
 
-def test_auto_keeps_sq8_when_float16_would_not_fit(emb, tmp_path, monkeypatch):  # noqa: F811
+def test_auto_keeps_sq8_when_float16_would_not_fit_and_says_so(emb, tmp_path, monkeypatch, capsys):  # noqa: F811
     probe = load_contents(_build(emb, tmp_path / "probe", "float32"))
     need32 = 4 * probe.vectors.shape[1] * (len(probe.vectors) + len(probe.text_vectors))
     Usage = namedtuple("Usage", "total used free")  # the free disk given: between sq8's size and float16's
     monkeypatch.setattr(vec.shutil, "disk_usage", lambda where: Usage(0, 0, need32 * 3 // 8))
+    capsys.readouterr()
     assert load_contents(_build(emb, tmp_path / "auto", "auto")).manifest["vectors_dtype"] == "sq8"
+    said = [line for line in capsys.readouterr().err.splitlines() if "full-D vectors are kept" in line]
+    assert said == [f"the full-D vectors are kept as sq8 (1 B a dimension): float32 would not fit in the free disk"
+                    f" of {tmp_path}"]
+    capsys.readouterr()
+    _build(emb, tmp_path / "asked", "sq8")  # asked for: nothing to say
+    assert "full-D vectors are kept" not in capsys.readouterr().err
 
 
 def _build(emb, out, dtype: str):  # noqa: F811

@@ -77,7 +77,7 @@ from triclip.index.parts import (  # noqa: F401 (OWNER, PARTS_SUFFIX, claim_part
 from triclip.index.metarows import RENAMES, MetaRows
 from triclip.index.manifest import Origin, attach_curves, make_manifest, summary
 from triclip.index.store import TEXT_VECTORS, VECTORS, IndexContents, ivfdata_name, write_version, writer_lock
-from triclip.index.vectors import SQ8_SAMPLE, STORED_AS, ShardVectors, SQ8Rows, exact_topk, stored_dtype
+from triclip.index.vectors import SQ8_SAMPLE, STORED_AS, VECTOR_BYTES, ShardVectors, SQ8Rows, exact_topk, stored_dtype
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path, write_errors
 from triclip.core.progress import progress
@@ -194,7 +194,11 @@ def _vectors_dtype(cfg, coll: Collection, work: Path) -> str:
         held = np.load(work / VECTORS, mmap_mode="r").dtype
         return next(name for name, dtype in STORED_AS.items() if np.dtype(dtype) == held)
     rows = coll.image.count + (coll.text.count if coll.text is not None else 0)
-    return stored_dtype(cfg.vectors, rows, coll.image.dim, work.parent)
+    dtype = stored_dtype(cfg.vectors, rows, coll.image.dim, work.parent)
+    if dtype != cfg.vectors and dtype != "float32":  # auto fell back: say so (a re-rank by sq8 rows keeps less)
+        print(f"the full-D vectors are kept as {dtype} ({VECTOR_BYTES[dtype]} B a dimension): float32 would not"
+              f" fit in the free disk of {work.parent}", file=sys.stderr, flush=True)
+    return dtype
 
 
 def _claim_shared(out: str, work: Path) -> int:
