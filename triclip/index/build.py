@@ -447,7 +447,8 @@ def _kept_vectors(vectors: ShardVectors, dtype: str, file: Path | None = None):
     store = None
     if dtype == "sq8":
         store = SQ8Rows(np.empty((0, vectors.dim), np.uint8), SQ8Rows.fit(vectors.head(SQ8_SAMPLE).full()))
-    encode = store.encode if store is not None else lambda rows: np.ascontiguousarray(rows, dtype=STORED_AS[dtype])  # (n, D)
+    as_float = lambda rows: np.ascontiguousarray(rows, dtype=STORED_AS[dtype])  # noqa: E731  (n, D)
+    encode = store.encode if store is not None else as_float
     held = stack_to_file(vectors, file, encode, STORED_AS[dtype]) if file else encode(vectors.full())
     return held if store is None else store.with_codes(held)
 
