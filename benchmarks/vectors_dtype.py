@@ -5,7 +5,8 @@
 The queries are the caption vectors of INDEX (those of SPLIT's images, e.g. the demo's ``data/test.jsonl``; else
 the first ``--queries``), each searched exactly over every image row twice: against the stored float32 vectors and
 against the same vectors as each smaller precision keeps them (float16; sq8: FAISS's 8-bit scalar quantiser,
-ranges fitted on the first rows as a build fits them). A re-rank of any shortlist is this search restricted to the
+ranges fitted on the first rows as a build fits them; "sq8 rotated": the same after a fixed random rotation of
+the rows, not a build option). A re-rank of any shortlist is this search restricted to the
 shortlist, so what holds here bounds it. Prints, per precision, the share of the float32 top k it keeps, the
 queries whose top k changed at all, the largest change of a score, the largest shortfall (the float32 score of the
 k-th hit kept against its worst pick, scored in float32); t2i recall@k each way (a hit: the caption's own image) and
@@ -40,11 +41,25 @@ def measure(index: str, split: str | None = None, k: int = 10, queries: int = 50
     out = {"index": index, "rows": len(full), "dim": full.shape[1], "queries": len(q), "k": k,
            "t2i_recall": {"float32": _recall(want, own)},
            "bytes_per_row": {name: size * full.shape[1] for name, size in VECTOR_BYTES.items()}}
-    for name, kept_rows in (("float16", full.astype(np.float16).astype(np.float32)), ("sq8", sq8_rows(full))):
+    for name, kept_rows in kept_precisions(full).items():
         got = exact_topk(kept_rows, q, k)  # (Q, k)
         out[name] = _changes(full, kept_rows, q, want, got)
         out["t2i_recall"][name] = _recall(got, own)
     return out
+
+
+def kept_precisions(full: np.ndarray) -> dict[str, np.ndarray]:
+    """What each smaller precision keeps of ``full`` (N, D), decoded to float32: float16, sq8, and (not a build
+    option: what it would keep) sq8 of the rows turned by a random rotation first and turned back after."""
+    turn = rotation(full.shape[1])  # (D, D)
+    return {"float16": full.astype(np.float16).astype(np.float32), "sq8": sq8_rows(full),
+            "sq8 rotated": sq8_rows(full @ turn) @ turn.T}
+
+
+def rotation(dim: int) -> np.ndarray:
+    """A random orthogonal (D, D) matrix, the same at every call (seed 0): spreads each row's mass over every
+    dimension, so the ranges sq8 cuts in 256 steps are narrower against their rows."""
+    return np.linalg.qr(np.random.default_rng(0).standard_normal((dim, dim)))[0].astype(np.float32)
 
 
 def sq8_rows(full: np.ndarray) -> np.ndarray:

@@ -4,7 +4,8 @@
 
 HAYSTACK: a folder of ``benchmarks.haystack build`` (as ``benchmarks.haystack_peers`` writes one per seed:
 ``embeddings/``, ``queries.npy``, ``truth.npy``). Every image row is searched exactly, as float32 (the truth), and as
-float16 and sq8 keep it (sq8: ranges fitted on the first rows, as a build fits them); prints per folder the share of
+float16 and sq8 keep it (sq8: ranges fitted on the first rows, as a build fits them; "sq8 rotated": after a fixed
+random rotation, ``benchmarks.vectors_dtype.kept_precisions``); prints per folder the share of
 the exact float top 10 each keeps: the most any re-rank by such rows can hold. Reads the rows whole (N x D float32
 in memory: 1 GB at 1M). Torch-free.
 """
@@ -17,7 +18,7 @@ import os
 
 import numpy as np
 
-from benchmarks.vectors_dtype import sq8_rows
+from benchmarks.vectors_dtype import kept_precisions
 from triclip.index.vectors import ShardVectors, exact_topk
 
 
@@ -26,8 +27,7 @@ def kept_by_precision(full: np.ndarray, queries: np.ndarray, truth: np.ndarray) 
     over each precision's rows keeps."""
     k = truth.shape[1]
     out = {}
-    for name, rows in (("float32", full), ("float16", full.astype(np.float16).astype(np.float32)),
-                       ("sq8", sq8_rows(full))):
+    for name, rows in {"float32": full, **kept_precisions(full)}.items():
         got = exact_topk(rows, queries, k)  # (Q, k)
         out[name] = round(float(np.mean([len(set(t) & set(g)) / k for t, g in zip(truth, got)])), 4)
     return out

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from triclip.index.vectors import exact_topk
+from benchmarks.vectors_dtype import kept_precisions, rotation, sq8_rows
+from triclip.index.vectors import SQ8Rows, exact_topk
 
 _path = Path(__file__).resolve().parents[2] / "scripts" / "rows_precision.py"
 _spec = importlib.util.spec_from_file_location("rows_precision", _path)
@@ -44,3 +45,17 @@ def test_a_haystack_folder_is_read_shard_by_shard_and_printed_as_one_json_line(t
     assert rows_precision.main([str(tmp_path)]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["rows"] == 3000 and line["float32"] == 1.0 and line["sq8"] <= line["float16"]
+
+
+def test_the_rotated_sq8_rows_turn_back_within_half_a_step_of_the_turned_ranges():
+    """``kept_precisions``'s "sq8 rotated": the rows turned by a fixed orthogonal matrix, coded, turned back: an
+    error no larger, row by row, than half a step of each range the turned rows were coded in."""
+    full = _crowded(np.random.default_rng(2), n=2000)
+    turn = rotation(32)
+    np.testing.assert_allclose(turn @ turn.T, np.eye(32), atol=1e-5)
+    np.testing.assert_array_equal(turn, rotation(32))  # the same matrix at every call
+    kept = kept_precisions(full)
+    np.testing.assert_array_equal(kept["sq8"], sq8_rows(full))
+    half_step = SQ8Rows.fit(full @ turn)[32:] / 255 / 2  # (D,) of the turned rows' ranges
+    error = np.linalg.norm(kept["sq8 rotated"] - full, axis=1)  # (N,)
+    assert (error <= np.linalg.norm(half_step) + 1e-5).all() and error.max() > 0
