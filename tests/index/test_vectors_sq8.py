@@ -66,6 +66,13 @@ def test_half_a_step_of_each_range_bounds_a_value_and_an_inner_product_and_outsi
     np.testing.assert_allclose(store.decode(store.encode(far))[0], vmin + width, atol=step.max())
 
 
+def test_no_rows_fit_empty_ranges_and_one_row_decodes_exactly():
+    assert SQ8Rows.fit(np.zeros((0, 4), np.float32)).tolist() == [0.0] * 8  # a side with no rows (no captions)
+    one = np.array([[0.5, -0.25, 0.0, 1.0]], np.float32)
+    store = SQ8Rows(np.empty((0, 4), np.uint8), SQ8Rows.fit(one))
+    np.testing.assert_array_equal(store.decode(store.encode(one)), one)  # ranges of width 0: the value itself
+
+
 def test_ranges_of_the_wrong_size_or_not_finite_are_refused():
     codes = np.zeros((3, 4), np.uint8)
     with pytest.raises(ValueError, match="8 finite numbers"):

@@ -73,7 +73,9 @@ class SQ8Rows:
 
     @classmethod
     def fit(cls, sample: np.ndarray) -> np.ndarray:
-        """The ranges (2 x D float32) of an sq8 store fitted on ``sample`` (n, D)."""
+        """The ranges (2 x D float32) of an sq8 store fitted on ``sample`` (n, D); no rows: every range [0, 0]."""
+        if not len(sample):
+            return np.zeros(2 * sample.shape[1], np.float32)
         sq = faiss.ScalarQuantizer(sample.shape[1], faiss.ScalarQuantizer.QT_8bit)
         sq.train(np.ascontiguousarray(sample, dtype=np.float32))
         return faiss.vector_to_array(sq.trained).astype(np.float32)
