@@ -4,8 +4,8 @@
 
 HAYSTACK: a folder of ``benchmarks.haystack build`` (as ``benchmarks.haystack_peers`` writes one per seed:
 ``embeddings/``, ``queries.npy``, ``truth.npy``). Every image row is searched exactly, as float32 (the truth), and as
-float16 and sq8 keep it (sq8: ranges fitted on the first rows, as a build fits them; "sq8 rotated": after a fixed
-random rotation, ``benchmarks.vectors_dtype.kept_precisions``); prints per folder the share of
+float16 and sq8 keep it (sq8 as a build keeps it, after its fixed rotation; "sq8 unrotated": without it,
+``benchmarks.vectors_dtype.kept_precisions``); prints per folder the share of
 the exact float top 10 each keeps: the most any re-rank by such rows can hold. Reads the rows whole (N x D float32
 in memory: 1 GB at 1M). Torch-free.
 """

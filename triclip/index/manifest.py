@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from triclip.index.store import FORMAT, TMP_PREFIX, IndexContents
-from triclip.index.vectors import SQ8Rows, stored_name
+from triclip.index.vectors import SQ8_ROTATION_SEED, SQ8Rows, stored_name
 from triclip.core.errors import UserError
 from triclip.core.io import write_errors
 
@@ -104,11 +104,13 @@ def make_manifest(cfg, contents: IndexContents, origin: Origin, build: dict, pre
 
 
 def _sq8_entry(contents: IndexContents) -> dict:
-    """``{"vectors_sq8": {"image": ranges, "text": ranges}}`` for vectors kept as sq8 codes, else {}."""
+    """``{"vectors_sq8": {"image": ranges, "text": ranges, "rotation_seed": seed}}`` for vectors kept as sq8 codes
+    (cut after the rotation of that seed, ``vectors.rotation``), else {}."""
     if not isinstance(contents.vectors, SQ8Rows):
         return {}
     kinds = {"image": contents.vectors, "text": contents.text_vectors}
-    return {"vectors_sq8": {k: [float(v) for v in rows.params] for k, rows in kinds.items() if rows is not None}}
+    ranges = {k: [float(v) for v in rows.params] for k, rows in kinds.items() if rows is not None}
+    return {"vectors_sq8": {**ranges, "rotation_seed": SQ8_ROTATION_SEED}}
 
 
 def summary(manifest: dict, index: str, started: float, **extra) -> dict:

@@ -43,7 +43,7 @@ from triclip.index import milvus as mv
 from triclip.index.config import ExportConfig
 from triclip.index.store import MANIFEST, META, TEXT_ROWS, TEXT_VECTORS, VECTORS, read_live
 from triclip.index.versions import VERSION_RE
-from triclip.index.vectors import SQ8Rows, prefix
+from triclip.index.vectors import SQ8Rows, prefix, sq8_ranges
 
 INDEX_FOR_CODEC = {  # the code of a budget -> (the Milvus index on a server, on Milvus Lite), same m
     "float32": ("HNSW", "FLAT"),  # float top-m
@@ -171,12 +171,12 @@ def _open_version(root: Path, version: str) -> Source:
         why = filecheck.check_file(folder / name, folder, records)  # what the manifest vouches for is exported
         if why is not None:
             raise filecheck.refused(folder, why)
-    vectors = _mapped(folder / VECTORS, (count, dim), damaged, _ranges(manifest, "image", damaged))
+    vectors = _mapped(folder / VECTORS, (count, dim), damaged, _ranges(manifest, "image", dim, damaged))
     meta_file = open(folder / META, encoding="utf-8")  # noqa: SIM115 (kept open for the export)
     src = Source(root, version, manifest, hashlib.sha256(raw).hexdigest(), vectors, meta_file)
     if text_count is not None:
         src.text_vectors = _mapped(folder / TEXT_VECTORS, (int(text_count), dim), damaged,
-                                   _ranges(manifest, "text", damaged))
+                                   _ranges(manifest, "text", dim, damaged))
         rows = np.load(folder / TEXT_ROWS, mmap_mode="r", allow_pickle=False)
         if rows.shape != (int(text_count), 2):
             raise damaged(f"{TEXT_ROWS} holds {rows.shape}, expected ({text_count}, 2)")
@@ -184,14 +184,14 @@ def _open_version(root: Path, version: str) -> Source:
     return src
 
 
-def _ranges(manifest: dict, kind: str, damaged) -> np.ndarray | None:
+def _ranges(manifest: dict, kind: str, dim: int, damaged) -> np.ndarray | None:
     """The sq8 ranges of the ``kind`` vectors (``index build --vectors sq8``), None for float vectors."""
     if manifest.get("vectors_dtype") != "sq8":
         return None
     try:
-        return np.asarray(manifest["vectors_sq8"][kind], np.float32)  # (2 * D,), checked by SQ8Rows
-    except (KeyError, TypeError, ValueError):
-        raise damaged(f"{MANIFEST} lacks the {kind} vectors' sq8 ranges") from None
+        return sq8_ranges(manifest.get("vectors_sq8"), kind, dim)  # (2 * D,)
+    except ValueError as err:
+        raise damaged(f"{MANIFEST}'s {err}") from None
 
 
 def _mapped(file: Path, shape: tuple, damaged, ranges: np.ndarray | None = None) -> "Rows | SQ8Rows":

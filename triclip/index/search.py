@@ -543,13 +543,17 @@ def _rerank_one(vectors: np.ndarray, query: np.ndarray, candidates: np.ndarray, 
 
 
 def rerank_from(source, queries: np.ndarray, candidates: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`rerank` against ``source``: stored vectors (N, D), memory-mapped or not, or a codec whose
-    decoded vectors (``triclip.codecs.Codec.reconstruct``) are scored; only the candidates are read."""
+    """:func:`rerank` against ``source``: stored vectors (N, D), memory-mapped or not, sq8 codes
+    (``triclip.index.vectors.SQ8Rows``), or a codec whose decoded vectors (``triclip.codecs.Codec.reconstruct``)
+    are scored; only the candidates are read."""
     if isinstance(source, (np.ndarray, DiskRows)):
         return rerank(source, queries, candidates, k)
     valid = candidates >= 0
     rows, inverse = np.unique(np.where(valid, candidates, 0), return_inverse=True)
-    decoded = source.reconstruct(rows)  # (U, D): each candidate decoded once
+    if isinstance(source, SQ8Rows):  # scored where its codes live: the queries turned once, not every row back
+        decoded, queries = source.scored(rows, queries)  # (U, D), (Q, D)
+    else:
+        decoded = source.reconstruct(rows)  # (U, D): each candidate decoded once
     local = np.where(valid, inverse.reshape(candidates.shape), -1)  # (Q, C) rows of decoded
     scores, ids = rerank(decoded, queries, local, k)
     return scores, np.where(ids >= 0, rows[np.maximum(ids, 0)], -1)

@@ -64,7 +64,7 @@ from triclip.codecs import ondisk
 from triclip.index import faiss_index as fi
 from triclip.index import filecheck, metafile
 from triclip.index.lazy_codes import CodeFile, LazyCodes
-from triclip.index.vectors import STORED_AS, VECTOR_BYTES, SQ8Rows, stored_name
+from triclip.index.vectors import STORED_AS, VECTOR_BYTES, SQ8Rows, sq8_ranges, stored_name
 from triclip.core.errors import UserError
 from triclip.core.io import LOCK, MARK, current_umask, fix_mode, folder_lock, read_mark, write_errors, write_mark
 from triclip.index.versions import (  # noqa: F401 (re-exported: where the live version is)
@@ -558,18 +558,11 @@ def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, records: dic
 
 
 def _sq8_ranges(manifest: dict, dim: int, text: bool, folder: Path) -> dict[str, np.ndarray]:
-    """The ranges of each sq8 vectors file ("image", and "text" with captions): 2 x D finite numbers each."""
-    entry = manifest.get("vectors_sq8")
-    ranges = {}
-    for kind in ("image", "text") if text else ("image",):
-        try:
-            ranges[kind] = np.asarray(entry[kind], np.float32)  # (2 * D,)
-            ok = ranges[kind].shape == (2 * dim,) and np.isfinite(ranges[kind]).all()
-        except (KeyError, TypeError, ValueError):
-            ok = False
-        if not ok:
-            raise _damaged(folder, f"{MANIFEST} lacks the {kind} vectors' sq8 ranges (vectors_sq8: 2 x {dim} numbers)")
-    return ranges
+    """The ranges of each sq8 vectors file ("image", and "text" with captions), checked (``vectors.sq8_ranges``)."""
+    try:
+        return {kind: sq8_ranges(manifest.get("vectors_sq8"), kind, dim) for kind in (("image", "text") if text else ("image",))}
+    except ValueError as err:
+        raise _damaged(folder, f"{MANIFEST}'s {err}") from None
 
 
 def _read_text_rows(file: Path, text_count: int, count: int, folder: Path, records: dict | None) -> np.ndarray:
