@@ -13,7 +13,9 @@ import pytest
 from triclip.core.errors import UserError
 from triclip.index import budgets as bud
 from triclip.index import report
+from triclip import codecs
 from triclip.index.budgets import EvalSet, Rules, choose
+from triclip.index.vectors import SQ8Rows
 from triclip.index.store import current_version
 from tests.index.conftest import GivenLatency, unit_vectors
 
@@ -58,6 +60,34 @@ def test_no_bound_keeps_the_best_recall_and_a_tight_one_a_fast_code(collection):
     assert all("over 0.015 ms" in why for codec, why in skipped.items() if codec != "pq")
     assert "float32" not in skipped  # quick to fit: fitted, measured, then over the bound
     assert all(t["latency_ms"] > 0.015 for t in tight.tried if t["recall"] is not None and t["codec"] != "pqfs")
+
+
+def test_a_re_rank_is_measured_on_the_rows_as_the_stored_vectors_keep_them(collection):
+    """float32 rows as they are, float16 rounded, sq8 coded and decoded: a re-ranked variant's recall is the
+    re-rank of its shortlist by those rows; with sq8 ranges made 101 times too wide (2-3 steps over the rows) it
+    falls."""
+    x, evaluation = collection
+    ranges = SQ8Rows.fit(x)
+    coarse = np.r_[ranges[:D] - 50 * ranges[D:], 101 * ranges[D:]].astype(np.float32)  # steps 101x as wide
+    model = GivenLatency(reference=1.0, per_candidate=0.0)
+    rules = {"float32": Rules(n=len(x), recall_target=0.9, model=model),
+             "float16": Rules(n=len(x), recall_target=0.9, model=model, vector_bytes=2),
+             "sq8": Rules(n=len(x), recall_target=0.9, model=model, vector_bytes=1, sq8=coarse)}
+    np.testing.assert_array_equal(rules["float32"].kept(x), x)
+    assert 0 < np.abs(rules["float16"].kept(x) - x).max() <= 2**-11
+    store = SQ8Rows(np.empty((0, D), np.uint8), coarse)
+    np.testing.assert_array_equal(rules["sq8"].kept(x), store.decode(store.encode(x)))
+    tune = bud.TuneSet.of(x, evaluation)
+    spec = next(s for s in codecs.candidates(4, D, len(x)) if s.codec == "pq")
+    codec = codecs.fit(spec, x)
+    recalls = {}
+    for name, rule in rules.items():
+        staged = [v for v in bud.evaluate(codec, evaluation, tune, rule) if v.shortlist is not None]
+        assert staged
+        for v in staged:  # N = the sample = the evaluation gallery: its shortlist as it is, nothing probed
+            assert v.recall == bud.measure(codec, evaluation, v.shortlist, rule.kept(evaluation.gallery))
+        recalls[name] = [v.recall for v in staged]
+    assert recalls["sq8"][-1] < recalls["float32"][-1] - 0.05
 
 
 def test_a_bound_nothing_meets_is_one_line_and_the_default_keeps_the_fastest(collection):

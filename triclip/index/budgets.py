@@ -35,7 +35,7 @@ from triclip.core.progress import progress
 from triclip import codecs
 from triclip.index.latency import Latency, LatencyModel
 from triclip.index.search import rerank
-from triclip.index.vectors import exact_topk, exact_topk_of
+from triclip.index.vectors import SQ8Rows, exact_topk, exact_topk_of
 
 FIT_ROWS = 20_000  # collection vectors a code is fitted on (a seeded sample beyond)
 EVAL_MAX_IMAGES = 5000  # without --val-data: the indexed data's first this many images
@@ -96,14 +96,17 @@ def recall_at_k(ids: np.ndarray, positives: list[set[int]], k: int = K) -> float
     return float(np.mean(hits)) if hits else 0.0
 
 
-def measure(codec: codecs.Codec, evaluation: EvalSet, shortlist: int | None = None) -> float:
+def measure(codec: codecs.Codec, evaluation: EvalSet, shortlist: int | None = None,
+            rows: np.ndarray | None = None) -> float:
     """Recall@10 of ``codec``'s trained code on the evaluation set (a copy holding its gallery), scanning every
-    vector (inverted lists: all of them). ``shortlist``: its top ``shortlist`` re-ranked by the float vectors."""
+    vector (inverted lists: all of them). ``shortlist``: its top ``shortlist`` re-ranked by the gallery's full-D
+    ``rows`` (n, D) as the stored vectors keep them (:meth:`Rules.kept`; None: the float32 gallery)."""
     gallery = codec.empty_copy()
     gallery.add(evaluation.gallery)
     if shortlist is None:
         return recall_at_k(exhaustive_ids(gallery, evaluation.queries, K), evaluation.positives)
-    return recall_at_k(_two_stage(gallery, evaluation.gallery, evaluation.queries, shortlist), evaluation.positives)
+    rows = evaluation.gallery if rows is None else rows
+    return recall_at_k(_two_stage(gallery, rows, evaluation.queries, shortlist), evaluation.positives)
 
 
 def exhaustive_ids(codes: codecs.Codec, queries: np.ndarray, k: int) -> np.ndarray:
@@ -142,6 +145,15 @@ class Rules:
     # budget): its cold reads are timed and charged, and shorter shortlists offered; None: they stay in memory
     vector_bytes: int = 4  # bytes per dimension of the stored float vectors a re-rank reads (2: float16, 1: sq8)
     sq8: np.ndarray | None = None  # the ranges of vectors kept as sq8 codes (a re-rank decodes them); None: floats
+
+    def kept(self, rows: np.ndarray) -> np.ndarray:
+        """Full-D ``rows`` (n, D) float32 as the stored vectors a re-rank reads hold them: as they are (float32),
+        rounded to float16, or coded as sq8 and decoded; what a re-rank's recall is measured with."""
+        rows = np.asarray(rows, np.float32)
+        if self.sq8 is not None:
+            store = SQ8Rows(np.empty((0, rows.shape[1]), np.uint8), self.sq8)
+            return store.decode(store.encode(rows))
+        return rows.astype(np.float16).astype(np.float32) if self.vector_bytes == 2 else rows
 
     def rerank_ms(self, gallery: np.ndarray, queries: np.ndarray, count: int) -> float:
         """One query's re-rank of ``count`` candidates: scoring them, plus reading them cold from disk
@@ -395,7 +407,9 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
     may be lower: ``keeps`` says it), set on ``codec``; the re-rank gets the shortest
     shortlist whose re-ranked top 10 holds that share of the exact float top 10 (:func:`tune_shortlist`),
     scaled to N when the sample is smaller. Recall on the evaluation set is measured scanning every list,
-    times the share kept at the tuned nprobe (``keeps``), with the shortlist the same share of its gallery as at N.
+    times the share kept at the tuned nprobe (``keeps``), with the shortlist the same share of its gallery as at N,
+    re-ranked by the gallery's rows as the stored vectors keep them (:meth:`Rules.kept`: float16 or sq8 cost
+    recall there, as in the served re-rank).
     """
     copy = codec.empty_copy()
     started = time.perf_counter()
@@ -413,11 +427,12 @@ def evaluate(codec: codecs.Codec, evaluation: EvalSet, tune: TuneSet, rules: Rul
         staged = tune_shortlist(copy, tune, rules.recall_target, shorter=rules.reads_from is not None)
     n_s, n_eval = len(tune.gallery), len(evaluation.gallery)
     scale, out = at_scale(rules.n), []
+    rows = rules.kept(evaluation.gallery) if staged else None  # (n_eval, D) what the re-rank reads
     for shortlist, keeps2, held in staged:
         at_n = shortlist if rules.n <= n_s else min(SHORTLIST_MAX, math.ceil(shortlist * rules.n / n_s))
         if out and out[-1].shortlist == at_n:  # a longer sample list past SHORTLIST_MAX: no longer read at N
             break
-        recall = measure(codec, evaluation, max(K, min(n_eval, math.ceil(at_n * n_eval / max(rules.n, 1)))))
+        recall = measure(codec, evaluation, max(K, min(n_eval, math.ceil(at_n * n_eval / max(rules.n, 1)))), rows)
         first = rules.model.search(copy, tune.queries, min(at_n, len(copy)), rules.n)
         latency = first.plus(rules.rerank_ms(tune.gallery, tune.queries, at_n))
         out.append(Variant(codec, recall * keeps2, latency, at_n, "measured" if rules.n <= n_s else "extrapolated",
@@ -476,7 +491,8 @@ def tune_shortlist(copy: codecs.Codec, tune: TuneSet, target: float,
     the target, every length tried.
 
     A re-rank by the exact scores keeps every true top-10 row its shortlist holds (they outscore the rest), so
-    what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here."""
+    what it holds of the exact top 10 is the shortlist's overlap with it: no re-rank is run here. A re-rank by
+    float16 or sq8 rows may swap near-ties, so for those this is what the shortlist offers, an upper bound."""
     lengths = [n for n in SHORTLISTS if n <= len(copy) // 4]
     search = lambda length: copy.search(tune.queries, length)[1]  # noqa: E731
     if copy.exhaustive() is not None and copy.scores_decoded() and lengths:  # lists: as FAISS at the code's nprobe
