@@ -560,7 +560,8 @@ def _read_vectors(file: Path, shape: tuple[int, int], folder: Path, records: dic
 def _sq8_ranges(manifest: dict, dim: int, text: bool, folder: Path) -> dict[str, np.ndarray]:
     """The ranges of each sq8 vectors file ("image", and "text" with captions), checked (``vectors.sq8_ranges``)."""
     try:
-        return {kind: sq8_ranges(manifest.get("vectors_sq8"), kind, dim) for kind in (("image", "text") if text else ("image",))}
+        kinds = ("image", "text") if text else ("image",)
+        return {kind: sq8_ranges(manifest.get("vectors_sq8"), kind, dim) for kind in kinds}
     except ValueError as err:
         raise _damaged(folder, f"{MANIFEST}'s {err}") from None
 

@@ -100,7 +100,8 @@ class SQ8Rows:
     def scored(self, rows: np.ndarray, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(U,) row ids, (Q, D) queries -> their rows decoded (U, D) and the queries (Q, D), both turned: the same
         inner products as the rows turned back, without a (D, D) product per row (a re-rank's many candidates)."""
-        return self._decoded(np.asarray(self.codes[np.asarray(rows, np.int64)])), np.asarray(queries, np.float32) @ self.turn
+        decoded = self._decoded(np.asarray(self.codes[np.asarray(rows, np.int64)]))  # (U, D)
+        return decoded, np.asarray(queries, np.float32) @ self.turn
 
     def _decoded(self, codes: np.ndarray) -> np.ndarray:
         """(..., D) uint8 -> (..., D) float32 in the turned space."""
