@@ -52,21 +52,20 @@ def measure(index: str, split: str | None = None, k: int = 10, queries: int = 50
 def kept_precisions(full: np.ndarray) -> dict[str, np.ndarray]:
     """What each smaller precision keeps of ``full`` (N, D), decoded to float32: float16, sq8 (as ``--vectors
     sq8`` keeps it: turned by its fixed rotation, coded, turned back), and sq8 of the rows as they are."""
-    return {"float16": full.astype(np.float16).astype(np.float32), "sq8": sq8_rows(full),
-            "sq8 unrotated": unrotated_sq8_rows(full)}
+    return {name: keep(full) for name, keep in precisions(full[:SQ8_SAMPLE]).items()}
 
 
-def sq8_rows(full: np.ndarray) -> np.ndarray:
-    """(N, D) what ``--vectors sq8`` keeps of ``full``, decoded: ranges fitted on its first rows, as a build does."""
-    store = SQ8Rows(np.empty((0, full.shape[1]), np.uint8), SQ8Rows.fit(full[:SQ8_SAMPLE]))
-    return store.decode(store.encode(full))
-
-
-def unrotated_sq8_rows(full: np.ndarray) -> np.ndarray:
-    """(N, D) FAISS's 8-bit scalar quantiser (``QT_8bit``) on ``full`` as it is, ranges fitted on its first rows."""
-    sq = faiss.ScalarQuantizer(full.shape[1], faiss.ScalarQuantizer.QT_8bit)
-    sq.train(np.ascontiguousarray(full[:SQ8_SAMPLE], np.float32))
-    return sq.decode(sq.compute_codes(np.ascontiguousarray(full, np.float32)))
+def precisions(first: np.ndarray) -> dict:
+    """Per smaller precision, a function (n, D) rows -> (n, D) float32 what it keeps of them; the sq8 ranges are
+    fitted on ``first``, a collection's first :data:`SQ8_SAMPLE` rows, as a build fits them (so a collection can
+    be kept a part at a time)."""
+    first = np.ascontiguousarray(first, np.float32)
+    turned = SQ8Rows(np.empty((0, first.shape[1]), np.uint8), SQ8Rows.fit(first))
+    plain = faiss.ScalarQuantizer(first.shape[1], faiss.ScalarQuantizer.QT_8bit)
+    plain.train(first)
+    return {"float16": lambda x: np.asarray(x, np.float32).astype(np.float16).astype(np.float32),
+            "sq8": lambda x: turned.decode(turned.encode(x)),
+            "sq8 unrotated": lambda x: plain.decode(plain.compute_codes(np.ascontiguousarray(x, np.float32)))}
 
 
 def _changes(full: np.ndarray, kept_rows: np.ndarray, q: np.ndarray, want: np.ndarray, got: np.ndarray) -> dict:
