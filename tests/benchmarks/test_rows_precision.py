@@ -43,9 +43,15 @@ def test_a_haystack_folder_is_read_shard_by_shard_and_printed_as_one_json_line(t
     queries = full[:50]
     np.save(tmp_path / "queries.npy", queries)
     np.save(tmp_path / "truth.npy", exact_topk(full, queries, 10))
+    truth = exact_topk(full, queries, 10)  # (50, 10)
+    far = [int(np.argmin(full @ q)) for q in queries]  # a row no top 10 holds
+    targets = [[q] if q % 2 == 0 else [far[q]] for q in range(50)]  # half the queries' targets are found
+    (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"targets": t}) + "\n" for t in targets))
     assert rows_precision.main([str(tmp_path)]) == 0
     line = json.loads(capsys.readouterr().out)
     assert line["rows"] == 3000 and line["float32"] == 1.0 and line["sq8"] <= line["float16"]
+    assert line["recall@10 float32"] == 0.5 and not any(far[q] in truth[q] for q in range(50))
+    assert {"recall@10 float16", "recall@10 sq8", "recall@10 sq8 unrotated"} <= set(line)
 
 
 def test_the_kept_precisions_are_float16_sq8_as_built_and_sq8_without_its_rotation():
