@@ -14,7 +14,7 @@ from triclip.index import budgets as bud
 from triclip.index import report
 from triclip.index import scale
 from triclip.index.budgets import EvalSet, Rules, overlap
-from triclip.index.vectors import ShardVectors
+from triclip.index.vectors import ShardVectors, SQ8Rows
 from tests.index.conftest import GivenLatency, unit_vectors
 
 N, D = 25_000, 32  # the smallest N whose lists_for(N) = 512 lists get >= 39 training rows each
@@ -189,6 +189,35 @@ def test_a_shortlist_read_from_disk_is_timed_end_to_end_cold_and_stepped_down_un
         assert ("stepped down" in at_n["note"]) == stepped == (bound == 10.0 and not over)
     in_memory, before = scale.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model)), len(timed)
     assert "cold_ms" not in in_memory and len(timed) == before  # vectors in memory: the sum is the cost
+
+
+def test_a_re_rank_by_sq8_rows_at_n_is_measured_as_the_rows_are_kept_and_reported_as_what_it_holds(collection,
+                                                                                                  small_sample):
+    """Coarser rows reorder near-ties that the shortlist holds: at N the re-rank is measured by the rows as kept
+    (``reranked``), checked here against the shortlist's ids scored over every row sq8-coded at once; that is what
+    ``held_at_n`` (the app's and the JSON route's figure) reports. A float32 re-rank keeps what its shortlist holds."""
+    vectors, evaluation, truth = collection
+    fitted = bud.codecs.fit(_spec("pq"), vectors.rows(np.arange(2000), D))
+    stored = scale.fill(scale.sized_for_n(fitted, vectors)[0], vectors)
+    model = GivenLatency()
+    model.search = lambda codec, queries, k, n, params=None: bud.Latency(float(params["nprobe"]), "given")
+    choice = bud.Choice(8, fitted, 0.5, [], bud.Variant(fitted, 0.5, bud.Latency(1.0, "given"), shortlist=200),
+                        bound_ms=100.0)
+    full = vectors.rows(np.arange(N), D)  # (N, D) float32
+    ranges = SQ8Rows.fit(full[:2000])
+    at_n = scale.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model, vector_bytes=1, sq8=ranges))
+    q = evaluation.queries
+    store = SQ8Rows(np.empty((0, D), np.uint8), ranges)
+    scores = q @ store.decode(store.encode(full)).T  # (Q, N) every row as sq8 keeps it
+    shortlist = stored.search(q, 200, params={"nprobe": at_n["nprobe"]})[1]  # (Q, 200)
+    masked = np.full_like(scores, -np.inf)
+    np.put_along_axis(masked, shortlist, np.take_along_axis(scores, shortlist, axis=1), axis=1)
+    want = overlap(np.argsort(-masked, axis=1, kind="stable")[:, :10], truth)
+    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    assert at_n["reranked"] == pytest.approx(want, abs=1e-4) and want < held  # sq8 loses near-ties it was offered
+    assert report.held_at_n({"at_n": at_n})["of_exact_top10"] == at_n["reranked"]
+    floats = scale.tune_at_n(stored, vectors, evaluation, choice, Rules(n=N, model=model))
+    assert "reranked" not in floats and report.held_at_n({"at_n": floats})["of_exact_top10"] == held
 
 
 def test_a_cold_timing_over_the_edge_that_fewer_lists_would_not_save_keeps_the_lists(collection, small_sample):

@@ -122,25 +122,28 @@ def table(budgets: dict) -> str:
 def held_at_n(entry: dict) -> dict | None:
     """What a budget's answers hold at the collection's N, where its inverted lists were tuned there (the manifest
     entry's ``at_n``): ``{"n", "queries", "of_exact_top10"}``, the share of the exact float top 10 over all N rows
-    found at the kept nprobe (after the re-rank, where there is one: a re-rank keeps every exact top-10 row its
-    shortlist holds). None for an entry without (its ``recall`` is then the whole story)."""
+    found at the kept nprobe (after the re-rank, where there is one: by float32 rows it keeps every exact top-10 row
+    its shortlist holds; by float16 or sq8 rows, what it was measured to keep, ``reranked``). None for an entry
+    without (its ``recall`` is then the whole story)."""
     at_n = entry.get("at_n")
     if not at_n:
         return None
-    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    held = at_n.get("reranked", next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"]))
     return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": held}
 
 
 def _at_n_line(at_n: dict, sized: dict | None) -> str:
     """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
-    held = held_at_n({"at_n": at_n})["of_exact_top10"]
+    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
     lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
                                   + (f" by {sized['large']}" if sized.get("large") else "")
                                   + f" (chosen as {sized['fitted_on_sample']}); ")
     return (f"at N = {at_n['n']:,}: {lists}nprobe {at_n['nprobe']} tuned at N, its top"
             f" {at_n['shortlist'] or K} holding {held:.3f} of the exact top 10 (target {at_n['target']:.3f};"
             f" all lists {at_n['whole_lists']:.3f}){'; ' + at_n['note'] if at_n['note'] else ''}"
-            + ("" if at_n.get("cold_ms") is None else f"; end to end, cold: {at_n['cold_ms']:.3g} ms") + "; curve "
+            + ("" if at_n.get("cold_ms") is None else f"; end to end, cold: {at_n['cold_ms']:.3g} ms")
+            + ("" if at_n.get("reranked") is None else f"; re-ranked by the stored rows: {at_n['reranked']:.3f}")
+            + "; curve "
             + ", ".join(f"{c['nprobe']}: {c['of_exact_top10']:.3f} {c['ms']:.3g} ms" for c in at_n["curve"]))
 
 
