@@ -127,18 +127,23 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
 
 
 def reranked_at_n(stored: codecs.Codec, vectors, queries: np.ndarray, truth: np.ndarray, length: int, nprobe: int,
-                  rules: Rules) -> float:
+                  rules: Rules, batch: int = 64) -> float:
     """Share of ``truth`` (Q, K), the exact float top 10 at N, that a re-rank of ``stored``'s top ``length`` at
     ``nprobe`` holds when it scores the rows as the stored vectors keep them (``rules.kept``: float16 rounded, sq8
     coded and decoded). A float32 re-rank keeps every exact top-10 row its shortlist holds; coarser rows reorder
-    near-ties, and a large N crowds them together (sq8 at 10M: docs/results_scale.md)."""
+    near-ties, and a large N crowds them together (sq8 at 10M: docs/results_scale.md). The rows of ``batch``
+    queries are read and kept at once (each read opens every shard)."""
     ids = stored.search(queries, length, params={"nprobe": nprobe})[1]  # (Q, length), -1 for none
     top = np.full((len(queries), K), -1, np.int64)
-    for q, row in enumerate(ids):
-        row = np.unique(row[row >= 0])  # sorted, as ShardVectors.rows reads them
-        scores = rules.kept(vectors.rows(row, vectors.dim)) @ queries[q]  # (len(row),)
-        best = row[np.argsort(-scores, kind="stable")[:K]]
-        top[q, : len(best)] = best
+    for lo in range(0, len(queries), batch):
+        rows = np.unique(ids[lo : lo + batch])
+        rows = rows[rows >= 0]  # sorted, as ShardVectors.rows reads them
+        kept = rules.kept(vectors.rows(rows, vectors.dim))  # (R, D) as the stored vectors hold them
+        for q in range(lo, min(lo + batch, len(queries))):
+            mine = np.unique(ids[q][ids[q] >= 0])
+            scores = kept[np.searchsorted(rows, mine)] @ queries[q]  # (len(mine),)
+            best = mine[np.argsort(-scores, kind="stable")[:K]]
+            top[q, : len(best)] = best
     return overlap(top, truth)
 
 
