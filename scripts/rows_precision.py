@@ -21,7 +21,7 @@ import numpy as np
 
 from benchmarks.vectors_dtype import precisions
 from triclip.core.progress import progress
-from triclip.index.budgets import recall_at_k
+from triclip.index.budgets import overlap, recall_at_k
 from triclip.index.vectors import SQ8_SAMPLE, ShardVectors, exact_topk_of
 
 
@@ -38,7 +38,7 @@ def kept_by_precision(base: ShardVectors | np.ndarray, queries: np.ndarray, trut
         parts = ((np.arange(lo, lo + len(part)), keep(np.asarray(part, np.float32)))  # (n, D) as kept
                  for part, lo in zip(base.parts, base.offsets[:-1].tolist()))
         got = exact_topk_of(progress(parts, total=len(base.parts), desc=name, unit="part", disable=None), queries, k)
-        out[name] = round(float(np.mean([len(set(t) & set(g)) / k for t, g in zip(truth, got)])), 4)
+        out[name] = round(overlap(got, truth), 4)
         if positives is not None:
             out[f"recall@{k} {name}"] = round(recall_at_k(got, positives, k), 4)
     return out

@@ -42,8 +42,8 @@ def test_a_haystack_folder_is_read_shard_by_shard_and_printed_as_one_json_line(t
         np.save(tmp_path / "embeddings" / f"shard-{s:05d}" / "image.npy", full[lo : (1000, 2500, 3000)[s]])
     queries = full[:50]
     np.save(tmp_path / "queries.npy", queries)
-    np.save(tmp_path / "truth.npy", exact_topk(full, queries, 10))
     truth = exact_topk(full, queries, 10)  # (50, 10)
+    np.save(tmp_path / "truth.npy", truth)
     far = [int(np.argmin(full @ q)) for q in queries]  # a row no top 10 holds
     targets = [[q] if q % 2 == 0 else [far[q]] for q in range(50)]  # half the queries' targets are found
     (tmp_path / "queries.jsonl").write_text("".join(json.dumps({"targets": t}) + "\n" for t in targets))

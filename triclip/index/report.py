@@ -128,13 +128,17 @@ def held_at_n(entry: dict) -> dict | None:
     at_n = entry.get("at_n")
     if not at_n:
         return None
-    held = at_n.get("reranked", next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"]))
-    return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": held}
+    return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": at_n.get("reranked", _shortlist_held(at_n))}
+
+
+def _shortlist_held(at_n: dict) -> float:
+    """The share of the exact top 10 the kept nprobe's top 10 (or shortlist) holds: its point on the curve."""
+    return next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
 
 
 def _at_n_line(at_n: dict, sized: dict | None) -> str:
     """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
-    held = next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    held = _shortlist_held(at_n)
     lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
                                   + (f" by {sized['large']}" if sized.get("large") else "")
                                   + f" (chosen as {sized['fitted_on_sample']}); ")
