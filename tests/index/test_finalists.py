@@ -17,6 +17,7 @@ from triclip.index import report
 from triclip.index import scale
 from triclip.index.budgets import Choice, Latency, Rules, Variant, choose, overlap
 from triclip.index.finalists import LADDER, settle
+from triclip.index.vectors import SQ8Rows
 from tests.index.conftest import GivenLatency
 from tests.index.test_ivf_at_n import D, N, _spec, collection, small_sample  # noqa: F401 (the same fixtures)
 
@@ -84,6 +85,49 @@ def test_the_longest_shortlist_within_the_bound_at_n_is_kept_with_its_cold_reads
     assert settled.kept.latency.ms == pytest.approx(0.002 + 0.011 * fits)
     assert settled.finalists["kept"]["of_exact_top10"] == held[fits]
     assert ("vectors.npy", 500) in model.reads and ("vectors.npy", 1000) in model.reads  # timed, then over
+
+
+def _served(stored, queries: np.ndarray, full: np.ndarray, ranges: np.ndarray, length: int, truth: np.ndarray,
+            params: dict | None = None) -> float:
+    """What a re-rank of ``stored``'s top ``length`` by sq8 rows keeps of ``truth``, brute force: every row of
+    ``full`` (N, D) coded at once, the scores outside each query's shortlist masked."""
+    store = SQ8Rows(np.empty((0, D), np.uint8), ranges)
+    scores = queries @ store.decode(store.encode(full)).T  # (Q, N)
+    shortlist = stored.search(queries, length, params=params)[1]  # (Q, length)
+    masked = np.full_like(scores, -np.inf)
+    np.put_along_axis(masked, shortlist, np.take_along_axis(scores, shortlist, axis=1), axis=1)
+    return round(overlap(np.argsort(-masked, axis=1, kind="stable")[:, :10], truth), 4)
+
+
+def test_by_sq8_rows_each_finalist_is_scored_by_what_its_re_rank_serves_not_what_its_shortlist_holds(
+        collection, two):  # noqa: F811
+    """The rows kept as sq8 codes reorder near-ties a shortlist holds: each finalist's record at N (a flat code's
+    shortlists, and lists with theirs) is what a re-rank of the sq8 rows keeps of the exact top 10, and the kept
+    shortlist is the one that serves the most (then the faster, the shortest)."""
+    vectors, evaluation, truth = collection
+    flat, lists = two
+    full = vectors.rows(np.arange(N), D)  # (N, D) float32
+    ranges = SQ8Rows.fit(full[:2000])
+    model = GivenLatency(reference=10.0, per_candidate=0.01)
+    rules = Rules(n=N, recall_target=0.95, rescore=True, model=model, vector_bytes=1, sq8=ranges)
+    over = replace(flat, shortlist=2000, latency=Latency(30.0, "extrapolated"))
+    [settled] = settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, first_stage=over)], vectors,
+                       evaluation, rules)
+    q = evaluation.queries
+    stored = scale.fill(flat.codec, vectors)
+    within = [n for n in LADDER if 0.002 + 0.01 * n <= 10.0]
+    served = {n: _served(stored, q, full, ranges, n, truth) for n in within}
+    held = {n: round(overlap(stored.search(q, n)[1], truth), 4) for n in within}
+    best = min(n for n in within if served[n] == max(served.values()))
+    assert settled.kept.shortlist == best and settled.finalists["kept"]["of_exact_top10"] == served[best]
+    assert settled.kept.fidelity == pytest.approx(served[best]) and all(served[n] < held[n] for n in within)
+    sized = scale.fill(scale.sized_for_n(lists.codec, vectors)[0], vectors)
+    [lists_too] = settle([Choice(8, lists.codec, lists.recall, [], replace(lists, shortlist=200), bound_ms=10.0,
+                                 rival=flat)], vectors, evaluation, rules)
+    [record] = [r for r in (lists_too.finalists["kept"], *lists_too.finalists["others"]) if r["label"].startswith("ivf")]
+    assert record["shortlist"] in LADDER  # the lists with a re-rank: their served share at the nprobe tuned for it
+    assert record["of_exact_top10"] == _served(sized, q, full, ranges, record["shortlist"], truth,
+                                               {"nprobe": record["nprobe"]})
 
 
 @pytest.mark.parametrize("extra, kept", [(5.0, 200), (6.0, 100)])

@@ -19,8 +19,11 @@ alone take at most half the bound, the one whose shortest re-ranked shortlist ho
 codes alone and for each shortlist of :data:`LADDER` re-ranked (latency: the code searched at N, plus the
 re-rank; when the vectors are read from disk, the two stages timed end to end, cold: ``scale.cold_ms``;
 lists: nprobe tuned at N for each). The variant holding the most of the exact top 10 over all N rows within
-the bound (timed cold: ``scale.COLD_HEADROOM`` under it) is kept (then the faster). A re-rank keeps every
-exact top-10 row its shortlist holds, so a shortlist is scored by what it holds. The cost: the finalists filled
+the bound (timed cold: ``scale.COLD_HEADROOM`` under it) is kept (then the faster). A re-rank by float32 rows
+keeps every exact top-10 row its shortlist holds, so its shortlist is scored by what it holds; by float16 or sq8
+rows a shortlist is scored by what its re-rank of those rows keeps (``scale.reranked_at_n``: at 10M, sq8 rows
+kept .807 of the val captions' exact top 10 where the shortlist held .901), so a longer shortlist wins only for
+what it serves. The cost: the finalists filled
 and searched at N, one to three codes; the winner's filled code is the one the build stores (``Choice.filled_at_n``), so the kept code's N rows are
 encoded once, and its tuning at N is the one the build records (``Choice.tuned_at_n``): a second tuning of the
 same code re-timed it cold, and at 10M, 8 B, once said 10.45 ms where the finalists had measured 9.26.
@@ -201,7 +204,8 @@ def _limit(staged: bud.Variant, bound: float) -> float:
 def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, vectors, evaluation: bud.EvalSet,
           rules: bud.Rules, whole: float | None = None) -> tuple[dict, bud.Variant, dict | None]:
     """The stored code searched at N alone (``length`` None) or for a shortlist of ``length`` re-ranked: what it
-    holds of the exact top 10 and its latency (lists: at the nprobe tuned at N for it; ``whole``: what their every
+    holds of the exact top 10 (re-ranked by the rows as stored: by float16 or sq8 rows, what it serves, not what
+    its shortlist holds) and its latency (lists: at the nprobe tuned at N for it; ``whole``: what their every
     list holds, when known; the record's "whole" gives it back), the variant so measured, and the tuning (lists)."""
     queries = np.ascontiguousarray(evaluation.queries, np.float32)  # (Q, D)
     timed = queries[: bud.TUNE_QUERIES]
@@ -211,10 +215,12 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
     if at_n is not None:  # lists: nprobe tuned at N for this length, within the bound where one is
         point = next(c for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
         latency = scale.at_n_latency(at_n)
-        held, ms, how, nprobe, whole = point["of_exact_top10"], latency["ms"], latency["how"], at_n["nprobe"], \
-            at_n["whole_lists"]
+        held, ms, how, nprobe, whole = at_n.get("reranked", point["of_exact_top10"]), latency["ms"], \
+            latency["how"], at_n["nprobe"], at_n["whole_lists"]
     else:
-        held = bud.overlap(stored.search(queries, length or bud.K)[1], scale.exact_at_n(vectors, evaluation))
+        truth = scale.exact_at_n(vectors, evaluation)
+        held = scale.reranked_at_n(stored, vectors, queries, truth, length, rules) \
+            if length and scale.coarse_rows(rules) else bud.overlap(stored.search(queries, length or bud.K)[1], truth)
         ms, how, nprobe = scale.cold_ms(stored, rules, timed, length), "measured cold", None
         if ms is None:
             ms = rules.model.search(stored, timed, length or bud.K, len(stored)).ms

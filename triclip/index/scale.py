@@ -117,8 +117,8 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
             over = "the bound" if slowest > bound else f"{1 - COLD_HEADROOM:.0%} of the bound"
             why = "" if nprobe < kept else ": scanning fewer lists would not save that"
             note = "; ".join(n for n in (note, f"end to end, cold: {cold:.3g} ms, over {over}{why}") if n)
-    coarse = length != K and (rules.sq8 is not None or rules.vector_bytes < 4)  # rows a re-rank reads not float32
-    reranked = reranked_at_n(stored, vectors, queries, truth, length, nprobe, rules) if coarse else None
+    coarse = length != K and coarse_rows(rules)
+    reranked = reranked_at_n(stored, vectors, queries, truth, length, rules, {"nprobe": nprobe}) if coarse else None
     return {"how": "tuned at N", "n": len(stored), "queries": len(queries), "nlist": int(nlist), "nprobe": nprobe,
             "shortlist": None if length == K else length, "target": round(goal, 4),
             "whole_lists": round(whole, 4), "curve": curve, "reached": reached, "note": note,
@@ -126,14 +126,20 @@ def tune_at_n(stored: codecs.Codec, vectors, evaluation: EvalSet, choice: Choice
             **({} if reranked is None else {"reranked": round(reranked, 4)})}
 
 
-def reranked_at_n(stored: codecs.Codec, vectors, queries: np.ndarray, truth: np.ndarray, length: int, nprobe: int,
-                  rules: Rules, batch: int = 64) -> float:
-    """Share of ``truth`` (Q, K), the exact float top 10 at N, that a re-rank of ``stored``'s top ``length`` at
-    ``nprobe`` holds when it scores the rows as the stored vectors keep them (``rules.kept``: float16 rounded, sq8
-    coded and decoded). A float32 re-rank keeps every exact top-10 row its shortlist holds; coarser rows reorder
-    near-ties, and a large N crowds them together (sq8 at 10M: docs/results_scale.md). The rows of ``batch``
-    queries are read and kept at once (each read opens every shard)."""
-    ids = stored.search(queries, length, params={"nprobe": nprobe})[1]  # (Q, length), -1 for none
+def coarse_rows(rules: Rules) -> bool:
+    """Whether a re-rank reads rows coarser than float32 (float16 or sq8): its shortlist's share of the exact top
+    10 is then more than it serves (:func:`reranked_at_n`)."""
+    return rules.sq8 is not None or rules.vector_bytes < 4
+
+
+def reranked_at_n(stored: codecs.Codec, vectors, queries: np.ndarray, truth: np.ndarray, length: int, rules: Rules,
+                  params: dict | None = None, batch: int = 64) -> float:
+    """Share of ``truth`` (Q, K), the exact float top 10 at N, that a re-rank of ``stored``'s top ``length``
+    (searched with ``params``: lists, their nprobe) holds when it scores the rows as the stored vectors keep them
+    (``rules.kept``: float16 rounded, sq8 coded and decoded). A float32 re-rank keeps every exact top-10 row its
+    shortlist holds; coarser rows reorder near-ties, and a large N crowds them together (sq8 at 10M:
+    docs/results_scale.md). The rows of ``batch`` queries are read and kept at once (each read opens every shard)."""
+    ids = stored.search(queries, length, params=params)[1]  # (Q, length), -1 for none
     top = np.full((len(queries), K), -1, np.int64)
     for lo in range(0, len(queries), batch):
         rows = np.unique(ids[lo : lo + batch])
