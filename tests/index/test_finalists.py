@@ -19,7 +19,7 @@ from triclip.index.budgets import Choice, Latency, Rules, Variant, choose, overl
 from triclip.index.finalists import LADDER, settle
 from triclip.index.vectors import SQ8Rows
 from tests.index.conftest import GivenLatency
-from tests.index.test_ivf_at_n import D, N, _spec, collection, small_sample  # noqa: F401 (the same fixtures)
+from tests.index.test_ivf_at_n import D, N, _served, _spec, collection, small_sample  # noqa: F401 (the same fixtures)
 
 
 def _variant(spec, vectors, fidelity: float) -> Variant:
@@ -87,18 +87,6 @@ def test_the_longest_shortlist_within_the_bound_at_n_is_kept_with_its_cold_reads
     assert ("vectors.npy", 500) in model.reads and ("vectors.npy", 1000) in model.reads  # timed, then over
 
 
-def _served(stored, queries: np.ndarray, full: np.ndarray, ranges: np.ndarray, length: int, truth: np.ndarray,
-            params: dict | None = None) -> float:
-    """What a re-rank of ``stored``'s top ``length`` by sq8 rows keeps of ``truth``, brute force: every row of
-    ``full`` (N, D) coded at once, the scores outside each query's shortlist masked."""
-    store = SQ8Rows(np.empty((0, D), np.uint8), ranges)
-    scores = queries @ store.decode(store.encode(full)).T  # (Q, N)
-    shortlist = stored.search(queries, length, params=params)[1]  # (Q, length)
-    masked = np.full_like(scores, -np.inf)
-    np.put_along_axis(masked, shortlist, np.take_along_axis(scores, shortlist, axis=1), axis=1)
-    return round(overlap(np.argsort(-masked, axis=1, kind="stable")[:, :10], truth), 4)
-
-
 def test_by_sq8_rows_each_finalist_is_scored_by_what_its_re_rank_serves_not_what_its_shortlist_holds(
         collection, two):  # noqa: F811
     """The rows kept as sq8 codes reorder near-ties a shortlist holds: each finalist's record at N (a flat code's
@@ -114,9 +102,11 @@ def test_by_sq8_rows_each_finalist_is_scored_by_what_its_re_rank_serves_not_what
     [settled] = settle([Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, first_stage=over)], vectors,
                        evaluation, rules)
     q = evaluation.queries
+    store = SQ8Rows(np.empty((0, D), np.uint8), ranges)
+    scores = q @ store.decode(store.encode(full)).T  # (Q, N) every row as sq8 keeps it
     stored = scale.fill(flat.codec, vectors)
     within = [n for n in LADDER if 0.002 + 0.01 * n <= 10.0]
-    served = {n: _served(stored, q, full, ranges, n, truth) for n in within}
+    served = {n: _served(scores, stored.search(q, n)[1], truth) for n in within}
     held = {n: round(overlap(stored.search(q, n)[1], truth), 4) for n in within}
     best = min(n for n in within if served[n] == max(served.values()))
     assert settled.kept.shortlist == best and settled.finalists["kept"]["of_exact_top10"] == served[best]
@@ -126,8 +116,8 @@ def test_by_sq8_rows_each_finalist_is_scored_by_what_its_re_rank_serves_not_what
                                  rival=flat)], vectors, evaluation, rules)
     [record] = [r for r in (lists_too.finalists["kept"], *lists_too.finalists["others"]) if r["label"].startswith("ivf")]
     assert record["shortlist"] in LADDER  # the lists with a re-rank: their served share at the nprobe tuned for it
-    assert record["of_exact_top10"] == _served(sized, q, full, ranges, record["shortlist"], truth,
-                                               {"nprobe": record["nprobe"]})
+    shortlist = sized.search(q, record["shortlist"], params={"nprobe": record["nprobe"]})[1]
+    assert record["of_exact_top10"] == _served(scores, shortlist, truth)
 
 
 @pytest.mark.parametrize("extra, kept", [(5.0, 200), (6.0, 100)])

@@ -213,10 +213,9 @@ def _at_n(stored, variant: bud.Variant, length: int | None, choice: bud.Choice, 
                      reads="disk" if rules.reads_from and length else "memory")
     at_n = scale.tune_at_n(stored, vectors, evaluation, replace(choice, codec=variant.codec, kept=staged), rules, whole)
     if at_n is not None:  # lists: nprobe tuned at N for this length, within the bound where one is
-        point = next(c for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
         latency = scale.at_n_latency(at_n)
-        held, ms, how, nprobe, whole = at_n.get("reranked", point["of_exact_top10"]), latency["ms"], \
-            latency["how"], at_n["nprobe"], at_n["whole_lists"]
+        held, ms, how, nprobe, whole = scale.served_at_n(at_n), latency["ms"], latency["how"], at_n["nprobe"], \
+            at_n["whole_lists"]
     else:
         truth = scale.exact_at_n(vectors, evaluation)
         held = scale.reranked_at_n(stored, vectors, queries, truth, length, rules) \

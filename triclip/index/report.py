@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from triclip import codecs
-from triclip.index.scale import at_n_latency
+from triclip.index.scale import at_n_latency, served_at_n, shortlist_held
 from triclip.index.budgets import K, Choice, EvalSet, recall_at_k
 
 def manifest_entry(choice: Choice, stored: codecs.Codec, evaluation: EvalSet, file: str, sized: dict | None = None,
@@ -128,17 +128,12 @@ def held_at_n(entry: dict) -> dict | None:
     at_n = entry.get("at_n")
     if not at_n:
         return None
-    return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": at_n.get("reranked", _shortlist_held(at_n))}
-
-
-def _shortlist_held(at_n: dict) -> float:
-    """The share of the exact top 10 the kept nprobe's top 10 (or shortlist) holds: its point on the curve."""
-    return next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+    return {"n": at_n["n"], "queries": at_n["queries"], "of_exact_top10": served_at_n(at_n)}
 
 
 def _at_n_line(at_n: dict, sized: dict | None) -> str:
     """How the kept inverted lists were sized and their nprobe tuned at N, under its row in :func:`table`."""
-    held = _shortlist_held(at_n)
+    held = shortlist_held(at_n)
     lists = "" if not sized else (f"{sized['nlist']} lists trained on {sized['coarse_rows']:,} rows"
                                   + (f" by {sized['large']}" if sized.get("large") else "")
                                   + f" (chosen as {sized['fitted_on_sample']}); ")

@@ -195,6 +195,17 @@ def cold_ms(stored: codecs.Codec, rules: Rules, queries: np.ndarray, shortlist: 
     return rules.model.cold_search(stored, rules.reads_from, queries, shortlist, sq8=rules.sq8)
 
 
+def shortlist_held(at_n: dict) -> float:
+    """The share of the exact top 10 the kept nprobe's top 10 (or shortlist) holds: its point on the curve."""
+    return next(c["of_exact_top10"] for c in at_n["curve"] if c["nprobe"] == at_n["nprobe"])
+
+
+def served_at_n(at_n: dict) -> float:
+    """The share of the exact top 10 the kept nprobe serves: by float16 or sq8 rows, what their re-rank keeps
+    (``reranked``); else what its shortlist holds (a float32 re-rank keeps every exact top-10 row it is given)."""
+    return at_n.get("reranked", shortlist_held(at_n))
+
+
 def at_n_latency(at_n: dict) -> dict:
     """The latency (``Latency.to_json``) of the nprobe kept at N: from its curve (the parts summed), or where its
     re-rank reads from disk the slower of that and its time end to end cold (``cold_ms``): two timings of one
