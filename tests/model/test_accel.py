@@ -60,8 +60,10 @@ def _min_cos(a: torch.Tensor, b: torch.Tensor) -> float:
 def _forget_prepared():
     """Each test prepares its own fast modules (the cache is per tower, process-wide)."""
     accel._PREPARED.clear()
+    accel._SHARED.clear()
     yield
     accel._PREPARED.clear()
+    accel._SHARED.clear()
 
 
 # ---------------------------------------------------------------------------- agreement with eager
@@ -142,6 +144,38 @@ def test_changed_weights_are_never_served_stale(model):
     finally:
         with torch.no_grad():
             word_embeddings.copy_(saved)
+
+
+@needs_onnxruntime
+def test_image_outputs_do_not_depend_on_the_batch_size(model, images):
+    """Why an embedding pass can use batches of accel.IMAGE_BATCH: each row is computed on its own."""
+    run = accel.inference_module(model.image_tower, "onnxruntime")
+    with torch.no_grad():
+        whole = run(images)  # (4, 1280)
+        halves = torch.cat([run(images[:2]), run(images[2:])])
+        ones = torch.cat([run(images[i : i + 1]) for i in range(len(images))])
+    assert torch.equal(whole, halves) and torch.equal(whole, ones)
+
+
+@needs_onnxruntime
+def test_a_tower_built_again_with_the_same_weights_reuses_the_session_and_a_changed_one_does_not(images, monkeypatch):
+    exports = []
+    original = accel._onnx_bytes
+    monkeypatch.setattr(accel, "_onnx_bytes", lambda tower, size: exports.append(size) or original(tower, size))
+    model = build_model(ModelConfig(preset="lite", embed_dim=16)).eval()  # not the fixture: a test ran it in train mode
+    with torch.no_grad():
+        first = accel.image_features(model, images)
+        again = build_model(ModelConfig(preset="lite", embed_dim=16)).eval()  # a new module, the same weights
+        assert again.image_tower is not model.image_tower
+        reused = accel.image_features(again, images)
+        assert exports == [224] and torch.equal(reused, first)
+        again.image_tower.net.conv_stem.weight.mul_(0.5)  # in place: its own session from now on
+        changed = accel.image_features(again, images)
+        eager = again.image_tower(images)
+    assert exports == [224, 224]
+    assert _min_cos(changed, eager) >= MIN_COS and _min_cos(changed, first) < 0.999
+    with torch.no_grad():
+        assert torch.equal(accel.image_features(model, images), first)  # the first tower's own session is kept
 
 
 # ---------------------------------------------------------------------------- fallbacks

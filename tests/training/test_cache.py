@@ -76,13 +76,13 @@ def test_a_tower_hash_is_remembered_until_its_weights_change(monkeypatch):
     import copy
     import hashlib
 
-    from triclip.model import cache
+    from triclip.model import accel, cache
 
     torch.manual_seed(0)
     tower = build_model(ModelConfig(preset="tiny", embed_dim=16)).image_tower
     first = cache.module_hash(tower)
     digests, sha256 = [], hashlib.sha256
-    monkeypatch.setattr(cache.hashlib, "sha256", lambda: digests.append(1) or sha256())
+    monkeypatch.setattr(accel.hashlib, "sha256", lambda: digests.append(1) or sha256())
     assert cache.module_hash(tower) == first and not digests  # remembered: nothing hashed again
     twin = copy.deepcopy(tower)
     assert cache.module_hash(twin) == first and len(digests) == 1  # another module: hashed, same bytes

@@ -28,6 +28,7 @@ used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import threading
@@ -43,8 +44,14 @@ from triclip.core.errors import UserError
 from triclip.model.towers import ImageTower, TextTower
 
 BACKENDS = ("auto", "onnxruntime", "jit", "eager")  # values of TRICLIP_ACCEL
+SNAPSHOTS = ("onnxruntime",)  # backends whose prepared forward holds its own copy of the weights (a serialised graph)
 ENV = "TRICLIP_ACCEL"  # environment variable that picks the backend
 TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the text tower's token tensors, in ONNX order
+# Images per image-tower call in an embedding pass. The outputs are the same bit for bit at any batch size
+# (tests/model/test_accel.py); a batch of 64 holds ~1.6 GB of activations that a new session's memory touches
+# page by page, and its 38 MB input is mapped and unmapped per batch. At 16 the demo's train pass ran 7% faster
+# with 1.3 GB less peak memory (docs/benchmarks.md, "Page faults").
+IMAGE_BATCH = 16
 
 
 @dataclass
@@ -57,6 +64,10 @@ class Prepared:
 
 
 _PREPARED: "weakref.WeakKeyDictionary[nn.Module, Prepared]" = weakref.WeakKeyDictionary()
+# The last exported session of each kind of module, by content: a tower built again with the same weights
+# (the demo's test pass builds its model anew after training) reuses it instead of exporting again.
+# (class name, key) -> (content key, Prepared); only sessions, which hold a copy of the weights, are kept here.
+_SHARED: dict[tuple, tuple[tuple, Prepared]] = {}
 _LOCK = threading.Lock()  # one preparation at a time (the app embeds from several threads)
 
 
@@ -169,9 +180,21 @@ def _prepared(module: nn.Module, backend: str | None, size: int | None, key: str
     with _LOCK:
         prepared = _PREPARED.get(module)
         if prepared is None or prepared.stamp != stamp or backend not in ("auto", prepared.backend):
-            graph = module if key is None else _Select(module, key)
-            prepared = _prepare(graph, backend, stamp, size)
+            prepared = _shared(module, backend, stamp, size, key)
             _PREPARED[module] = prepared
+    return prepared
+
+
+def _shared(module: nn.Module, backend: str, stamp: tuple, size: int | None, key: str | None) -> Prepared:
+    """The session last prepared for a module of the same class, weights and input size, else a new one."""
+    slot = (type(module).__qualname__, key)
+    content = (repr(module), module_hash(module), backend, size)
+    known = _SHARED.get(slot)
+    if known is not None and known[0] == content:
+        return Prepared(known[1].backend, known[1].run, stamp)
+    prepared = _prepare(module if key is None else _Select(module, key), backend, stamp, size)
+    if prepared.backend in SNAPSHOTS:
+        _SHARED[slot] = (content, prepared)
     return prepared
 
 
@@ -205,6 +228,26 @@ def _fast_ok(tower: nn.Module) -> bool:
 def weights_stamp(tower: nn.Module) -> tuple:
     """Identity and in-place version of every parameter and buffer: changes whenever the weights do."""
     return tuple((t.data_ptr(), t._version) for t in (*tower.parameters(), *tower.buffers()))
+
+
+# module -> (its weights' stamp, its hash): a tower's ~100 MB are hashed once per process, not at every
+# epoch's evaluation (the cache paths of the validation data), while any change to the weights is seen
+_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
+
+
+def module_hash(module: torch.nn.Module) -> str:
+    """sha256 over a module's parameter and buffer names, shapes and bytes (remembered while they stay the same)."""
+    stamp = weights_stamp(module)
+    known = _HASHES.get(module)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    digest = hashlib.sha256()
+    for name, tensor in module.state_dict().items():
+        digest.update(name.encode())
+        digest.update(str(tuple(tensor.shape)).encode())
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    _HASHES[module] = (stamp, digest.hexdigest())
+    return digest.hexdigest()
 
 
 def _prepare(tower: nn.Module, backend: str, stamp: tuple, size: int | None) -> Prepared:

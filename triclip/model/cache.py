@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-import weakref
 from collections import Counter
 from pathlib import Path
 
@@ -22,6 +21,7 @@ from triclip.core.progress import progress
 
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
+from triclip.model.accel import IMAGE_BATCH, module_hash
 from triclip.model.prefetch import prefetched
 
 
@@ -42,35 +42,13 @@ def nothing_decoded(pairs, skipped: Counter) -> UserError:
     )
 
 
-# module -> (its weights' stamp, its hash): a tower's ~100 MB are hashed once per process, not at every
-# epoch's evaluation (the cache paths of the validation data), while any change to the weights is seen
-_HASHES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple[tuple, str]]" = weakref.WeakKeyDictionary()
-
-
-def module_hash(module: torch.nn.Module) -> str:
-    """sha256 over a module's parameter and buffer names, shapes and bytes (remembered while they stay the same)."""
-    from triclip.model.accel import weights_stamp
-
-    stamp = weights_stamp(module)
-    known = _HASHES.get(module)
-    if known is not None and known[0] == stamp:
-        return known[1]
-    digest = hashlib.sha256()
-    for name, tensor in module.state_dict().items():
-        digest.update(name.encode())
-        digest.update(str(tuple(tensor.shape)).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    _HASHES[module] = (stamp, digest.hexdigest())
-    return digest.hexdigest()
-
-
 def _key(*parts: str) -> str:
     text = re.sub(r" at 0x[0-9a-f]+", "", "\n".join(parts))  # object addresses in reprs change per process
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 @torch.no_grad()
-def image_tower_outputs(model, pairs, device, batch_size: int = 64, workers: int = 0) -> dict[str, torch.Tensor]:
+def image_tower_outputs(model, pairs, device, batch_size: int = IMAGE_BATCH, workers: int = 0) -> dict[str, torch.Tensor]:
     """``{"features": (N, F_img), "valid": (N,) bool, "bad": (N,) int8}`` for every record of ``pairs``.
 
     Records whose image fails to decode get ``valid = False`` and ``bad = k + 1`` for

@@ -16,7 +16,7 @@ from typing import NamedTuple, Sequence
 import torch
 from triclip.core.progress import progress
 
-from triclip.model.accel import distinct_texts, image_features, text_batches, text_features
+from triclip.model.accel import IMAGE_BATCH, distinct_texts, image_features, text_batches, text_features
 from triclip.model.cache import nothing_decoded, skipped_images
 from triclip.model.prefetch import prefetched
 from triclip.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, collate_pairs, decode_image
@@ -78,7 +78,7 @@ def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torc
 
 @torch.no_grad()
 def embed_records(
-    model, pairs: PairSet, device, batch_size: int = 64, workers: int = 0, ahead: bool = True
+    model, pairs: PairSet, device, batch_size: int = IMAGE_BATCH, workers: int = 0, ahead: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, Counter]:
     """Embed every record's image by running the image tower; ``ahead`` (with ``workers`` 0): the next
     batch is decoded in a background thread while the tower runs (``triclip.model.prefetch``).
@@ -124,7 +124,7 @@ def load_query_image(path: str | os.PathLike):
 
 
 @torch.no_grad()
-def embed_pil_images(model, images: Sequence, device, batch_size: int = 64) -> torch.Tensor:
+def embed_pil_images(model, images: Sequence, device, batch_size: int = IMAGE_BATCH) -> torch.Tensor:
     """Embed decoded RGB PIL images. Shape: (Q, D)."""
     if not images:
         return torch.zeros(0, model.embed_dim)
@@ -137,6 +137,6 @@ def embed_pil_images(model, images: Sequence, device, batch_size: int = 64) -> t
     return torch.cat(out)
 
 
-def embed_image_files(model, paths: Sequence[str | os.PathLike], device, batch_size: int = 64) -> torch.Tensor:
+def embed_image_files(model, paths: Sequence[str | os.PathLike], device, batch_size: int = IMAGE_BATCH) -> torch.Tensor:
     """Embed query images from files; UserError naming the first unreadable one. Shape: (Q, D)."""
     return embed_pil_images(model, [load_query_image(p) for p in paths], device, batch_size)
