@@ -6,7 +6,8 @@ unmapped again when it is freed. A batch command allocates and frees buffers of 
 (decoded images, batches of tensors, a FAISS fit's tables), so the same memory is returned and faulted in
 again page by page. On the 2-core VMs this project runs on, a fault costs ~7-13 us: the demo took 5.9M of
 them, 52 s of system time in a 280 s run. Kept, ``triclip data prepare openclipart`` took 0.1M faults
-instead of 1.05-1.11M, and 3.7-4.1 s less system time (docs/benchmarks.md, "Page faults").
+instead of 1.05-1.11M, and 3.7-4.1 s less system time (docs/benchmarks.md, "Page faults"). The price: a
+process's resident memory stays near its peak instead of shrinking after it (the demo's peak itself fell).
 """
 
 from __future__ import annotations

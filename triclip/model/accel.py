@@ -21,7 +21,8 @@ change what is computed: the tower is in eval mode, on the CPU, gradients are
 off and the input has the shape it was exported for; otherwise the eager module
 runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
 parameters or buffers changes (PyTorch's in-place version counters), so a tower
-that trains between evaluations is never read stale. Outputs stay within cosine
+that trains between evaluations is never read stale; a tower built again with the
+same class and weights (its sha256) reuses the last ONNX Runtime session of its kind. Outputs stay within cosine
 0.999 of the eager fp32 reference (tests/model/test_accel.py). bf16 is never
 used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
 """
