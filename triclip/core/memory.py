@@ -13,7 +13,7 @@ process's resident memory stays near its peak instead of shrinking after it (the
 from __future__ import annotations
 
 import ctypes
-import platform
+import os
 
 M_TRIM_THRESHOLD = -1  # mallopt's parameter numbers (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -23,11 +23,11 @@ MMAP_THRESHOLD = 32 << 20  # blocks this large and larger get their own mapping:
 
 def keep_freed_memory() -> bool:
     """Set the two thresholds for this process and the ones it forks; False where the C library is not glibc."""
-    if platform.libc_ver()[0] != "glibc":
-        return False
     try:
+        if not os.confstr("CS_GNU_LIBC_VERSION").startswith("glibc"):  # the C library's own answer, no file read
+            return False
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # no such confstr name (not glibc), or no mallopt
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD)) and bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD))

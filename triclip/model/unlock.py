@@ -35,7 +35,8 @@ import torch.nn as nn
 from safetensors.torch import load_file, save_file
 from triclip.core.progress import progress
 
-from triclip.model.cache import DECODER_VERSION, _key, cache_dir, locked_tower_outputs, module_hash, nothing_decoded
+from triclip.model.accel import module_hash
+from triclip.model.cache import DECODER_VERSION, _key, cache_dir, locked_tower_outputs, nothing_decoded
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
 
