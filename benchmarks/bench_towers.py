@@ -23,8 +23,10 @@ length (less padding), eager and ``onnxruntime``, and ``onnxruntime capped``: th
 ``triclip.model.accel.text_batches`` (at most 2,048 padded tokens each; ``--longest`` takes the data's longest
 captions, where the cap matters). Input pipeline: decode + eval
 transform in one process (images/s, no model), and ``triclip.model.embed.embed_records``
-end to end (decode, fast tower, head): decoding in line, in a background thread (the default) and in
-one DataLoader worker process, alternating, best of ``--rounds``. The
+end to end (decode, fast tower, head) over ``--pipeline-images`` images in batches of ``accel.IMAGE_BATCH``:
+as many threads as the fast path takes, each decoding a batch and running a single-threaded tower (the
+default), one background thread decoding ahead of a two-thread tower, and one DataLoader worker process,
+alternating, best of ``--rounds``. The
 header prints threads and the load average.
 """
 
@@ -54,6 +56,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--texts", type=int, default=512, help="captions for the text tower")
     parser.add_argument("--text-batch", type=int, default=128, help="captions per forward")
     parser.add_argument("--data", default=DEFAULT_DATA, help="a prepared data set (jsonl) for real images and captions")
+    parser.add_argument("--pipeline-images", type=int, default=1024, help="images of the embed_records lines")
     parser.add_argument("--skip-text", action="store_true", help="image tower only")
     parser.add_argument("--longest", action="store_true", help="the data's longest captions, not its first")
     parser.add_argument("--json", help="also write the results here")
@@ -66,7 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
     if pairs is not None:
         result["decode_img_s"] = bench_decode(pairs, 4 * args.batch)
         print(f"decode + eval transform, one process: {result['decode_img_s']:.0f} img/s")
-        result["pipeline_img_s"] = bench_pipelines(pairs, 4 * args.batch, args.batch, args.rounds)
+        result["pipeline_img_s"] = bench_pipelines(pairs, args.pipeline_images, accel.IMAGE_BATCH, args.rounds)
         for name, rate in result["pipeline_img_s"].items():
             print(f"embed_records (decode + fast tower + head), {name}: {rate:.1f} img/s")
     if not args.skip_text:
@@ -226,10 +229,10 @@ def bench_decode(pairs, count: int) -> float:
     return n / (time.perf_counter() - start)
 
 
-PIPELINES = {  # name -> embed_records' (workers, ahead)
-    "in line (workers=0)": (0, False),
-    "decoded ahead in a thread (workers=0, the default)": (0, True),
-    "one DataLoader worker process (workers=1)": (1, False),
+PIPELINES = {  # name -> embed_records' (workers, threads)
+    "threads each decoding a batch for a one-thread tower (the default)": (0, None),
+    "one thread decoding ahead of a two-thread tower (threads=1)": (0, 1),
+    "one DataLoader worker process (workers=1)": (1, None),
 }
 
 
@@ -237,12 +240,12 @@ def bench_pipelines(pairs, count: int, batch: int, rounds: int) -> dict[str, flo
     """Best images/s of each of PIPELINES over ``rounds`` alternating rounds."""
     best = dict.fromkeys(PIPELINES, 0.0)
     for _ in range(rounds):
-        for name, (workers, ahead) in PIPELINES.items():
-            best[name] = max(best[name], bench_pipeline(pairs, count, batch, workers, ahead))
+        for name, (workers, threads) in PIPELINES.items():
+            best[name] = max(best[name], bench_pipeline(pairs, count, batch, workers, threads))
     return best
 
 
-def bench_pipeline(pairs, count: int, batch: int, workers: int, ahead: bool = True) -> float:
+def bench_pipeline(pairs, count: int, batch: int, workers: int, threads: int | None = None) -> float:
     """Images/s of ``triclip.model.embed.embed_records`` (the default fast path) over the first ``count`` records."""
     from triclip.data import PairSet
     from triclip.model.embed import embed_records
@@ -252,9 +255,9 @@ def bench_pipeline(pairs, count: int, batch: int, workers: int, ahead: bool = Tr
     if _LITE is None:
         _LITE = build_model(ModelConfig(preset="lite")).eval()
     subset = PairSet(pairs.records[:count], source=pairs.source, max_pixels=pairs.max_pixels)
-    embed_records(_LITE, PairSet(subset.records[:batch], source=pairs.source), "cpu", batch, workers, ahead)  # warm-up
+    embed_records(_LITE, PairSet(subset.records[:batch], source=pairs.source), "cpu", batch, workers, threads)  # warm-up
     start = time.perf_counter()
-    emb, _, _ = embed_records(_LITE, subset, "cpu", batch, workers, ahead)
+    emb, _, _ = embed_records(_LITE, subset, "cpu", batch, workers, threads)
     return len(emb) / (time.perf_counter() - start)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -155,6 +156,39 @@ def test_image_outputs_do_not_depend_on_the_batch_size(model, images):
         halves = torch.cat([run(images[:2]), run(images[2:])])
         ones = torch.cat([run(images[i : i + 1]) for i in range(len(images))])
     assert torch.equal(whole, halves) and torch.equal(whole, ones)
+
+
+@needs_onnxruntime
+def test_a_single_threaded_session_called_from_two_threads_gives_the_same_features_bit_for_bit(model, images):
+    """Why an embedding pass may run two single-threaded calls at once (cache.image_tower_pass)."""
+    with torch.no_grad():
+        default = accel.image_features(model, images)  # torch's thread count
+    results = {}
+
+    def call(rows: slice):
+        with torch.no_grad():  # grad mode is per thread
+            results[rows.start] = accel.image_features(model, images[rows], single_thread=True)
+
+    threads = [threading.Thread(target=call, args=(rows,)) for rows in (slice(0, 2), slice(2, 4))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert torch.equal(torch.cat([results[0], results[2]]), default)
+    assert len(accel._PREPARED[model.image_tower]) == 2  # two sessions: torch's threads and one thread
+
+
+def test_a_pass_runs_several_threads_only_where_onnxruntime_will_serve_the_tower(model, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert accel.image_pass_threads(model, "cpu") == 1  # autograd on: the eager module, one caller
+    with torch.no_grad():
+        assert accel.image_pass_threads(model, "cpu") == (2 if accel.onnxruntime_available() else 1)
+        assert accel.image_pass_threads(model, "cuda") == 1  # a GPU batch is one call
+        monkeypatch.setenv(accel.ENV, "jit")
+        assert accel.image_pass_threads(model, "cpu") == 1  # torch's own threads: one caller
+        monkeypatch.setenv(accel.ENV, "auto")
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)
+        assert accel.image_pass_threads(model, "cpu") == 1  # no session to call
 
 
 @needs_onnxruntime

@@ -92,3 +92,29 @@ def test_a_tower_hash_is_remembered_until_its_weights_change(monkeypatch):
     assert changed != first and len(digests) == 2
     tower.load_state_dict(twin.state_dict())  # back to the old bytes, in place
     assert cache.module_hash(tower) == first and len(digests) == 3
+
+
+def test_an_image_pass_on_two_threads_equals_one_thread_bit_for_bit_with_bad_images(tmp_path):
+    """cache.image_tower_pass: two threads each decoding a batch for a single-threaded tower give one thread's
+    batches, in order, features bit for bit, and the same skipped records (a batch with no good image too)."""
+    import os
+
+    from triclip.data import PairDataset
+    from triclip.data.builtin import prepare
+    from triclip.model.cache import image_tower_pass
+
+    prepare("shapes", str(tmp_path / "data"), num=60, seed=0)
+    pairs = load_pairs(str(tmp_path / "data" / "train.jsonl"))
+    for record in pairs.records[4:8] + pairs.records[10:11]:  # the second batch of 4 has no image left
+        os.remove(record.image.path)
+    model = build_model(ModelConfig(preset="lite", embed_dim=8)).eval()
+    runs = {}
+    for threads in (1, 2):
+        dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
+        runs[threads] = (list(image_tower_pass(model, dataset, "cpu", 4, threads=threads)), dataset.skipped)
+    (one, skipped_one), (two, skipped_two) = runs[1], runs[2]
+    assert len(one) == len(two) == -(-len(pairs.records) // 4) - 1  # every batch but the empty one
+    for (idx_a, feats_a), (idx_b, feats_b) in zip(one, two):
+        assert torch.equal(idx_a, idx_b) and torch.equal(feats_a, feats_b)
+    assert skipped_one == skipped_two and sum(skipped_two.values()) == 5
+    assert 10 not in torch.cat([idx for idx, _ in two]).tolist()

@@ -22,7 +22,9 @@ off and the input has the shape it was exported for; otherwise the eager module
 runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
 parameters or buffers changes (PyTorch's in-place version counters), so a tower
 that trains between evaluations is never read stale; a tower built again with the
-same class and weights (its sha256) reuses the last ONNX Runtime session of its kind. Outputs stay within cosine
+same class and weights (its sha256) reuses the last ONNX Runtime session of its kind. An embedding pass calls a
+single-threaded session from several threads at once (``image_pass_threads``), each on its own batch; other callers get
+a session on torch's thread count. Outputs stay within cosine
 0.999 of the eager fp32 reference (tests/model/test_accel.py). bf16 is never
 used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
 """
@@ -64,10 +66,11 @@ class Prepared:
     stamp: tuple  # the tower's weight versions when prepared (see weights_stamp)
 
 
-_PREPARED: "weakref.WeakKeyDictionary[nn.Module, Prepared]" = weakref.WeakKeyDictionary()
+# tower -> {threads: its prepared forward}; threads 0 is torch's thread count, 1 a single-threaded session
+_PREPARED: "weakref.WeakKeyDictionary[nn.Module, dict[int, Prepared]]" = weakref.WeakKeyDictionary()
 # The last exported session of each kind of module, by content: a tower built again with the same weights
 # (the demo's test pass builds its model anew after training) reuses it instead of exporting again.
-# (class name, key) -> (content key, Prepared); only sessions, which hold a copy of the weights, are kept here.
+# (class name, key, threads) -> (content key, Prepared); only sessions, which hold a copy of the weights, are kept here.
 _SHARED: dict[tuple, tuple[tuple, Prepared]] = {}
 _LOCK = threading.Lock()  # one preparation at a time (the app embeds from several threads)
 
@@ -75,13 +78,31 @@ _LOCK = threading.Lock()  # one preparation at a time (the app embeds from sever
 # ---------------------------------------------------------------------------- public API
 
 
-def image_features(model, images: torch.Tensor) -> torch.Tensor:
-    """``model.image_features`` through the fast path where it applies. Shape: (B, 3, H, W) -> (B, F)."""
+def image_features(model, images: torch.Tensor, single_thread: bool = False) -> torch.Tensor:
+    """``model.image_features`` through the fast path where it applies. Shape: (B, 3, H, W) -> (B, F).
+
+    ``single_thread``: an ONNX Runtime session runs the call on the calling thread alone, for passes that call the
+    tower from several threads at once (:func:`image_pass_threads`). The outputs are the same bit for bit.
+    """
     tower = model.image_tower
     size = getattr(tower, "image_size", None)  # the resolution the fast path is exported for
     if _fast_ok(tower) and images.device.type == "cpu" and tuple(images.shape[1:]) == (3, size, size):
-        return inference_module(tower)(images)
+        return _prepared(tower, None, size, threads=1 if single_thread else 0).run(images)
     return model.image_features(images)
+
+
+def image_pass_threads(model, device) -> int:
+    """How many threads an image embedding pass should run at once, each decoding a batch and calling the tower
+    with ``single_thread``: torch's thread count where the tower will run in ONNX Runtime on the CPU, else 1.
+
+    Two threads each with a single-threaded session never wait for each other inside an operator, and leave no
+    third thread to share the cores with: on 2 cores 1.1-1.4x the images per second of one decoding thread
+    feeding a two-thread session (docs/benchmarks.md, "Tower inference"). Call it under ``no_grad``.
+    """
+    tower = model.image_tower
+    fast = torch.device(device).type == "cpu" and getattr(tower, "image_size", None) and _fast_ok(tower)
+    session = os.environ.get(ENV, "auto") in ("auto", "onnxruntime") and onnxruntime_available()
+    return max(1, torch.get_num_threads()) if fast and session else 1
 
 
 def text_features(model, texts) -> torch.Tensor:
@@ -172,37 +193,40 @@ def inference_module(tower: nn.Module, backend: str | None = None) -> Callable:
     return _prepared(tower, backend, tower.image_size if isinstance(tower, ImageTower) else None).run
 
 
-def _prepared(module: nn.Module, backend: str | None, size: int | None, key: str | None = None) -> Prepared:
-    """The module's prepared forward, rebuilt when its weights, the backend or the input size changed."""
+def _prepared(module: nn.Module, backend: str | None, size: int | None, key: str | None = None, threads: int = 0) -> Prepared:
+    """The module's prepared forward, rebuilt when its weights, the backend or the input size changed.
+
+    ``threads``: an ONNX Runtime session's threads (0: torch's thread count); the other backends use torch's.
+    """
     backend = backend or os.environ.get(ENV, "auto")
     if backend not in BACKENDS:
         raise UserError(f"{ENV}={backend!r}: choose one of {', '.join(BACKENDS)}")
     stamp = (weights_stamp(module), size, key)
     with _LOCK:
-        prepared = _PREPARED.get(module)
+        known = _PREPARED.setdefault(module, {})
+        prepared = known.get(threads)
         if prepared is None or prepared.stamp != stamp or backend not in ("auto", prepared.backend):
-            prepared = _shared(module, backend, stamp, size, key)
-            _PREPARED[module] = prepared
+            prepared = known[threads] = _shared(module, backend, stamp, size, key, threads)
     return prepared
 
 
-def _shared(module: nn.Module, backend: str, stamp: tuple, size: int | None, key: str | None) -> Prepared:
-    """The session last prepared for a module of the same class, weights and input size, else a new one."""
-    slot = (type(module).__qualname__, key)
+def _shared(module: nn.Module, backend: str, stamp: tuple, size: int | None, key: str | None, threads: int) -> Prepared:
+    """The session last prepared for a module of the same class, weights, input size and threads, else a new one."""
+    slot = (type(module).__qualname__, key, threads)
     content = (repr(module), module_hash(module), backend, size)
     known = _SHARED.get(slot)
     if known is not None and known[0] == content:
         return Prepared(known[1].backend, known[1].run, stamp)
-    prepared = _prepare(module if key is None else _Select(module, key), backend, stamp, size)
+    prepared = _prepare(module if key is None else _Select(module, key), backend, stamp, size, threads)
     if prepared.backend in SNAPSHOTS:
         _SHARED[slot] = (content, prepared)
     return prepared
 
 
 def active_backend(tower: nn.Module) -> str:
-    """The backend prepared for ``tower`` so far (``"eager"`` when none was)."""
-    prepared = _PREPARED.get(tower)
-    return prepared.backend if prepared is not None else "eager"
+    """The backend last prepared for ``tower`` (``"eager"`` when none was)."""
+    known = _PREPARED.get(tower)
+    return list(known.values())[-1].backend if known else "eager"
 
 
 def onnxruntime_available() -> bool:
@@ -251,7 +275,7 @@ def module_hash(module: torch.nn.Module) -> str:
     return digest.hexdigest()
 
 
-def _prepare(tower: nn.Module, backend: str, stamp: tuple, size: int | None) -> Prepared:
+def _prepare(tower: nn.Module, backend: str, stamp: tuple, size: int | None, threads: int = 0) -> Prepared:
     """Build the forward for ``backend``; ``auto`` tries onnxruntime, then jit (images), then eager.
 
     ``size``: the side of the square images an image module is prepared for; None for the text tower.
@@ -266,12 +290,12 @@ def _prepare(tower: nn.Module, backend: str, stamp: tuple, size: int | None) -> 
             continue
         builder = {"onnxruntime": _onnxruntime_forward, "jit": _jit_forward, "eager": _eager_forward}[name]
         try:
-            return Prepared(name, builder(tower, size), stamp)
+            return Prepared(name, builder(tower, size, threads), stamp)
         except Exception as err:  # an exporter that cannot handle this torch version: next backend
             if backend == name:
                 raise
             warnings.warn(f"fast {type(tower).__name__} path {name} failed ({str(err).splitlines()[0][:200]}); trying the next")
-    return Prepared("eager", _eager_forward(tower, size), stamp)
+    return Prepared("eager", _eager_forward(tower, size, threads), stamp)
 
 
 class _Select(nn.Module):
@@ -285,12 +309,12 @@ class _Select(nn.Module):
         return self.module(x)[self.key]
 
 
-def _eager_forward(tower: nn.Module, size: int | None = None) -> Callable:
+def _eager_forward(tower: nn.Module, size: int | None = None, threads: int = 0) -> Callable:
     return tower.forward
 
 
-def _jit_forward(tower: nn.Module, size: int | None) -> Callable:
-    """Traced, frozen, inference-optimised copy of an image module in channels_last."""
+def _jit_forward(tower: nn.Module, size: int | None, threads: int = 0) -> Callable:
+    """Traced, frozen, inference-optimised copy of an image module in channels_last (torch's threads)."""
     if size is None:
         raise ValueError("the jit path is for image modules")
     example = torch.zeros(2, 3, size, size).contiguous(memory_format=torch.channels_last)
@@ -357,13 +381,13 @@ def _onnx_bytes(tower: nn.Module, size: int | None) -> bytes:
     return buffer.getvalue()
 
 
-def _onnxruntime_forward(tower: nn.Module, size: int | None) -> Callable:
-    """ONNX Runtime CPU session of the exported tower, with torch's thread count."""
+def _onnxruntime_forward(tower: nn.Module, size: int | None, threads: int = 0) -> Callable:
+    """ONNX Runtime CPU session of the exported tower, on ``threads`` threads (0: torch's thread count)."""
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    options.intra_op_num_threads = torch.get_num_threads()
+    options.intra_op_num_threads = threads or torch.get_num_threads()
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # errors only
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads sleep: faster on a shared CPU

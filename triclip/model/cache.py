@@ -14,6 +14,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -22,7 +23,7 @@ from triclip.core.progress import progress
 from triclip.core.errors import UserError
 from triclip.core.io import atomic_path
 from triclip.model.accel import IMAGE_BATCH, module_hash
-from triclip.model.prefetch import prefetched
+from triclip.model.prefetch import ordered_map, prefetched
 
 
 def cache_dir() -> Path:
@@ -54,26 +55,18 @@ def image_tower_outputs(model, pairs, device, batch_size: int = IMAGE_BATCH, wor
     Records whose image fails to decode get ``valid = False`` and ``bad = k + 1`` for
     reason ``REASONS[k]`` (see :func:`skipped_images`).
     """
-    from triclip.model.accel import image_features
-    from triclip.data import PairDataset, collate_pairs
+    from triclip.data import PairDataset
 
-    transform = model.image_transform(train=False)
     path = image_cache_path(model, pairs)
     if path.exists():
         return load_file(str(path))
-    dataset = PairDataset(pairs, transform, train=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
+    dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
     feats, valid = None, torch.zeros(len(pairs.records), dtype=torch.bool)
     model.image_tower.eval()
-    batches = prefetched(loader) if workers == 0 else loader  # decoding overlaps the tower
-    for batch in progress(batches, desc="caching locked image tower", unit="batch", total=len(loader)):
-        if batch is None:
-            continue
-        out = image_features(model, batch["image"].to(device)).float().cpu()  # (b, F), fast path on the CPU
+    for idx, out in image_tower_pass(model, dataset, device, batch_size, workers, desc="caching locked image tower"):
         if feats is None:
             feats = torch.zeros(len(pairs.records), out.shape[1])
-        idx = torch.as_tensor(batch["index"])
-        feats[idx] = out
+        feats[idx] = out.float().cpu()
         valid[idx] = True
     if feats is None:
         raise nothing_decoded(pairs, dataset.skipped)
@@ -81,6 +74,43 @@ def image_tower_outputs(model, pairs, device, batch_size: int = IMAGE_BATCH, wor
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
+
+
+@torch.no_grad()
+def image_tower_pass(
+    model, dataset, device, batch_size: int, workers: int = 0, desc: str = "embedding images", threads: int | None = None
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """``(index (b,), tower features (b, F))`` for each batch of ``dataset`` (a ``PairDataset``) with a
+    decodable image, in order, through the fast path; a progress bar from the second batch on.
+
+    ``threads`` (default :func:`~triclip.model.accel.image_pass_threads`; ``workers`` 0 only): that many
+    threads each decode a batch and run a single-threaded tower on it. With one, the next batch is decoded
+    in a background thread (``workers`` 0) or by DataLoader worker processes while the tower runs.
+    The features are the same bit for bit either way (tests/model/test_accel.py).
+    """
+    from triclip.model.accel import image_features, image_pass_threads
+    from triclip.data import collate_pairs
+
+    if threads is None:
+        threads = image_pass_threads(model, device) if workers == 0 else 1
+    starts = range(0, len(dataset), batch_size)
+    if threads > 1:
+
+        def work(start: int):  # one batch on this thread: decode, then the tower single-threaded
+            with torch.no_grad():  # grad mode is per thread
+                batch = collate_pairs([dataset[i] for i in range(start, min(start + batch_size, len(dataset)))])
+                if batch is None:  # every image of the batch failed to decode
+                    return None
+                return batch["index"], image_features(model, batch["image"], single_thread=True)
+
+        results = ordered_map(work, starts, threads)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
+        batches = prefetched(loader) if workers == 0 else loader  # decoding overlaps the tower
+        results = (None if b is None else (b["index"], image_features(model, b["image"].to(device))) for b in batches)
+    for result in progress(results, desc=desc, unit="batch", total=len(starts), disable=len(starts) < 2):
+        if result is not None:
+            yield result
 
 
 @torch.no_grad()

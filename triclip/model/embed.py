@@ -17,9 +17,8 @@ import torch
 from triclip.core.progress import progress
 
 from triclip.model.accel import IMAGE_BATCH, distinct_texts, image_features, text_batches, text_features
-from triclip.model.cache import nothing_decoded, skipped_images
-from triclip.model.prefetch import prefetched
-from triclip.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, collate_pairs, decode_image
+from triclip.model.cache import image_tower_pass, nothing_decoded, skipped_images
+from triclip.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, decode_image
 from triclip.core.errors import UserError
 
 
@@ -78,23 +77,20 @@ def _project_rows(project, feats: torch.Tensor, device, batch_size: int) -> torc
 
 @torch.no_grad()
 def embed_records(
-    model, pairs: PairSet, device, batch_size: int = IMAGE_BATCH, workers: int = 0, ahead: bool = True
+    model, pairs: PairSet, device, batch_size: int = IMAGE_BATCH, workers: int = 0, threads: int | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, Counter]:
-    """Embed every record's image by running the image tower; ``ahead`` (with ``workers`` 0): the next
-    batch is decoded in a background thread while the tower runs (``triclip.model.prefetch``).
+    """Embed every record's image by running the image tower (``triclip.model.cache.image_tower_pass``:
+    ``threads`` threads each decoding and embedding a batch, by default as many as the fast path takes).
 
     Returns:
         ``(image_emb (N', D), keep (N',) long, skipped)``: ``keep[i]`` is the record index
         of row i; records whose image fails to decode are left out and counted by reason.
     """
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
-    loader = torch.utils.data.DataLoader(dataset, batch_size=batch_size, num_workers=workers, collate_fn=collate_pairs)
     embs, keep = [], []
-    batches = prefetched(loader) if ahead and workers == 0 else loader  # decoding overlaps the tower
-    for batch in progress(batches, desc="embedding images", unit="batch", total=len(loader), disable=len(loader) < 2):
-        if batch is not None:
-            keep.append(batch["index"])
-            embs.append(model.project_image(image_features(model, batch["image"].to(device))).float().cpu())  # (B, D)
+    for idx, features in image_tower_pass(model, dataset, device, batch_size, workers, threads=threads):
+        keep.append(idx)
+        embs.append(model.project_image(features).float().cpu())  # (B, D)
     if not embs:
         raise nothing_decoded(pairs, dataset.skipped)
     return torch.cat(embs), torch.cat(keep), dataset.skipped

@@ -3,18 +3,22 @@
 An embedding pass decodes and resizes a batch of images (PIL, numpy), then runs the tower on it
 (ONNX Runtime). Both release the GIL for their heavy parts, so a thread that makes batch k + 1
 while the tower runs on batch k keeps both cores of a small machine busy without the start-up
-and copying of a DataLoader worker process. The items, their order and any exception raised
-while making them are the plain iteration's (tests/model/test_prefetch.py).
+and copying of a DataLoader worker process. Where the tower can run single-threaded, :func:`ordered_map`
+goes further: each of several threads decodes a batch and runs the tower on it. The items, their
+order and any exception raised while making them are the plain iteration's (tests/model/test_prefetch.py).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Iterable, Iterator, TypeVar
+from typing import Callable, Iterable, Iterator, TypeVar
 
 Item = TypeVar("Item")
+Job = TypeVar("Job")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,28 @@ def prefetched(items: Iterable[Item], cfg: PrefetchConfig = PrefetchConfig()) ->
         stop.set()
         _drain(ready)  # a thread blocked on a full queue gets its place, sees ``stop`` and ends
         worker.join()
+
+
+def ordered_map(work: Callable[[Job], Item], jobs: Iterable[Job], threads: int, cfg: PrefetchConfig = PrefetchConfig()) -> Iterator[Item]:
+    """Yield ``work(job)`` for each job, in order, computed by ``threads`` threads at once.
+
+    At most ``threads + cfg.depth`` jobs are started and not yet yielded. An exception raised by
+    ``work`` is raised here at its job's place in the order, after the results before it. Closing
+    the generator early cancels the jobs not started and waits for the running ones.
+    """
+    pending: deque[Future] = deque()
+    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="triclip-pass")
+    try:
+        for job in jobs:
+            pending.append(pool.submit(work, job))
+            if len(pending) >= max(1, threads) + cfg.depth:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        pool.shutdown(wait=True)
 
 
 def _fill(items: Iterator, ready: queue.Queue, stop: threading.Event) -> None:
