@@ -178,17 +178,19 @@ def test_a_single_threaded_session_called_from_two_threads_gives_the_same_featur
     assert len(accel._PREPARED[model.image_tower]) == 2  # two sessions: torch's threads and one thread
 
 
-def test_a_pass_runs_several_threads_only_where_onnxruntime_will_serve_the_tower(model, monkeypatch):
+def test_a_pass_runs_several_threads_only_where_onnxruntime_will_serve_a_tower(model, monkeypatch):
     monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    assert accel.image_pass_threads(model, "cpu") == 1  # autograd on: the eager module, one caller
+    assert accel.pass_threads(model.image_tower, "cpu") == 1  # autograd on: the eager module, one caller
     with torch.no_grad():
-        assert accel.image_pass_threads(model, "cpu") == (2 if accel.onnxruntime_available() else 1)
-        assert accel.image_pass_threads(model, "cuda") == 1  # a GPU batch is one call
+        assert accel.pass_threads(model.image_tower, "cpu") == (2 if accel.onnxruntime_available() else 1)
+        assert accel.pass_threads(model.text_tower, "cpu") == (2 if accel.onnxruntime_available() else 1)
+        assert accel.pass_threads(model.image_head, "cpu") == 1  # not a tower: the module itself runs
+        assert accel.pass_threads(model.image_tower, "cuda") == 1  # a GPU batch is one call
         monkeypatch.setenv(accel.ENV, "jit")
-        assert accel.image_pass_threads(model, "cpu") == 1  # torch's own threads: one caller
+        assert accel.pass_threads(model.image_tower, "cpu") == 1  # torch's own threads: one caller
         monkeypatch.setenv(accel.ENV, "auto")
         monkeypatch.setitem(sys.modules, "onnxruntime", None)
-        assert accel.image_pass_threads(model, "cpu") == 1  # no session to call
+        assert accel.pass_threads(model.image_tower, "cpu") == 1  # no session to call
 
 
 @needs_onnxruntime

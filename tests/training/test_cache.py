@@ -118,3 +118,20 @@ def test_an_image_pass_on_two_threads_equals_one_thread_bit_for_bit_with_bad_ima
         assert torch.equal(idx_a, idx_b) and torch.equal(feats_a, feats_b)
     assert skipped_one == skipped_two and sum(skipped_two.values()) == 5
     assert 10 not in torch.cat([idx for idx, _ in two]).tolist()
+
+
+def test_the_text_cache_on_two_threads_equals_one_thread_bit_for_bit(shapes_data, tmp_path, monkeypatch):
+    from triclip.model import accel
+
+    pairs = load_pairs(str(shapes_data / "train.jsonl"))
+    model = build_model(ModelConfig(preset="lite", embed_dim=8)).eval()
+    outputs, calls = {}, []
+    for threads in (1, 2):
+        monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / f"cache{threads}"))
+        monkeypatch.setattr(accel, "pass_threads", lambda tower, device, n=threads: calls.append(n) or n)
+        outputs[threads] = text_tower_outputs(model, pairs, "cpu", batch_size=8)  # several batches
+    assert calls == [1, 2]
+    assert torch.equal(outputs[1]["features"], outputs[2]["features"])
+    assert torch.equal(outputs[1]["offsets"], outputs[2]["offsets"])
+    if accel.onnxruntime_available():
+        assert set(accel._PREPARED[model.text_tower]) == {0, 1}  # torch's threads, then single-threaded sessions

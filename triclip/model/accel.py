@@ -23,7 +23,7 @@ runs. A prepared module is kept per tower (weakly) and rebuilt when any of its
 parameters or buffers changes (PyTorch's in-place version counters), so a tower
 that trains between evaluations is never read stale; a tower built again with the
 same class and weights (its sha256) reuses the last ONNX Runtime session of its kind. An embedding pass calls a
-single-threaded session from several threads at once (``image_pass_threads``), each on its own batch; other callers get
+single-threaded session from several threads at once (``pass_threads``), each on its own batch; other callers get
 a session on torch's thread count. Outputs stay within cosine
 0.999 of the eager fp32 reference (tests/model/test_accel.py). bf16 is never
 used: this CPU has no fast bf16 path (docs/CONTRACT.md, "Environment").
@@ -82,7 +82,7 @@ def image_features(model, images: torch.Tensor, single_thread: bool = False) -> 
     """``model.image_features`` through the fast path where it applies. Shape: (B, 3, H, W) -> (B, F).
 
     ``single_thread``: an ONNX Runtime session runs the call on the calling thread alone, for passes that call the
-    tower from several threads at once (:func:`image_pass_threads`). The outputs are the same bit for bit.
+    tower from several threads at once (:func:`pass_threads`). The outputs are the same bit for bit.
     """
     tower = model.image_tower
     size = getattr(tower, "image_size", None)  # the resolution the fast path is exported for
@@ -91,26 +91,29 @@ def image_features(model, images: torch.Tensor, single_thread: bool = False) -> 
     return model.image_features(images)
 
 
-def image_pass_threads(model, device) -> int:
-    """How many threads an image embedding pass should run at once, each decoding a batch and calling the tower
-    with ``single_thread``: torch's thread count where the tower will run in ONNX Runtime on the CPU, else 1.
+def pass_threads(tower: nn.Module, device) -> int:
+    """How many threads an embedding pass should run at once, each making a batch (decoding images,
+    tokenizing captions) and calling the tower with ``single_thread``: torch's thread count where ``tower``
+    (a model's ``image_tower`` or ``text_tower``) will run in ONNX Runtime on the CPU, else 1.
 
     Two threads each with a single-threaded session never wait for each other inside an operator, and leave no
     third thread to share the cores with: on 2 cores 1.1-1.4x the images per second of one decoding thread
     feeding a two-thread session (docs/benchmarks.md, "Tower inference"). Call it under ``no_grad``.
     """
-    tower = model.image_tower
-    fast = torch.device(device).type == "cpu" and getattr(tower, "image_size", None) and _fast_ok(tower)
+    fast = torch.device(device).type == "cpu" and isinstance(tower, (ImageTower, TextTower)) and _fast_ok(tower)
     session = os.environ.get(ENV, "auto") in ("auto", "onnxruntime") and onnxruntime_available()
     return max(1, torch.get_num_threads()) if fast and session else 1
 
 
-def text_features(model, texts) -> torch.Tensor:
-    """``model.text_features`` of texts (list[str]) or tokens through the fast path. Shape: (B, F)."""
+def text_features(model, texts, single_thread: bool = False) -> torch.Tensor:
+    """``model.text_features`` of texts (list[str]) or tokens through the fast path. Shape: (B, F).
+
+    ``single_thread``: as for :func:`image_features`.
+    """
     tokens = model.tokenize(list(texts)) if isinstance(texts, (list, tuple)) else texts
     tower = model.text_tower
     if _fast_ok(tower) and isinstance(tokens, Mapping) and all(v.device.type == "cpu" for v in tokens.values()):
-        return inference_module(tower)(tokens)
+        return _prepared(tower, None, None, threads=1 if single_thread else 0).run(tokens)
     device = next(tower.parameters()).device
     if isinstance(tokens, Mapping):
         return model.text_features({k: v.to(device) for k, v in tokens.items()})

@@ -83,16 +83,16 @@ def image_tower_pass(
     """``(index (b,), tower features (b, F))`` for each batch of ``dataset`` (a ``PairDataset``) with a
     decodable image, in order, through the fast path; a progress bar from the second batch on.
 
-    ``threads`` (default :func:`~triclip.model.accel.image_pass_threads`; ``workers`` 0 only): that many
+    ``threads`` (default :func:`~triclip.model.accel.pass_threads`; ``workers`` 0 only): that many
     threads each decode a batch and run a single-threaded tower on it. With one, the next batch is decoded
     in a background thread (``workers`` 0) or by DataLoader worker processes while the tower runs.
     The features are the same bit for bit either way (tests/model/test_accel.py).
     """
-    from triclip.model.accel import image_features, image_pass_threads
+    from triclip.model.accel import image_features, pass_threads
     from triclip.data import collate_pairs
 
     if threads is None:
-        threads = image_pass_threads(model, device) if workers == 0 else 1
+        threads = pass_threads(model.image_tower, device) if workers == 0 else 1
     starts = range(0, len(dataset), batch_size)
     if threads > 1:
 
@@ -117,7 +117,7 @@ def image_tower_pass(
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
-    from triclip.model.accel import distinct_texts, text_batches, text_features
+    from triclip.model.accel import distinct_texts, pass_threads, text_batches, text_features
 
     path = text_cache_path(model, pairs)
     if path.exists():
@@ -127,11 +127,21 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     distinct, inverse = distinct_texts(captions)  # openclipart's train split: 11,987 captions, 4,032 distinct
     model.text_tower.eval()
-    feats = None
-    for rows in progress(text_batches(model, distinct, batch_size), desc="caching locked text tower", unit="batch"):
+    threads = pass_threads(model.text_tower, device)  # as image_tower_pass: threads each run a batch
+
+    def tokens_of(rows: list[int]):  # in this thread: a tokenizer's padding settings are not thread-safe
         tokens = model.tokenize([distinct[i] for i in rows])
-        tokens = {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
-        out = text_features(model, tokens).float().cpu()  # (b, F), fast path on the CPU
+        return {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
+
+    def run(tokens) -> torch.Tensor:  # (b, F)
+        with torch.no_grad():  # grad mode is per thread
+            return text_features(model, tokens, single_thread=threads > 1).float().cpu()
+
+    batches = text_batches(model, distinct, batch_size)
+    tokenized = map(tokens_of, batches)
+    results = ordered_map(run, tokenized, threads) if threads > 1 else map(run, tokenized)
+    feats = None
+    for rows, out in zip(batches, progress(results, desc="caching locked text tower", unit="batch", total=len(batches))):
         if feats is None:
             feats = torch.zeros(len(distinct), out.shape[1])
         feats[torch.tensor(rows)] = out
