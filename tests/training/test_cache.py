@@ -120,7 +120,7 @@ def test_an_image_pass_on_two_threads_equals_one_thread_bit_for_bit_with_bad_ima
     assert 10 not in torch.cat([idx for idx, _ in two]).tolist()
 
 
-def test_the_text_cache_on_two_threads_equals_one_thread_bit_for_bit(shapes_data, tmp_path, monkeypatch):
+def test_the_text_cache_on_two_threads_equals_one_thread_bit_for_bit(shapes_data, tmp_path, monkeypatch, capsys):
     from triclip.model import accel
 
     pairs = load_pairs(str(shapes_data / "train.jsonl"))
@@ -131,6 +131,8 @@ def test_the_text_cache_on_two_threads_equals_one_thread_bit_for_bit(shapes_data
         monkeypatch.setattr(accel, "pass_threads", lambda tower, device, n=threads: calls.append(n) or n)
         outputs[threads] = text_tower_outputs(model, pairs, "cpu", batch_size=8)  # several batches
     assert calls == [1, 2]
+    done = [line for line in capsys.readouterr().err.splitlines() if "caching locked text tower" in line and "(100%)" in line]
+    assert len(done) == 2  # each pass ends its progress with a summary line
     assert torch.equal(outputs[1]["features"], outputs[2]["features"])
     assert torch.equal(outputs[1]["offsets"], outputs[2]["offsets"])
     if accel.onnxruntime_available():

@@ -141,7 +141,7 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     tokenized = map(tokens_of, batches)
     results = ordered_map(run, tokenized, threads) if threads > 1 else map(run, tokenized)
     feats = None
-    for rows, out in zip(batches, progress(results, desc="caching locked text tower", unit="batch", total=len(batches))):
+    for rows, out in progress(zip(batches, results), desc="caching locked text tower", unit="batch", total=len(batches)):
         if feats is None:
             feats = torch.zeros(len(distinct), out.shape[1])
         feats[torch.tensor(rows)] = out
