@@ -86,7 +86,7 @@ def image_tower_pass(
     ``threads`` (default :func:`~triclip.model.accel.pass_threads`; ``workers`` 0 only): that many
     threads each decode a batch and run a single-threaded tower on it. With one, the next batch is decoded
     in a background thread (``workers`` 0) or by DataLoader worker processes while the tower runs.
-    The features are the same bit for bit either way (tests/model/test_accel.py).
+    The features are the same bit for bit either way (tests/training/test_cache.py, tests/model/test_accel.py).
     """
     from triclip.model.accel import image_features, pass_threads
     from triclip.data import collate_pairs

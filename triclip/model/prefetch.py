@@ -67,12 +67,13 @@ def ordered_map(work: Callable[[Job], Item], jobs: Iterable[Job], threads: int, 
     ``work`` is raised here at its job's place in the order, after the results before it. Closing
     the generator early cancels the jobs not started and waits for the running ones.
     """
+    threads = max(1, threads)
     pending: deque[Future] = deque()
-    pool = ThreadPoolExecutor(max(1, threads), thread_name_prefix="triclip-pass")
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="triclip-pass")
     try:
         for job in jobs:
             pending.append(pool.submit(work, job))
-            if len(pending) >= max(1, threads) + cfg.depth:
+            if len(pending) >= threads + cfg.depth:
                 yield pending.popleft().result()
         while pending:
             yield pending.popleft().result()
