@@ -121,6 +121,18 @@ def _resume_argv(trained: Path, run: Path, *extra: str) -> list[str]:
     return ["train", "--train-data", str(trained / "data" / "train.jsonl"), "--out", str(run), "--resume", *extra]
 
 
+def test_overwrite_names_the_out_folder_not_the_one_it_was_written_in(trained, tmp_path, capsys):
+    """--overwrite trains beside --out (.run.new-*) and swaps it in at the end: the summary names --out."""
+    run = _copy_run(trained, tmp_path)
+    capsys.readouterr()
+    argv = ["train", "--train-data", str(trained / "data" / "train.jsonl"), "--val-data", str(trained / "data" / "val.jsonl"),
+            "--out", str(run), "--epochs", "1", "--max-steps", "2", "--overwrite"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert f"the run is in {run}." in out and f"Eval and index use {run / 'best'}" in out
+    assert ".new-" not in out and (run / "best").is_dir()
+
+
 def test_resume_takes_the_runs_settings_and_may_grow_it(trained, tmp_path, capsys):
     """Only the data, --out and --resume given: loss, options, D, batch, val data come from config.json."""
     run = _copy_run(trained, tmp_path)

@@ -299,7 +299,8 @@ class _Loop:
             self.skipped.train.update_from(self.source)
             self.skipped.write(self.run_dir)
             selection = _select(self.run_dir, self.cfg, self.best.info, self.val_pairs, self.stop)
-            print(_final_summary(self.run_dir, self.cfg, self.step, selection, self.skipped, self.stop))
+            # named as --out: with --overwrite the run is written beside it and takes its place when done
+            print(_final_summary(Path(self.cfg.out), self.cfg, self.step, selection, self.skipped, self.stop))
         if self.world > 1:
             dist.barrier()
         return self.last_eval
