@@ -219,3 +219,21 @@ def test_a_slow_fit_takes_a_capped_seeded_sample_and_two_fits_of_it_are_the_same
     assert np.array_equal(faiss.serialize_index(first.index), faiss.serialize_index(second.index))
     cheap = codecs.candidates(2, 16)[[s.codec for s in codecs.candidates(2, 16)].index("int8")]
     assert fit_sample(sample, cheap) is sample  # a cheap fit takes the whole sample
+
+
+def test_a_quick_slow_fit_goes_first_and_its_full_recall_leaves_the_slower_one_unfitted(collection, monkeypatch):
+    """RQ16x4fs (256 centroids to train) is fitted before RQ8x8 (2,048), though RQ comes first among the candidates:
+    its shortlist re-ranked by the float vectors already finds what they find, faster than RQ8x8's probe, so RQ8x8
+    cannot win and is never fitted (the demo's caption codes at 8 B spent 14 s fitting it)."""
+    x, evaluation = collection
+    both = [s for s in codecs.candidates(8, D, len(x)) if s.codec in ("rq", "rqfs")]
+    assert [s.codec for s in both] == ["rq", "rqfs"]
+    assert codecs.lookup("rqfs").fit_work(both[1]) < codecs.lookup("rq").fit_work(both[0]) == 8 * 256
+    monkeypatch.setattr(codecs, "candidates", lambda budget, dim, n=None: list(both))
+    fitted, fit = [], codecs.fit
+    monkeypatch.setattr(codecs, "fit", lambda spec, rows, *args: fitted.append(spec.codec) or fit(spec, rows, *args))
+    choice = choose(8, x, evaluation, rules=Rules(n=len(x), model=GivenLatency(codes={"rq": 0.5, "rqfs": 0.02})))
+    assert fitted == ["rqfs"] and choice.codec.spec.codec == "rqfs" and choice.kept.shortlist
+    assert choice.recall >= choice.full_recall
+    rq = next(t for t in choice.tried if t["codec"] == "rq")
+    assert rq["recall"] is None and "cannot win" in rq["skipped"]

@@ -86,6 +86,14 @@ class Codec:
         return None
 
     @classmethod
+    def fit_work(cls, spec: CodecSpec) -> int:
+        """Centroids its training finds: codebooks x entries (``M * 2**nbits``) where the spec has them, else 0.
+        Within a :attr:`fit_cost` rank a budget fits the smaller first, so that a quick fit's recall can leave a
+        slow one unfitted (5,000 caption vectors: RQ16x4fs, 256 centroids, 3 s; RQ8x8, 2,048, 14 s)."""
+        params = spec.params
+        return params["M"] << params["nbits"] if "M" in params and "nbits" in params else 0
+
+    @classmethod
     def fit_rows_of(cls, spec: CodecSpec) -> int | None:
         """Most vectors ``index build --bytes`` fits ``spec`` on (:attr:`fit_rows`; inverted lists: their inner code's)."""
         return cls.fit_rows

@@ -232,7 +232,7 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     top 10 among the tuning sample (``fidelity``), counted up to ``rules.recall_target``, then fewer bytes, then
     faster; its recall is still measured and reported.
     Candidates the evidence puts below another candidate are not fitted (:func:`not_worth_trying`); slow-to-fit
-    codes are fitted last and left out unfitted when they cannot win: their probe's scan alone is slower than
+    codes are fitted last, the quicker first (:func:`_fit_order`), and left out unfitted when they cannot win: their probe's scan alone is slower than
     the bound, or a kept code already has full-D recall with no more bytes and a faster query. Each one left out
     is a "skipped" entry of ``tried`` with its reason (the build's table prints it).
     ``force``: only that codec's candidates. Without any code within the default bound, the fastest is kept
@@ -253,7 +253,7 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     ceiling = rules.recall_target if by_fidelity else full  # what a variant's score is counted up to
     tried: list[dict | None] = [None] * len(specs)
     found: list[Variant] = []
-    order = sorted(range(len(specs)), key=lambda i: (codecs.lookup(specs[i].codec).fit_cost, i))
+    order = sorted(range(len(specs)), key=lambda i: _fit_order(specs[i]) + (i,))
     for i in progress(order, desc=f"codes of {budget} B", unit="code", disable=None):
         started = time.perf_counter()
         why = evidence.get(i) or _left_out(specs[i], _best(found, bound, ceiling), bound, ceiling, rules, tune)
@@ -357,12 +357,18 @@ def _rank(v: Variant, ceiling: float) -> tuple:
     return min(v.score, ceiling), -v.codec.spec.bytes_per_vector, -v.latency.ms
 
 
+def _fit_order(spec: codecs.CodecSpec) -> tuple[int, int]:
+    """Where a candidate is fitted among a budget's: by its codec's ``fit_cost`` rank, then its ``fit_work``."""
+    codec = codecs.lookup(spec.codec)
+    return codec.fit_cost, codec.fit_work(spec)
+
+
 def _left_out(spec, best: Variant | None, bound: float, ceiling: float, rules: Rules, tune) -> str:
     """Why a slow-to-fit candidate is not fitted ("" to fit it): it cannot win."""
     if codecs.lookup(spec.codec).fit_cost == 0:
         return ""
     full = best is not None and best.score >= ceiling and spec.bytes_per_vector >= best.codec.spec.bytes_per_vector
-    probe = rules.model.probe(spec, tune.gallery.shape[1], rules.n, tune.queries)
+    probe = rules.model.probe(spec, tune.gallery, rules.n, tune.queries)
     if probe is not None and probe.ms > bound:
         return f"its scan alone takes {probe.ms:.3g} ms at N = {rules.n:,} ({probe.how}), over {bound:.3g} ms"
     if full and (probe is None or probe.ms >= best.latency.ms):
