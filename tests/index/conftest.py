@@ -126,7 +126,7 @@ class GivenLatency:
 
         return Latency(self.reference, "given")
 
-    def probe(self, spec, dim, n, queries):
+    def probe(self, spec, sample, n, queries):
         from triclip.index.latency import Latency
 
         return Latency(self.ms(spec), "given")

@@ -91,3 +91,25 @@ def test_the_coarse_search_is_timed_once_per_shape(monkeypatch):
     assert model.coarse_ms(32, 64, 4, q) == 1.5 and model.coarse_ms(32, 64, 4, q) == 1.5
     distances, ids = calls[0]
     assert len(calls) == 1 and ids.shape == (1, 4) and ids.max() < 64
+
+
+def test_a_probe_is_given_in_the_time_scale_of_the_float_scan_it_is_held_to(monkeypatch):
+    """The machine runs twice as fast after the bound's float scan was timed: a twin whose scan takes 1.2x the float
+    scan's measures under the bound, and the float scan timed again right after it brings it back to 1.2x."""
+    speed = {"now": 1.0}
+    work = {"float32": 1.0, "rq": 1.2}  # ms of one query at speed 1
+
+    def search(self, codec, queries, k, n, params=None):
+        return latency.Latency(work[codec.spec.codec] / speed["now"], "measured")
+
+    monkeypatch.setattr(latency.LatencyModel, "search", search)
+    model = latency.LatencyModel()
+    rng = np.random.default_rng(0)
+    sample, queries = unit_vectors(rng, 300, 32), unit_vectors(rng, 5, 32)
+    bound = model.float_scan(sample, queries, 300)
+    spec = next(s for s in codecs.candidates(4, 32, 300) if s.codec == "rq")
+    speed["now"] = 2.0
+    assert model.search(codecs.lookup("rq").probe(spec, 32), queries, 10, 300).ms == 0.6 < bound.ms == 1.0
+    assert model.probe(spec, sample, 300, queries).ms == pytest.approx(1.2)
+    assert model.float_scan(sample, queries, 300) == bound  # the bound itself stays as first timed
+    assert model.probe(codecs.candidates(4, 32, 300)[0], sample, 300, queries) is None  # float32: no twin

@@ -19,8 +19,8 @@ entries to min(N, :data:`TIME_ROWS`) (a scan's cost depends on how many codes it
   16,384 lists a probe of 64 reads 0.4% of them.
 
 Before a slow-to-train code is fitted, its *probe* (:meth:`LatencyModel.probe`) times a twin with the same
-structure and random codebooks (nothing to train), filled with random codes: a code whose scan alone is slower
-than the bound is left out unfitted. Timing runs with one OpenMP thread (``triclip.codecs.threads``).
+structure and random codebooks (nothing to train), filled with random codes, against the float scan timed again
+beside it: a code whose scan alone is slower than the bound is left out unfitted. Timing runs with one OpenMP thread (``triclip.codecs.threads``).
 
 Tests inject their own :class:`LatencyModel` (fixed numbers), so nothing is timed there.
 """
@@ -144,19 +144,32 @@ class LatencyModel:
         key = (vectors.shape, n, float(np.asarray(vectors[0]).sum()))
         cache = self.__dict__.setdefault("_float_scans", {})
         if key not in cache:
-            flat = fit(CodecSpec("float32", vectors.shape[1], 4 * vectors.shape[1]), vectors[:1])
-            flat.add(vectors)
-            cache[key] = self.search(flat, queries, 10, n)
+            cache[key] = self._float_scan_now(vectors, queries, n)
         return cache[key]
 
-    def probe(self, spec, dim: int, n: int, queries: np.ndarray) -> Latency | None:
+    def _float_scan_now(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
+        from triclip.codecs import CodecSpec, fit
+
+        flat = fit(CodecSpec("float32", vectors.shape[1], 4 * vectors.shape[1]), vectors[:1])
+        flat.add(vectors)
+        return self.search(flat, queries, 10, n)
+
+    def probe(self, spec, sample: np.ndarray, n: int, queries: np.ndarray) -> Latency | None:
         """A top-10 query on a twin of ``spec`` (:meth:`~triclip.codecs.Codec.probe`) holding N random
-        codes (at most :data:`TIME_ROWS`, then scaled); None when the codec has no twin (it is cheap to fit:
-        it is timed once fitted)."""
+        codes (at most :data:`TIME_ROWS`, then scaled), in the time scale of :meth:`float_scan` of ``sample``
+        (n_s, D): times the float scan's first timing over its timing right after the probe. The machine's speed
+        drifts between the two: the demo's RQ4x8 probe for its image codes measured 1.34x the float scan timed
+        seconds before it in one build and at most 1.0x in the next, so it was fitted there for nothing (7 s); six
+        probes, each against a float scan timed right after it, measured 1.17-1.26x.
+        None when the codec has no twin (it is cheap to fit: it is timed once fitted)."""
         from triclip.codecs import lookup
 
-        twin = lookup(spec.codec).probe(spec, dim)
-        return None if twin is None else self.search(twin, queries, 10, n)
+        twin = lookup(spec.codec).probe(spec, sample.shape[1])
+        if twin is None:
+            return None
+        timed = self.search(twin, queries, 10, n)
+        scale = self.float_scan(sample, queries, n).ms / self._float_scan_now(sample, queries, n).ms
+        return Latency(timed.ms * scale, timed.how)
 
 
 def lists_at_n(n: int, nprobe: int) -> tuple[int, int]:
