@@ -319,3 +319,24 @@ def test_token_budget_batches_embed_like_one_text_at_a_time(model, monkeypatch):
     single = torch.cat([embed_texts(model, [t], "cpu") for t in texts])
     assert batched.shape == single.shape == (len(texts), model.embed_dim)
     assert _min_cos(batched, single) >= MIN_COS
+
+
+def test_embed_texts_on_two_threads_equals_one_thread_and_prepares_one_session(model, monkeypatch):
+    """embed_texts runs its batches as the text cache does (cache.text_tower_pass): on two threads each with a
+    single-threaded session, the same embeddings bit for bit as one thread, in the input order, and no session of
+    torch's thread count is prepared for it (the demo's evaluation exported the text tower a second time: 1.5 s);
+    a single batch (a query) runs on torch's threads."""
+    texts = ["tree " * n + f"number {n}" for n in (1, 12, 3, 7, 0, 9)] + CAPTIONS
+    out, calls = {}, []
+    for threads in (1, 2):
+        monkeypatch.setattr(accel, "pass_threads", lambda tower, device, n=threads: calls.append(n) or n)
+        out[threads] = embed_texts(model, texts, "cpu", batch_size=3)  # several batches
+    assert calls == [1, 2] and torch.equal(out[1], out[2])
+    with torch.no_grad():
+        assert _min_cos(out[2], model.encode_text(texts)) >= MIN_COS
+    if accel.onnxruntime_available():
+        accel._PREPARED.clear()
+        embed_texts(model, texts, "cpu", batch_size=3)
+        assert set(accel._PREPARED[model.text_tower]) == {1}
+        embed_texts(model, texts[:2], "cpu")  # one batch
+        assert set(accel._PREPARED[model.text_tower]) == {0, 1}

@@ -14,7 +14,7 @@ import os
 import re
 from collections import Counter
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, Sequence
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -117,7 +117,7 @@ def image_tower_pass(
 def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str, torch.Tensor]:
     """``{"features": (M, F_txt), "offsets": (N+1,)}``: all captions, record i owns rows
     ``offsets[i]:offsets[i+1]``."""
-    from triclip.model.accel import distinct_texts, pass_threads, text_batches, text_features
+    from triclip.model.accel import distinct_texts, text_batches
 
     path = text_cache_path(model, pairs)
     if path.exists():
@@ -127,28 +127,39 @@ def text_tower_outputs(model, pairs, device, batch_size: int = 256) -> dict[str,
     offsets = torch.cat([torch.zeros(1, dtype=torch.long), counts.cumsum(0)])
     distinct, inverse = distinct_texts(captions)  # openclipart's train split: 11,987 captions, 4,032 distinct
     model.text_tower.eval()
-    threads = pass_threads(model.text_tower, device)  # as image_tower_pass: threads each run a batch
-
-    def tokens_of(rows: list[int]):  # in this thread: a tokenizer's padding settings are not thread-safe
-        tokens = model.tokenize([distinct[i] for i in rows])
-        return {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
-
-    def run(tokens) -> torch.Tensor:  # (b, F)
-        with torch.no_grad():  # grad mode is per thread
-            return text_features(model, tokens, single_thread=threads > 1).float().cpu()
-
     batches = text_batches(model, distinct, batch_size)
-    tokenized = map(tokens_of, batches)
-    results = ordered_map(run, tokenized, threads) if threads > 1 else map(run, tokenized)
+    results = text_tower_pass(model, distinct, batches, device)
     feats = None
     for rows, out in progress(zip(batches, results), desc="caching locked text tower", unit="batch", total=len(batches)):
         if feats is None:
             feats = torch.zeros(len(distinct), out.shape[1])
-        feats[torch.tensor(rows)] = out
+        feats[torch.tensor(rows)] = out.float().cpu()
     result = {"features": feats[inverse], "offsets": offsets}  # (M, F): one row per caption, in record order
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))
     return result
+
+
+def text_tower_pass(model, texts: Sequence[str], batches: list[list[int]], device) -> Iterator[torch.Tensor]:
+    """The text tower's features (b, F) of ``texts`` for each batch of rows in ``batches``, in order,
+    through the fast path. As :func:`image_tower_pass`: with more than one batch, as many threads as
+    :func:`~triclip.model.accel.pass_threads` each run a batch through a single-threaded tower; the batches are
+    tokenized in the calling thread (a tokenizer's padding settings are not thread-safe). One batch (a query):
+    the tower on all of torch's threads."""
+    from triclip.model.accel import pass_threads, text_features
+
+    threads = pass_threads(model.text_tower, device) if len(batches) > 1 else 1
+
+    def tokens_of(rows: list[int]):
+        tokens = model.tokenize([texts[i] for i in rows])
+        return {k: v.to(device) for k, v in tokens.items()} if isinstance(tokens, dict) else tokens.to(device)
+
+    def run(tokens) -> torch.Tensor:  # (b, F)
+        with torch.no_grad():  # grad mode is per thread
+            return text_features(model, tokens, single_thread=threads > 1)
+
+    tokenized = map(tokens_of, batches)
+    return ordered_map(run, tokenized, threads) if threads > 1 else map(run, tokenized)
 
 
 # Bumped when image decoding changes what a file decodes to (2: EXIF orientation, 16-bit scaling),

@@ -16,8 +16,8 @@ from typing import NamedTuple, Sequence
 import torch
 from triclip.core.progress import progress
 
-from triclip.model.accel import IMAGE_BATCH, distinct_texts, image_features, text_batches, text_features
-from triclip.model.cache import image_tower_pass, nothing_decoded, skipped_images
+from triclip.model.accel import IMAGE_BATCH, distinct_texts, image_features, text_batches
+from triclip.model.cache import image_tower_pass, nothing_decoded, skipped_images, text_tower_pass
 from triclip.data import DEFAULT_MAX_PIXELS, BadRecord, FileImage, PairDataset, PairSet, decode_image
 from triclip.core.errors import UserError
 
@@ -103,9 +103,10 @@ def embed_texts(model, texts: Sequence[str], device, batch_size: int = 256) -> t
         return torch.zeros(0, model.embed_dim)
     distinct, inverse = distinct_texts(texts)  # a repeated text runs through the tower once
     batches = text_batches(model, distinct, batch_size)  # similar lengths: little padding
+    features = text_tower_pass(model, distinct, batches, device)  # threads each running a batch, in order
     out = [
-        model.project_text(text_features(model, [distinct[i] for i in rows])).float().cpu()  # (B, D)
-        for rows in progress(batches, desc="embedding texts", unit="batch", disable=len(batches) < 2)
+        model.project_text(f).float().cpu()  # (B, D)
+        for f in progress(features, desc="embedding texts", unit="batch", total=len(batches), disable=len(batches) < 2)
     ]
     order = [i for rows in batches for i in rows]
     return torch.cat(out)[torch.tensor(order).argsort()][inverse]  # back to the input order, repeats included
