@@ -159,8 +159,9 @@ class LatencyModel:
         codes (at most :data:`TIME_ROWS`, then scaled), in the time scale of :meth:`float_scan` of ``sample``
         (n_s, D): times the float scan's first timing over its timing right after the probe. The machine's speed
         drifts between the two: the demo's RQ4x8 probe for its image codes measured 1.34x the float scan timed
-        seconds before it in one build and at most 1.0x in the next, so it was fitted there for nothing (7 s); six
-        probes, each against a float scan timed right after it, measured 1.17-1.26x.
+        seconds before it in one build and at most 1.0x in the next, where it was fitted for nothing (7 s). Ten
+        repeats on the demo's vectors, seconds of fits between the bound and the probe: 0.85-1.58x raw (once under
+        the bound), 1.04-1.38x scaled (never).
         None when the codec has no twin (it is cheap to fit: it is timed once fitted)."""
         from triclip.codecs import lookup
 
