@@ -143,7 +143,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
         rgba = image if image.mode == "RGBA" else image.convert("RGBA")
         white = Image.new("RGB", rgba.size, (255, 255, 255))
-        white.paste(rgba, mask=rgba)  # alpha_composite onto white's bytes (tests/data/test_images.py), 7x faster
+        white.paste(rgba, mask=rgba)  # alpha_composite's bytes (tests/data/test_data_hostile.py), 7x faster
         return white
     return image.convert("RGB")
 

@@ -232,9 +232,10 @@ def choose(budget: int, train: np.ndarray, evaluation: EvalSet, force: str | Non
     top 10 among the tuning sample (``fidelity``), counted up to ``rules.recall_target``, then fewer bytes, then
     faster; its recall is still measured and reported.
     Candidates the evidence puts below another candidate are not fitted (:func:`not_worth_trying`); slow-to-fit
-    codes are fitted last, the quicker first (:func:`_fit_order`), and left out unfitted when they cannot win: their probe's scan alone is slower than
-    the bound, or a kept code already has full-D recall with no more bytes and a faster query. Each one left out
-    is a "skipped" entry of ``tried`` with its reason (the build's table prints it).
+    codes are fitted last, the quicker first (:func:`_fit_order`), and left out unfitted when they cannot win:
+    their probe's scan alone is slower than the bound, or a kept code already has full-D recall with no more bytes
+    and a faster query. Each one left out is a "skipped" entry of ``tried`` with its reason (the build's table
+    prints it).
     ``force``: only that codec's candidates. Without any code within the default bound, the fastest is kept
     (``note`` says so); with ``rules.latency_ms`` given, that is a UserError.
     """

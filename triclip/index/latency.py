@@ -20,7 +20,8 @@ entries to min(N, :data:`TIME_ROWS`) (a scan's cost depends on how many codes it
 
 Before a slow-to-train code is fitted, its *probe* (:meth:`LatencyModel.probe`) times a twin with the same
 structure and random codebooks (nothing to train), filled with random codes, against the float scan timed again
-beside it: a code whose scan alone is slower than the bound is left out unfitted. Timing runs with one OpenMP thread (``triclip.codecs.threads``).
+beside it: a code whose scan alone is slower than the bound is left out unfitted. Timing runs with one OpenMP
+thread (``triclip.codecs.threads``).
 
 Tests inject their own :class:`LatencyModel` (fixed numbers), so nothing is timed there.
 """
