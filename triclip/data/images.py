@@ -28,6 +28,8 @@ from PIL import Image, ImageOps
 from triclip.data.reasons import CORRUPT_IMAGE, DECOMPRESSION_BOMB, MISSING_FILE, NOT_A_FILE, BadRecord
 
 DEFAULT_MAX_PIXELS = 40_000_000  # above this an image is a decompression_bomb: no huge decode in training
+PROBES_KEPT = 200_000  # file probes a process remembers (probe_image; ~40 MB at most)
+_PROBED: dict[tuple, tuple[int, int]] = {}  # _probe_key -> (width, height)
 
 
 class ImageRef(Protocol):
@@ -206,10 +208,6 @@ def probe_image(ref: ImageRef, max_pixels: int = DEFAULT_MAX_PIXELS) -> tuple[in
     if key is not None and len(_PROBED) < PROBES_KEPT:
         _PROBED[key] = size
     return size
-
-
-PROBES_KEPT = 200_000  # file probes a process remembers (~40 MB at most)
-_PROBED: dict[tuple, tuple[int, int]] = {}  # _probe_key -> (width, height)
 
 
 def _probe_key(ref: ImageRef, max_pixels: int) -> tuple | None:

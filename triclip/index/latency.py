@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import faiss
 import numpy as np
 
+from triclip.codecs.base import Codec
 from triclip.codecs.ivf import lists_for
 from triclip.codecs.threads import search_threads, set_search_threads
 
@@ -140,29 +141,27 @@ class LatencyModel:
     def float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
         """The exact float32 scan at full D (``IndexFlatIP``) of ``n`` vectors: a sample ``vectors`` (n_s, D), filled
         up with random rows as :meth:`search` does. Timed once per sample and N (every budget shares it)."""
-        from triclip.codecs import CodecSpec, fit
+        return self._float_scan(vectors, queries, n)[0]
 
+    def _float_scan(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> tuple[Latency, Codec, float]:
+        """(:meth:`float_scan`, a flat code holding the sample alone, its ms timed then): the second is timed again
+        beside each probe (:meth:`probe`), without refilling N's random rows."""
         key = (vectors.shape, n, float(np.asarray(vectors[0]).sum()))
         cache = self.__dict__.setdefault("_float_scans", {})
         if key not in cache:
-            cache[key] = self._float_scan_now(vectors, queries, n)
+            alone = _flat(vectors)
+            cache[key] = (self.search(_flat(vectors), queries, 10, n), alone,
+                          self.search(alone, queries, 10, len(vectors)).ms)
         return cache[key]
-
-    def _float_scan_now(self, vectors: np.ndarray, queries: np.ndarray, n: int) -> Latency:
-        from triclip.codecs import CodecSpec, fit
-
-        flat = fit(CodecSpec("float32", vectors.shape[1], 4 * vectors.shape[1]), vectors[:1])
-        flat.add(vectors)
-        return self.search(flat, queries, 10, n)
 
     def probe(self, spec, sample: np.ndarray, n: int, queries: np.ndarray) -> Latency | None:
         """A top-10 query on a twin of ``spec`` (:meth:`~triclip.codecs.Codec.probe`) holding N random
         codes (at most :data:`TIME_ROWS`, then scaled), in the time scale of :meth:`float_scan` of ``sample``
-        (n_s, D): times the float scan's first timing over its timing right after the probe. The machine's speed
-        drifts between the two: the demo's RQ4x8 probe for its image codes measured 1.34x the float scan timed
-        seconds before it in one build and at most 1.0x in the next, where it was fitted for nothing (7 s). Ten
-        repeats on the demo's vectors, seconds of fits between the bound and the probe: 0.85-1.58x raw (once under
-        the bound), 1.04-1.38x scaled (never).
+        (n_s, D): times the sample's flat scan timed with the float scan over the same scan timed right after the
+        probe. The machine's speed drifts between the two: the demo's RQ4x8 probe for its image codes measured 1.34x
+        the float scan timed seconds before it in one build and at most 1.0x in the next, where it was fitted for
+        nothing (7 s). Ten repeats on the demo's vectors, seconds of fits between the bound and the probe: 0.85-1.58x
+        raw (once under the bound), 1.04-1.38x scaled (never).
         None when the codec has no twin (it is cheap to fit: it is timed once fitted)."""
         from triclip.codecs import lookup
 
@@ -170,8 +169,17 @@ class LatencyModel:
         if twin is None:
             return None
         timed = self.search(twin, queries, 10, n)
-        scale = self.float_scan(sample, queries, n).ms / self._float_scan_now(sample, queries, n).ms
-        return Latency(timed.ms * scale, timed.how)
+        _, alone, then = self._float_scan(sample, queries, n)
+        return Latency(timed.ms * then / self.search(alone, queries, 10, len(sample)).ms, timed.how)
+
+
+def _flat(vectors: np.ndarray) -> Codec:
+    """A float32 flat code of width D holding ``vectors`` (n, D)."""
+    from triclip.codecs import CodecSpec, fit
+
+    flat = fit(CodecSpec("float32", vectors.shape[1], 4 * vectors.shape[1]), vectors[:1])
+    flat.add(vectors)
+    return flat
 
 
 def lists_at_n(n: int, nprobe: int) -> tuple[int, int]:
