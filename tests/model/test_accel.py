@@ -159,6 +159,29 @@ def test_image_outputs_do_not_depend_on_the_batch_size(model, images):
 
 
 @needs_onnxruntime
+def test_an_image_session_is_called_with_at_most_session_images_rows(model, images, monkeypatch):
+    """Why a pass's session memory stays that of a few images (accel.SESSION_IMAGES), whatever the batch."""
+    import onnxruntime as ort
+
+    rows = []
+
+    class Counting(ort.InferenceSession):
+        def run(self, output_names, feed, *args, **kwargs):
+            rows.append(len(next(iter(feed.values()))))
+            return super().run(output_names, feed, *args, **kwargs)
+
+    monkeypatch.setattr(ort, "InferenceSession", Counting)
+    monkeypatch.setattr(accel, "SESSION_IMAGES", 3)
+    batch = torch.cat([images, images.flip(0), images[:2]])  # (10, 3, 224, 224)
+    run = accel.inference_module(model.image_tower, "onnxruntime")
+    with torch.no_grad():
+        whole = run(batch)
+        ones = torch.cat([run(batch[i : i + 1]) for i in range(len(batch))])
+    assert rows[:4] == [3, 3, 3, 1] and max(rows) == 3
+    assert whole.shape == (10, 1280) and torch.equal(whole, ones)
+
+
+@needs_onnxruntime
 def test_a_single_threaded_session_called_from_two_threads_gives_the_same_features_bit_for_bit(model, images):
     """Why an embedding pass may run two single-threaded calls at once (cache.image_tower_pass)."""
     with torch.no_grad():

@@ -40,6 +40,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
+import numpy as np
 import torch
 import torch.nn as nn
 
@@ -55,6 +56,12 @@ TEXT_INPUTS = ("input_ids", "attention_mask", "token_type_ids")  # the text towe
 # page by page, and its 38 MB input is mapped and unmapped per batch. At 16 the demo's train pass ran 7% faster
 # with 1.3 GB less peak memory (docs/benchmarks.md, "Page faults").
 IMAGE_BATCH = 16
+# Images per ONNX Runtime image-session call, whatever the batch: a session's memory grows to hold the activations
+# of its largest call (two calls at once in a pass), and on these VMs a page a process touches for the first time
+# is dear (~50 us: the host backs it anew). The demo's train pass in batches of 16, a new process each,
+# alternating, twice: one call per batch 60.8 / 63.9 s, 4.2 / 6.6 s system time, 205k / 519k faults, peak 1.9 GB;
+# calls of 4, 55.2 / 62.2 s, 0.8 / 1.0 s, 89k, 1.4 GB; the same features bit for bit (docs/benchmarks.md).
+SESSION_IMAGES = 4
 
 
 @dataclass
@@ -399,8 +406,9 @@ def _onnxruntime_forward(tower: nn.Module, size: int | None, threads: int = 0) -
     if size is not None:
 
         def run(images: torch.Tensor) -> torch.Tensor:  # (B, 3, S, S) -> (B, 1280)
-            feed = {"images": images.detach().float().contiguous().numpy()}
-            return torch.from_numpy(session.run(None, feed)[0])
+            x = images.detach().float().contiguous().numpy()
+            parts = [session.run(None, {"images": x[s : s + SESSION_IMAGES]})[0] for s in range(0, len(x), SESSION_IMAGES)]
+            return torch.from_numpy(parts[0] if len(parts) == 1 else np.concatenate(parts))
 
         return run
 
