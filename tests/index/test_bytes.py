@@ -394,3 +394,36 @@ def test_a_candidate_left_out_by_the_evidence_is_shown_skipped_with_its_reason_a
              "candidates": pruned.tried}
     assert any(line.strip().startswith("- opq") and "not fitted from 32 B" in line
                for line in table({"32": entry}).splitlines())
+
+
+def test_a_code_kept_by_several_budgets_is_encoded_once_and_served_alike(run_dir, shapes_dir, tmp_path, monkeypatch,
+                                                                          given_latency):
+    """A larger budget that keeps a smaller one's code (``budgets.no_worse_than_smaller``: the same fitted object)
+    takes that budget's fill instead of encoding every row again; each budget still has its own file, and the two
+    answer every query alike."""
+    from dataclasses import replace
+
+    from triclip.index import budgets, scale
+
+    choose_all, fill = budgets.choose_all, scale.fill
+
+    def kept_by_both(*args, **kwargs):  # the 4 B choice kept at 8 B too, as no_worse_than_smaller keeps it
+        small, large = choose_all(*args, **kwargs)
+        return [small, replace(large, codec=small.codec, recall=small.recall, kept=small.kept, note="kept here too")]
+
+    fills = []
+    monkeypatch.setattr(budgets, "choose_all", kept_by_both)
+    monkeypatch.setattr(scale, "fill", lambda codec, vectors: fills.append(codec.spec.label()) or fill(codec, vectors))
+    out = tmp_path / "index"
+    build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out), dims=[8],
+                                 bytes=[4, 8]))  # fmt: skip
+    assert len(fills) == 2  # one code per side (images, captions), each encoded once
+    folder = out / current_version(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    budgets_ = [manifest["budgets"][b] for b in ("4", "8")]
+    files = {entry["file"] for entry in budgets_} | {entry["text"]["file"] for entry in budgets_}
+    assert len(files) == 4 and all((folder / f).is_file() for f in files)
+    searcher = Searcher.load(out)
+    queries = np.asarray(searcher.contents.text_vectors[:20])
+    four, eight = (searcher.search_vectors(queries, k=5, bytes=b) for b in (4, 8))
+    assert [[h["id"] for h in q] for q in four] == [[h["id"] for h in q] for q in eight]

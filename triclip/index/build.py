@@ -247,14 +247,14 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     rules = bud.Rules(coll.image.count, cfg.latency_ms, cfg.recall_target, cfg.rescore,
                       reads_from=_reads_from(contents.files.get(VECTORS), contents.vectors, memory),
                       vector_bytes=contents.vectors.dtype.itemsize, sq8=_ranges_of(contents.vectors))
-    entries = {}
+    entries, fills = {}, {}  # fills: a code kept by several budgets (no_worse_than_smaller) is encoded once
     choices = kept_in(work / "codes.image.choices.pkl", lambda: settle(
         bud.choose_all(budgets, coll.image, evaluation, cfg.codec, cfg.seed, rules), coll.image, evaluation, rules,
         cfg.seed), coll.image.dim)
     for choice in choices:
         file = code_name(choice.budget)
         contents.codes[choice.budget], entries[str(choice.budget)] = _stored(
-            choice, coll.image, evaluation, rules, cfg, memory, work, file, contents)
+            choice, coll.image, evaluation, rules, cfg, memory, work, file, contents, fills)
     own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
     curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
                       "ordering": coll.origin.transform["ordering"], "curves": {}}
@@ -270,7 +270,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
         for choice in text_choices:
             file = code_name(choice.budget, "text")
             contents.text_codes[choice.budget], entries[str(choice.budget)]["text"] = _stored(
-                choice, coll.text, reverse, text_rules, cfg, memory, work, file, contents)
+                choice, coll.text, reverse, text_rules, cfg, memory, work, file, contents, fills)
         curves["text_bytes"] = report.frontier(text_choices, None, reverse)
     return entries, curves
 
@@ -288,19 +288,23 @@ def _reads_from(file: Path | None, stored: np.ndarray, memory: int) -> str | Non
 
 
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,
-            contents: IndexContents) -> tuple:
+            contents: IndexContents, fills: dict) -> tuple:
     """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
     (inverted lists refitted for N: ``scale.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
     it when they made one), its nprobe tuned at N on the filled lists (``scale.tune_at_n``; the finalists'
     tuning when this is their fill). The refit code and the tuning are kept in the parts folder (:func:`kept_in`):
-    a resumed build reads them back instead of refitting and streaming all N rows again."""
+    a resumed build reads them back instead of refitting and streaming all N rows again. ``fills``: id of a kept
+    code -> its fill in memory, for the next budget that keeps the same code (its own nprobe is not tuned at N)."""
     from triclip.index import report, scale
 
     codec, sized = choice.codec, None
     if scale.resized_for_n(choice.codec, vectors):
         codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or scale.sized_for_n(
             choice.codec, vectors, cfg.seed), vectors.dim)  # refitted already when a near-tie was settled at N
-    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents, choice.filled_at_n)
+    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents,
+                        choice.filled_at_n or fills.get(id(codec)))
+    if sized is None:  # the same object serves each budget that keeps it: nothing is set on it per budget
+        fills[id(codec)] = stored
     at_n = None
     if sized is not None:
         tuned = choice.tuned_at_n if stored is choice.filled_at_n else None  # the finalists' tuning of this code
