@@ -53,7 +53,7 @@ def child(calls: int, data: str, limit: int | None, out: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0], allow_abbrev=False)
     parser.add_argument("--data", default=DEFAULT_DATA, help="a prepared data set (jsonl)")
     parser.add_argument("--calls", default="16,4", help="values of accel.SESSION_IMAGES, alternated")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each value")
