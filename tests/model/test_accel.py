@@ -159,20 +159,6 @@ def test_image_outputs_do_not_depend_on_the_batch_size(model, images):
 
 
 @needs_onnxruntime
-def test_the_text_graph_exported_unfolded_gives_the_folded_exports_features_bit_for_bit(model, monkeypatch):
-    """Why the text tower is exported without torch's constant folding (slow on MiniLM): ONNX Runtime folds the
-    graph itself, to the same features."""
-    tokens = model.tokenize(CAPTIONS)
-    export, asked = torch.onnx.export, []
-    monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: asked.append(k["do_constant_folding"]) or export(*a, **k))
-    with torch.no_grad():
-        unfolded = accel._onnxruntime_forward(model.text_tower, None)(tokens)
-        monkeypatch.setattr(torch.onnx, "export", lambda *a, **k: export(*a, **{**k, "do_constant_folding": True}))
-        folded = accel._onnxruntime_forward(model.text_tower, None)(tokens)
-    assert asked == [False] and torch.equal(unfolded, folded)
-
-
-@needs_onnxruntime
 def test_an_image_session_is_called_with_at_most_session_images_rows(model, images, monkeypatch):
     """Why a pass's session memory stays that of a few images (accel.SESSION_IMAGES), whatever the batch."""
     import onnxruntime as ort
