@@ -288,7 +288,7 @@ def _reads_from(file: Path | None, stored: np.ndarray, memory: int) -> str | Non
 
 
 def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, work: Path, file: str,
-            contents: IndexContents, fills: dict) -> tuple:
+            contents: IndexContents, fills: dict | None = None) -> tuple:
     """The code stored for one budget and side, and its manifest entry: the kept code sized for the collection's N
     (inverted lists refitted for N: ``scale.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
     it when they made one), its nprobe tuned at N on the filled lists (``scale.tune_at_n``; the finalists'
@@ -297,6 +297,7 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
     code -> its fill in memory, for the next budget that keeps the same code (its own nprobe is not tuned at N)."""
     from triclip.index import report, scale
 
+    fills = {} if fills is None else fills
     codec, sized = choice.codec, None
     if scale.resized_for_n(choice.codec, vectors):
         codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or scale.sized_for_n(
