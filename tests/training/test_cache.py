@@ -1,5 +1,8 @@
 """Locked-tower caches hold exactly what the towers compute, in record order."""
 
+from pathlib import Path
+
+import pytest
 import torch
 
 from triclip.data import load_pairs
@@ -137,3 +140,39 @@ def test_the_text_cache_on_two_threads_equals_one_thread_bit_for_bit(shapes_data
     assert torch.equal(outputs[1]["offsets"], outputs[2]["offsets"])
     if accel.onnxruntime_available():
         assert set(accel._PREPARED[model.text_tower]) == {0, 1}  # torch's threads, then single-threaded sessions
+
+
+def _copied(shapes_data, tmp_path):
+    """The shapes val split copied to ``tmp_path / "data"`` (its images are deleted by the tests below)."""
+    import shutil
+
+    return Path(shutil.copytree(shapes_data, tmp_path / "data"))
+
+
+def test_no_image_decoded_names_the_first_file_and_why(shapes_data, tmp_path):
+    from triclip.core.errors import UserError
+    from triclip.model.embed import embed_records
+
+    data = _copied(shapes_data, tmp_path)
+    pairs = load_pairs(str(data / "val.jsonl"))  # every header read here
+    for record in pairs.records:  # then the images go before any is decoded
+        Path(record.path).unlink(missing_ok=True)
+    model = build_model(ModelConfig(preset="tiny", embed_dim=16)).eval()
+    first = pairs.records[0].path
+    for run in (lambda: image_tower_outputs(model, pairs, "cpu"), lambda: embed_records(model, pairs, "cpu")):
+        with pytest.raises(UserError) as err:
+            run()
+        message = str(err.value)
+        assert f"skipped: {{'missing_file': {len(pairs)}}}" in message
+        assert message.endswith(f"; the first: {first}: No such file or directory")
+
+
+def test_first_failure_says_when_the_image_decodes_when_tried_again(shapes_data, tmp_path):
+    from triclip.data import PairDataset
+    from triclip.data.reasons import REASONS
+
+    pairs = load_pairs(str(_copied(shapes_data, tmp_path) / "val.jsonl"))
+    dataset = PairDataset(pairs, train=False)
+    assert dataset.first_failure() is None
+    dataset._bad[2] = REASONS.index("missing_file") + 1  # failed during a pass, there again now
+    assert dataset.first_failure() == f"{pairs.records[2].path}: decodes when tried again (it failed during the pass)"

@@ -74,6 +74,19 @@ class PairDataset(Dataset):
         totals = torch.bincount(self._bad.long(), minlength=len(REASONS) + 1).tolist()  # (len(REASONS) + 1,)
         return Counter({reason: n for reason, n in zip(REASONS, totals[1:]) if n})
 
+    def first_failure(self) -> str | None:
+        """Why the first record that failed to decode fails now, e.g. its path and the OS error (decoded again, in
+        this process: a DataLoader worker's detail is not kept); None when none failed."""
+        failed = torch.nonzero(self._bad).flatten()  # (k,)
+        if len(failed) == 0:
+            return None
+        record = self.pairs.records[int(failed[0])]
+        try:
+            record.open_image(self.pairs.max_pixels)
+        except BadRecord as bad:
+            return bad.detail or bad.reason
+        return f"{record.path}: decodes when tried again (it failed during the pass)"
+
     def caption_index(self, index: int) -> int:
         """Which caption of record ``index`` this epoch uses."""
         count = len(self.pairs.records[index].captions)

@@ -34,12 +34,16 @@ def cache_dir() -> Path:
     return root / "features"
 
 
-def nothing_decoded(pairs, skipped: Counter) -> UserError:
-    """The error when no image of ``pairs`` decoded: every skip reason, read-time ones too."""
+def nothing_decoded(pairs, dataset) -> UserError:
+    """The error when no image of ``pairs`` decoded in a pass over ``dataset`` (a ``PairDataset``): every skip
+    reason, read-time ones too, and why the first image fails (its path and the OS or decoder error)."""
     from triclip.data.reasons import count_by_reason
 
+    skipped = count_by_reason(pairs.skipped, dataset.skipped)
+    first = dataset.first_failure()
     return UserError(
-        f"no image of {pairs.source or 'the data'} could be decoded; skipped: {count_by_reason(pairs.skipped, skipped)}"
+        f"no image of {pairs.source or 'the data'} could be decoded; skipped: {skipped}"
+        + (f"; the first: {first}" if first else "")
     )
 
 
@@ -69,7 +73,7 @@ def image_tower_outputs(model, pairs, device, batch_size: int = IMAGE_BATCH, wor
         feats[idx] = out.float().cpu()
         valid[idx] = True
     if feats is None:
-        raise nothing_decoded(pairs, dataset.skipped)
+        raise nothing_decoded(pairs, dataset)
     result = {"features": feats, "valid": valid, "bad": dataset._bad.clone()}
     with atomic_path(path) as tmp:
         save_file(result, str(tmp))

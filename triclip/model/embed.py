@@ -92,7 +92,7 @@ def embed_records(
         keep.append(idx)
         embs.append(model.project_image(features).float().cpu())  # (B, D)
     if not embs:
-        raise nothing_decoded(pairs, dataset.skipped)
+        raise nothing_decoded(pairs, dataset)
     return torch.cat(embs), torch.cat(keep), dataset.skipped
 
 

@@ -414,7 +414,7 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
             out[k][rows] = v.to(out[k].dtype)
         valid[batch["index"]] = True
     if out is None:
-        raise nothing_decoded(pairs, dataset.skipped)
+        raise nothing_decoded(pairs, dataset)
     return _keep("image", path, {**out, "valid": valid, "bad": dataset._bad.clone()})
 
 
