@@ -110,6 +110,11 @@ def test_the_choices_table_says_what_each_choice_costs_and_keeps(bytes_index):
         row = next(line for line in text.splitlines() if line.startswith(f"| {budget} B budget |"))
         assert f"| {entry['bytes_per_vector']} B |" in row and f"{entry['text']['recall']:.3f}" in row
         assert f"| {entry['latency']['ms']:.2f} |" in row  # the latency the build recorded, in its own column
+    float_ms = searcher.manifest["budgets"]["4"]["float_latency"]["ms"]  # the float scan the codes were held to
+    assert float_ms > 0 and all(e["float_latency"]["ms"] == float_ms for e in searcher.manifest["budgets"].values())
+    full = next(line for line in text.splitlines() if line.startswith(f"| m = {view.dim} (full D) |"))
+    assert full.endswith(f"| {float_ms:.2f} |")  # full D beside the codes: the scan they were held to
+    assert all(line.endswith("| – |") for line in text.splitlines() if line.startswith("| m = ") and "full D" not in line)
     assert "± about 0." in text and "by chance" in text  # the noise of a measured recall, said
 
 
@@ -145,6 +150,8 @@ def test_the_json_route_takes_bytes(bytes_index):
 
         assert answer["latency_ms"] == read_manifest(bytes_index)["budgets"]["4"]["latency"]["ms"] > 0
         assert httpx.get(route, params={"q": QUERY, "m": 8}, timeout=60).json()["latency_ms"] is None
+        full = httpx.get(route, params={"q": QUERY}, timeout=60).json()  # full D: the float scan the build timed
+        assert full["bytes"] is None and full["latency_ms"] == read_manifest(bytes_index)["budgets"]["4"]["float_latency"]["ms"] > 0
         bad = httpx.get(route, params={"q": QUERY, "bytes": 6}, timeout=60)
         assert bad.status_code == 400 and "bytes must be one of [4, 8]" in bad.json()["error"]
         both = httpx.get(route, params={"q": QUERY, "bytes": 4, "m": 8}, timeout=60)

@@ -346,6 +346,13 @@ def check_budget(view, value) -> str:
     return f"{budget}B"
 
 
+def float_latency_ms(budgets: dict) -> float | None:
+    """The full-D float scan's single-query latency, one thread, that ``index build --bytes`` timed and held every
+    budget's code to (each budget records it as ``float_latency``); None for an index without byte budgets."""
+    timed = [(entry.get("float_latency") or {}).get("ms") for entry in budgets.values()]
+    return next((ms for ms in timed if ms is not None), None)
+
+
 def latency_note(entry: dict) -> str:
     """``", 0.052 ms"``: a budget's recorded single-query latency at the index's size (index build --bytes); ""
     for an index that records none. Inverted lists tuned at the index's N add what their answers hold there of

@@ -2,7 +2,8 @@
 
 ``bytes=B`` searches the codes of B bytes per image (``index build --bytes``) with the stages the build chose
 (``funnel=1``: their shortlist re-scored with the float vectors); the answer names ``m`` and ``bytes`` searched
-and ``latency_ms``, the budget's single-query latency the build measured at the index's size (None for an m).
+and ``latency_ms``, the budget's single-query latency the build measured at the index's size (at full D the float
+scan it held the budgets to; None for an m below D or an index without budgets).
 
     routes = [json_route(app)]     # app: an triclip.app.endpoints.SearchApp; mounted beside Gradio's routes
 
@@ -17,7 +18,7 @@ import time
 
 from starlette.routing import Route
 
-from triclip.app.endpoints import SearchApp, check_budget, search_kwargs
+from triclip.app.endpoints import SearchApp, check_budget, float_latency_ms, search_kwargs
 from triclip.app.live import IndexView
 from triclip.core.errors import UserError
 
@@ -114,8 +115,8 @@ def _searched(view: IndexView, m) -> dict:
     a budget, ``code`` (its label, codec, m and bytes stored), ``stored_bytes`` (what each image's code holds) and
     ``at_n`` (``triclip.index.report.held_at_n``: its share of exact search's top 10 at the index's N, where its
     inverted lists were tuned there; None elsewhere)."""
-    if not isinstance(m, str):
-        return {"m": m, "bytes": None, "latency_ms": None}
+    if not isinstance(m, str):  # full D: the float scan the build timed (the budgets' bound); m < D: not timed
+        return {"m": m, "bytes": None, "latency_ms": float_latency_ms(view.budgets) if m == view.dim else None}
     from triclip.codecs import CodecSpec
     from triclip.index.report import held_at_n
 

@@ -204,16 +204,17 @@ CHOICE_COLUMNS = {  # the table under the choices, by name: (header, the cell of
 def choices_text(view: IndexView) -> str:
     """What each choice costs (bytes stored, index size, latency where recorded) and keeps (recall@10), and each
     code in plain words (``triclip.codecs.describe``), with the noise of the measured recall."""
-    from triclip.app.endpoints import text_recall
+    from triclip.app.endpoints import float_latency_ms, text_recall
     from triclip.index.report import held_at_n, human_bytes
     from triclip.codecs import CodecSpec, describe
 
     if getattr(view.searcher, "served_from", None):
         return ""
     n = len(view.searcher)
+    full_ms = float_latency_ms(view.budgets)  # the float scan the codes were held to
     rows = [{"choice": f"m = {m}" + (" (full D)" if m == view.dim else ""), "bytes": 4 * m,
-             "size": human_bytes(4 * m * n), "t2i": view.recall.get(m), "i2t": text_recall(view, m)}
-            for m in view.dims]
+             "size": human_bytes(4 * m * n), "t2i": view.recall.get(m), "i2t": text_recall(view, m),
+             "latency_ms": full_ms if m == view.dim else None} for m in view.dims]
     words = []
     for budget, entry in sorted(view.budgets.items()):
         spec = CodecSpec.from_json(entry["spec"])
@@ -234,7 +235,8 @@ def choices_text(view: IndexView) -> str:
     m_words = (f"- **m = k**: the first k of the {view.dim} dimensions in the run's importance order, as 4-byte floats"
                " (exact search).")
     missing = ("– : not measured (image→text recall is measured for the byte budgets' caption codes, and at full D"
-               " by index builds that record it; latency where the build records it).")
+               " by index builds that record it; latency where the build records it: for each budget's codes, and at"
+               " full D the exact float scan that the codes were held to, one query on one thread).")
     return "\n".join(lines + ["", m_words] + words + ["", noise_note(view) + " " + missing])
 
 
