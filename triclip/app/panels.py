@@ -266,7 +266,7 @@ def _figure(value, fmt: str = ".3f") -> str:
 def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
     """Radio choices: (label with bytes per image, index size and measured recall, m) for each m the index
     holds (float32: 4m bytes), then (the same, ``"{B}B"``) for each byte budget's codes."""
-    from triclip.app.endpoints import code_label
+    from triclip.app.endpoints import code_label, float_latency_ms
     from triclip.index.report import human_bytes
 
     n = len(view.searcher)
@@ -278,11 +278,14 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
         if view.recall.get(view.dim) is not None:
             label += f" · R@10 {view.recall[view.dim]:.3f}"
         return [(label, view.dim)]
+    full_ms = float_latency_ms(view.budgets)  # timed by index build --bytes: the float scan the codes are held to
     for m in view.dims:
         label = f"{m} = D" if m == view.dim else str(m)
         label += f" · {4 * m} B/image · {human_bytes(4 * m * n)}"
         if view.recall.get(m) is not None:
             label += f" · R@10 {view.recall[m]:.3f}"
+        if m == view.dim and full_ms is not None:
+            label += f" · {full_ms:.3g} ms"
         out.append((label, m))
     for budget, entry in sorted(view.budgets.items()):
         used = entry.get("bytes_per_vector", budget)  # a smaller code may measure best within the budget
