@@ -139,3 +139,34 @@ def test_lite_image_bottom_cache_is_computed_fast_and_matches_eager(lite, tmp_pa
     assert cached["x"].shape == reference.shape and cached["x"].dtype == torch.float16
     assert F.cosine_similarity(cached["x"].float().flatten(1), reference.flatten(1)).min() >= 0.999
     assert bool(cached["valid"].all())
+
+
+def test_the_bottom_pass_on_two_threads_equals_one_thread_bit_for_bit_with_bad_images(tmp_path, monkeypatch):
+    """unlock.image_bottom_outputs: two threads each decoding a batch's views for a single-threaded session of the
+    bottom give the one-thread pass's activations bit for bit, and the same skipped records (a batch with no image
+    left too)."""
+    import os
+
+    from triclip.model import accel, unlock
+    from triclip.data import load_pairs
+    from triclip.data.builtin import prepare
+
+    prepare("shapes", str(tmp_path / "data"), num=40, seed=0)
+    pairs = load_pairs(str(tmp_path / "data" / "train.jsonl"))
+    for record in pairs.records[4:8] + pairs.records[10:11]:  # the second batch of 4 has no image left
+        os.remove(record.image.path)
+    model = build_model(ModelConfig(preset="lite", embed_dim=8)).eval()
+    partly_lock(model, image_groups=2)
+    run_bottom, single = unlock._run_bottom, []
+    monkeypatch.setattr(unlock, "_run_bottom", lambda *a: single.append(a[3] if len(a) > 3 else False) or run_bottom(*a))
+    outputs = {}
+    for threads in (1, 2):
+        monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / f"cache{threads}"))
+        monkeypatch.setattr(accel, "module_pass_threads", lambda module, device, n=threads: n)
+        outputs[threads] = unlock.image_bottom_outputs(model, pairs, "cpu", views=2, seed=1, batch_size=8)
+    batches = -(-len(pairs.records) // 4) - 1  # every batch of 4 records but the empty one
+    assert single == [False] * batches + [True] * batches  # two threads: single-threaded sessions
+    one, two = outputs[1], outputs[2]
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    assert int((two["bad"] > 0).sum()) == 5 and not bool(two["valid"][4:8].any()) and bool(two["valid"][:4].all())
+    assert accel.active_backend(unlock.splits(model)["image"][0]) in ("onnxruntime", "jit")

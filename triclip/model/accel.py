@@ -107,7 +107,15 @@ def pass_threads(tower: nn.Module, device) -> int:
     third thread to share the cores with: on 2 cores 1.1-1.4x the images per second of one decoding thread
     feeding a two-thread session (docs/benchmarks.md, "Tower inference"). Call it under ``no_grad``.
     """
-    fast = torch.device(device).type == "cpu" and isinstance(tower, (ImageTower, TextTower)) and _fast_ok(tower)
+    fast = isinstance(tower, (ImageTower, TextTower)) and module_pass_threads(tower, device) > 1
+    return max(1, torch.get_num_threads()) if fast else 1
+
+
+def module_pass_threads(module: nn.Module, device) -> int:
+    """:func:`pass_threads` for a part of a tower (e.g. the frozen bottom of a partly unlocked one) that the caller
+    knows the fast path takes (:func:`image_module_features`): torch's thread count where it runs in ONNX Runtime
+    on the CPU, else 1."""
+    fast = torch.device(device).type == "cpu" and _fast_ok(module)
     session = os.environ.get(ENV, "auto") in ("auto", "onnxruntime") and onnxruntime_available()
     return max(1, torch.get_num_threads()) if fast and session else 1
 
@@ -174,15 +182,16 @@ def _token_lengths(model, texts: Sequence[str], chunk: int = 1024) -> list[int] 
     return lengths
 
 
-def image_module_features(module: nn.Module, images: torch.Tensor, key: str | None = None) -> torch.Tensor:
+def image_module_features(module: nn.Module, images: torch.Tensor, key: str | None = None,
+                          single_thread: bool = False) -> torch.Tensor:
     """``module(images)`` (or its ``[key]`` where it returns a dict) through the fast path where it applies.
 
     For frozen parts of image towers, e.g. the bottom of a partly unlocked tower
     (``triclip.model.unlock``), whose one pass over a data set is the expensive part of unlocking.
-    Shape: (B, 3, S, S) -> (B, ...).
+    ``single_thread``: as for :func:`image_features`. Shape: (B, 3, S, S) -> (B, ...).
     """
     if _fast_ok(module) and images.device.type == "cpu" and images.dim() == 4 and images.shape[2] == images.shape[3]:
-        return _prepared(module, None, int(images.shape[-1]), key).run(images)
+        return _prepared(module, None, int(images.shape[-1]), key, threads=1 if single_thread else 0).run(images)
     out = module(images)
     return out[key] if key is not None else out
 

@@ -396,16 +396,15 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
     bottom = _bottom(model, "image")
     fast = _kind(model.image_tower) == "lite_image"  # returns {"x"}: ONNX Runtime / jit on the CPU (triclip.model.accel)
     dataset = PairDataset(pairs, model.image_transform(train=False), train=False)
-    loader = torch.utils.data.DataLoader(
-        _ViewDataset(dataset, views, seed), batch_size=max(1, batch_size // views), num_workers=workers, collate_fn=_collate
-    )
     n = len(pairs.records)
     out, valid = None, torch.zeros(n, dtype=torch.bool)
-    for batch in progress(loader, desc=f"caching image activations below the cut ({views} views)", unit="batch"):
-        if batch is None:
+    batches = _bottom_pass(bottom, _ViewDataset(dataset, views, seed), max(1, batch_size // views), device, fast, workers)
+    total = -(-n // max(1, batch_size // views))
+    for result in progress(batches, desc=f"caching image activations below the cut ({views} views)", unit="batch",
+                           total=total):
+        if result is None:  # no image of the batch decoded
             continue
-        images = batch["image"].flatten(0, 1).to(device)  # (b * V, 3, H, W)
-        h = {k: v.cpu() for k, v in _run_bottom(bottom, images, fast).items()}
+        batch, h = result
         if out is None:
             _check_budget("image", n * views, sum(v[0].numel() * 2 for v in h.values()), budget_gb)
         out = _store(out, n * views, h)
@@ -418,13 +417,41 @@ def image_bottom_outputs(model, pairs, device, views: int = 1, seed: int = 0, wo
     return _keep("image", path, {**out, "valid": valid, "bad": dataset._bad.clone()})
 
 
-def _run_bottom(bottom: nn.Module, images: torch.Tensor, fast: bool) -> dict[str, torch.Tensor]:
+def _bottom_pass(bottom: nn.Module, data: "_ViewDataset", per: int, device, fast: bool, workers: int = 0):
+    """``(batch, the bottom's outputs on the CPU)`` for each batch of ``per`` records of ``data``, in order (None for
+    a batch with no decodable image). As ``cache.image_tower_pass``: where the bottom runs in ONNX Runtime on the CPU, as many
+    threads as :func:`~triclip.model.accel.module_pass_threads` each decode a batch and run a single-threaded
+    session on it (the same outputs bit for bit); otherwise the next batch is decoded while the bottom runs."""
+    from triclip.model.accel import module_pass_threads
+    from triclip.model.prefetch import ordered_map, prefetched
+
+    threads = module_pass_threads(bottom, device) if fast and workers == 0 else 1
+
+    def run(batch, single_thread: bool = False) -> tuple[dict, dict] | None:
+        if batch is None:  # no image of the batch decoded
+            return None
+        images = batch["image"].flatten(0, 1).to(device)  # (b * V, 3, H, W)
+        return batch, {k: v.cpu() for k, v in _run_bottom(bottom, images, fast, single_thread).items()}
+
+    def work(start: int):  # one batch on this thread: decode its views, then the bottom single-threaded
+        with torch.no_grad():  # grad mode is per thread
+            return run(_collate([data[i] for i in range(start, min(start + per, len(data)))]), single_thread=True)
+
+    if threads > 1:
+        results = ordered_map(work, range(0, len(data), per), threads)
+    else:
+        loader = torch.utils.data.DataLoader(data, batch_size=per, num_workers=workers, collate_fn=_collate)
+        results = map(run, prefetched(loader) if workers == 0 else loader)  # decoding overlaps the bottom
+    return results
+
+
+def _run_bottom(bottom: nn.Module, images: torch.Tensor, fast: bool, single_thread: bool = False) -> dict[str, torch.Tensor]:
     """The image bottom's outputs; a lite bottom goes through the fast CPU path (same outputs, cosine 0.999)."""
     if not fast:
         return bottom(images)
     from triclip.model.accel import image_module_features
 
-    return {"x": image_module_features(bottom, images, key="x")}  # (B, C, h, w)
+    return {"x": image_module_features(bottom, images, key="x", single_thread=single_thread)}  # (B, C, h, w)
 
 
 @torch.no_grad()
