@@ -140,7 +140,9 @@ def test_an_all_bad_source_reports_every_reason(cli, tmp_path, tiny_run, bad_sou
         "eval": ["eval", "--run", tiny_run, "--data", bad_source, "--json"],
     }[command]
     status, _, err = cli(*args)
-    assert EVERY_REASON in one_line_error(status, err)
+    line = one_line_error(status, err)
+    assert EVERY_REASON in line
+    assert f"; the first: {bad_source.parent / 'body.png'}: " in line  # the one whose header read, and why
 
 
 def test_one_good_record_among_bad_ones_is_not_no_image_decoded(cli, tmp_path, bad_source):
@@ -150,3 +152,4 @@ def test_one_good_record_among_bad_ones_is_not_no_image_decoded(cli, tmp_path, b
                          "tiny", "--loss", "infonce", "--epochs", 1, "--batch-size", 2)  # fmt: skip
     line = one_line_error(status, err)
     assert "no image decoded" not in line and "only 1 of 2 images decoded" in line
+    assert f"; the first that failed: {tmp_path / 'body.png'}: image file is truncated" in line  # header read

@@ -265,9 +265,11 @@ class _Loop:
         why = "no image decoded" if decoded <= 0 else (
             f"only {decoded} of {records} images decoded, and a batch needs 2 to have a negative"
         )
+        first = self.source.dataset.first_failure()  # the images decoded in the epochs: why the first one did not
         raise UserError(
             f"no training batch of {self.cfg.train_data} could be used ({why});"
             f" skipped: {self.skipped.train.text() or 'none'}; no weights were saved"
+            + (f"; the first that failed: {first}" if first else "")
         )
 
     def evaluate(self, epoch: int, epoch_done: bool) -> None:
