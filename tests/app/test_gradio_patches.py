@@ -85,3 +85,34 @@ def test_set_choices_reaches_the_config_and_the_api_info_of_a_launched_app():
     choices, api = shown()
     assert [value for _, value in choices] == [16, "8B"] and api["enum"] == [16, "8B"]
     assert radio.value == 16
+
+
+def test_launch_waits_for_its_servers_first_answer_and_says_so_in_one_line_when_none_comes(app_index, monkeypatch):
+    """Gradio's launch asks its new server once, with a 3 s timeout, and otherwise refuses to serve with a message
+    about share links; ours asks again until LOCALHOST_PATIENCE, then one line."""
+    import httpx
+    from gradio import networking
+
+    from triclip.app import gradio_patches
+    from triclip.core.errors import UserError
+    from tests.app.conftest import serving
+
+    head, asked, once = httpx.head, [], networking.url_ok
+
+    def slow(url, **kwargs):  # the first two checks time out, as on a busy machine
+        asked.append(url)
+        if len(asked) <= 2:
+            raise httpx.ReadTimeout("timed out")
+        return head(url, **kwargs)
+
+    monkeypatch.setattr(httpx, "head", slow)
+    with serving(app_index) as (url, _):
+        assert httpx.get(url + "triclip/api/search_text", params={"q": "a red apple", "k": 2}, timeout=60).status_code == 200
+    assert len(asked) == 3 and networking.url_ok is once  # Gradio's check put back after the launch
+
+    monkeypatch.setattr(httpx, "head", lambda url, **kwargs: (_ for _ in ()).throw(httpx.ReadTimeout("timed out")))
+    monkeypatch.setattr(gradio_patches, "LOCALHOST_PATIENCE", 1.0)
+    with pytest.raises(UserError) as err:
+        with serving(app_index):
+            pass
+    assert "did not answer on localhost within 1 s" in str(err.value) and "\n" not in str(err.value)

@@ -12,7 +12,9 @@ beside this file) or a wire format built by hand, there for a measured reason:
 - :func:`raw_text_search`: the batched text search takes and gives the wire format
   (``preprocess=False, postprocess=False``);
 - :func:`set_choices`: a radio's choices changed after launch, in the page's config and the
-  API info (Gradio computes both once, at launch, and caches the API info).
+  API info (Gradio computes both once, at launch, and caches the API info);
+- :func:`patient_localhost_check`: ``Blocks.launch`` asks its own new server once (``networking.url_ok``: a HEAD
+  with a 3 s timeout) and, when that times out, refuses to serve with a message about share links.
 
 ``tests/app/test_gradio_patches.py`` checks each against the installed Gradio (and
 ``test_gradio_internals.py`` the internals they replace, docs/DEPENDENCIES.md); a new
@@ -23,6 +25,8 @@ environment settings (analytics, matplotlib backend) are in ``triclip/app/__init
 
 from __future__ import annotations
 
+import contextlib
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 from urllib.parse import urlparse
@@ -209,3 +213,32 @@ def set_choices(blocks: gr.Blocks, radio: gr.Radio, choices: list, value) -> Non
     server = getattr(blocks, "server_app", None)
     if server is not None:
         server.api_info, server.all_app_info, server.page_api_info = None, None, {}
+
+
+LOCALHOST_PATIENCE = 60.0  # seconds launch waits for its own server's first answer (Gradio's check: one 3 s try)
+
+
+@contextlib.contextmanager
+def patient_localhost_check(seconds: float | None = None):
+    """While a ``Blocks.launch`` runs: its check that the new server answers on localhost tries again until
+    ``seconds`` (default :data:`LOCALHOST_PATIENCE`) have passed. Gradio gives up after one HEAD request times out (3 s) and raises "When localhost is not
+    accessible, a shareable link must be created": on a busy machine (the suite beside a benchmark, an index build
+    beside the app) the server's first answer can take longer than that, and the app did not start."""
+    from gradio import networking
+
+    once = networking.url_ok
+    seconds = LOCALHOST_PATIENCE if seconds is None else seconds
+
+    def patient(url: str) -> bool:
+        deadline = time.monotonic() + seconds
+        while not once(url):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.5)
+        return True
+
+    networking.url_ok = patient
+    try:
+        yield
+    finally:
+        networking.url_ok = once

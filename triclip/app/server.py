@@ -18,6 +18,8 @@ from starlette.routing import Route
 
 from triclip.app.config import check_address
 from triclip.app.endpoints import IMAGE_ROUTE, SearchApp
+from triclip.app import gradio_patches
+from triclip.app.gradio_patches import patient_localhost_check
 from triclip.app.json_api import json_route
 from triclip.app.panels import CSS, theme
 from triclip.core.errors import UserError
@@ -39,24 +41,32 @@ def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool 
     # path, which is our image URL: answer those requests for our own images here as well.
     client_route = Route("/gradio_api/file=http{rest:path}", app.client_image_response)
     try:
-        result = blocks.launch(
-            server_name=host,
-            server_port=port,
-            share=False,
-            inbrowser=False,
-            app_kwargs={"routes": [image_route, client_route, json_route(app)]},
-            ssr_mode=False,  # no Node server process
-            mcp_server=False,
-            theme=theme(),
-            css=CSS,
-            show_error=False,  # our messages go to the status line; no tracebacks in the page
-            max_file_size="50mb",
-            state_session_capacity=sessions or app.cfg.sessions,
-            prevent_thread_lock=True,
-            quiet=True,  # no share banner; serve() prints its own line once the port is bound
-        )
+        with patient_localhost_check():
+            result = blocks.launch(
+                server_name=host,
+                server_port=port,
+                share=False,
+                inbrowser=False,
+                app_kwargs={"routes": [image_route, client_route, json_route(app)]},
+                ssr_mode=False,  # no Node server process
+                mcp_server=False,
+                theme=theme(),
+                css=CSS,
+                show_error=False,  # our messages go to the status line; no tracebacks in the page
+                max_file_size="50mb",
+                state_session_capacity=sessions or app.cfg.sessions,
+                prevent_thread_lock=True,
+                quiet=True,  # no share banner; serve() prints its own line once the port is bound
+            )
     except (OSError, OverflowError) as err:
         raise UserError(f"cannot serve on {host}:{port}: {err}") from None
+    except ValueError as err:  # Gradio's own check that its server answers on localhost (no share link here)
+        if "localhost is not accessible" not in str(err):
+            raise
+        blocks.close()
+        raise UserError(f"the app's server on {host}:{port} did not answer on localhost within"
+                        f" {gradio_patches.LOCALHOST_PATIENCE:g} s: a busy machine, or an HTTP proxy that localhost"
+                        " requests go through (set NO_PROXY=localhost,127.0.0.1)") from None
     if block:
         wait(blocks)
     return result
