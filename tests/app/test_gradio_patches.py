@@ -116,3 +116,20 @@ def test_launch_waits_for_its_servers_first_answer_and_says_so_in_one_line_when_
         with serving(app_index):
             pass
     assert "did not answer on localhost within 1 s" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_app_starts_behind_an_http_proxy(app_index, monkeypatch):
+    """Gradio's launch checks its server through httpx, which honours HTTP_PROXY: a proxy that refuses (or does not
+    know 127.0.0.1) ended the launch in a traceback. Requests to the served host and to localhost now go direct."""
+    import httpx
+
+    from tests.app.conftest import serving
+
+    for key in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(key, "http://127.0.0.1:9")  # discard port: nothing listens there
+    for key in ("NO_PROXY", "no_proxy"):
+        monkeypatch.setenv(key, "example.org")
+    with serving(app_index) as (url, _):
+        answer = httpx.get(url + "triclip/api/search_text", params={"q": "a red apple", "k": 2}, timeout=60)
+        assert answer.status_code == 200 and len(answer.json()["hits"]) == 2  # a proxied client would be refused
+    assert os.environ["NO_PROXY"].split(",")[:2] == ["example.org", "127.0.0.1"]  # the user's own entries first

@@ -10,6 +10,7 @@ and the JSON API (``triclip.app.json_api``).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -36,6 +37,7 @@ def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool 
         UserError: the address cannot be bound (port out of range or in use, unknown host).
     """
     check_address(host, port)
+    direct_to(host)  # Gradio's launch asks its own server through httpx, which honours HTTP(S)_PROXY
     image_route = Route(IMAGE_ROUTE + "/{row:int}", app.image_response)  # before Gradio's own routes
     # gradio_client downloads every result file through Gradio's file route, with the result's
     # path, which is our image URL: answer those requests for our own images here as well.
@@ -70,6 +72,17 @@ def launch(blocks: gr.Blocks, app: SearchApp, host: str, port: int, block: bool 
     if block:
         wait(blocks)
     return result
+
+
+def direct_to(host: str) -> None:
+    """Requests from this process to ``host`` and to localhost skip any HTTP proxy (``NO_PROXY`` / ``no_proxy``
+    extended). ``Blocks.launch`` checks its new server with httpx requests to the served address, which go through
+    ``HTTP_PROXY`` when one is set: behind a proxy ``triclip app`` ended in a traceback (the proxy refused, or
+    answered for 127.0.0.1 itself). The app makes no request to any other host."""
+    local = [host, "localhost", "127.0.0.1", "::1"]
+    for key in ("NO_PROXY", "no_proxy"):
+        names = [name.strip() for name in os.environ.get(key, "").split(",") if name.strip()]
+        os.environ[key] = ",".join(names + [name for name in dict.fromkeys(local) if name not in names])
 
 
 def wait(blocks: gr.Blocks) -> None:
