@@ -37,8 +37,23 @@ def test_lines_at_each_tenth_and_a_summary(monkeypatch):
     for _ in progress(range(50), desc="caching", unit=" img", file=log):
         pass
     lines = log.getvalue().splitlines()
-    assert len(lines) == 11  # 10%, 20%, ... 100%, then the summary
+    assert len(lines) == 10  # 10%, 20%, ... 100%: that line is the summary, not printed twice
     assert lines[0].startswith("caching: 5/50 img (10%)") and lines[-1].startswith("caching: 50/50 img (100%)")
+    assert sum("(100%)" in line for line in lines) == 1
+
+
+def test_the_summary_comes_after_a_last_line_that_said_less(monkeypatch):
+    monkeypatch.setattr(prog, "MIN_GAP", 0.0)
+    log = io.StringIO()
+    with progress(total=2, desc="epoch 1/2", file=log) as bar:
+        bar.update(2)  # 100%: a line
+        bar.set_postfix(loss="0.5")  # then the loss: the summary says it
+    lines = log.getvalue().splitlines()
+    assert len(lines) == 2 and "loss" not in lines[0] and lines[1].endswith("loss=0.5")
+    log = io.StringIO()
+    with progress(total=3, desc="x", file=log) as bar:
+        bar.update(2)  # stopped early, right after a line: that line stands as the last
+    assert [line.split(",")[0] for line in log.getvalue().splitlines()] == ["x: 2/3 it (67%)"]
 
 
 def test_manual_updates_postfix_silent_and_leave(monkeypatch):

@@ -4,7 +4,7 @@ tqdm redraws its bar with carriage returns; written to a file or a pipe (a log, 
 ``nohup``) that is hundreds of ``\\r``-joined fragments on one line. :func:`progress`
 takes tqdm's arguments and returns tqdm when the stream is a terminal, otherwise a
 :class:`PlainProgress` that prints a whole line at every tenth of the total (at most
-one a second) or every 30 seconds, and one summary line at the end::
+one a second) or every 30 seconds, and one summary line at the end (unless the last line said it all)::
 
     caching locked text tower: 12/40 batch (30%), 4.1 s, 2.9 batch/s
     caching locked text tower: 40/40 batch (100%), 13.2 s, 3.0 batch/s
@@ -84,6 +84,7 @@ class PlainProgress:
         self.start = self.last = time.monotonic()
         self.step = 0  # tenths of the total already reported
         self.printed = False
+        self.reported = None  # (count, postfix) of the last line printed
         self.closed = False
 
     def __iter__(self) -> Iterator:
@@ -130,7 +131,7 @@ class PlainProgress:
         if self.closed:
             return
         self.closed = True
-        if not self.silent and self.leave:
+        if not self.silent and self.leave and self.reported != (self.n, self.postfix):  # said already: not twice
             self._line(time.monotonic())
 
     def _line(self, now: float) -> None:
@@ -147,6 +148,7 @@ class PlainProgress:
         if self.total:
             self.step = int(self.n / self.total / EVERY_FRACTION)
         self.printed = True
+        self.reported = (self.n, self.postfix)
 
 
 @contextlib.contextmanager
