@@ -42,14 +42,19 @@ def test_lines_at_each_tenth_and_a_summary(monkeypatch):
     assert sum("(100%)" in line for line in lines) == 1
 
 
-def test_the_summary_comes_after_a_last_line_that_said_less(monkeypatch):
+def test_the_end_is_one_line_with_the_last_postfix(monkeypatch):
     monkeypatch.setattr(prog, "MIN_GAP", 0.0)
     log = io.StringIO()
     with progress(total=2, desc="epoch 1/2", file=log) as bar:
-        bar.update(2)  # 100%: a line
-        bar.set_postfix(loss="0.5")  # then the loss: the summary says it
+        bar.update(1)  # 50%: a line
+        bar.set_postfix(loss="0.7")
+        bar.update(1)  # 100%: left to the summary
+        bar.set_postfix(loss="0.5")  # the step's loss comes after its update, as in training
     lines = log.getvalue().splitlines()
-    assert len(lines) == 2 and "loss" not in lines[0] and lines[1].endswith("loss=0.5")
+    assert len(lines) == 2 and lines[0].startswith("epoch 1/2: 1/2 it (50%)") and lines[1].endswith("loss=0.5")
+    inner = io.StringIO()
+    list(progress(range(3), leave=False, file=inner))  # no summary to come: the end is not held back
+    assert inner.getvalue().splitlines()[-1].startswith("3/3 it (100%)")
     log = io.StringIO()
     with progress(total=3, desc="x", file=log) as bar:
         bar.update(2)  # stopped early, right after a line: that line stands as the last

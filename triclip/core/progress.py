@@ -111,6 +111,8 @@ class PlainProgress:
         now = time.monotonic()
         due = now - self.last >= EVERY_SECONDS
         if self.total:
+            if self.leave and self.n >= self.total:  # the end: the summary line says it, with the last postfix
+                return
             step = int(self.n / self.total / EVERY_FRACTION)
             if step > self.step and now - self.last >= MIN_GAP:
                 due = True
