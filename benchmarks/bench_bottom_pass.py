@@ -19,10 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
-import sys
-import tempfile
 import time
+
+from benchmarks.alternate import alternate, peak_gb
 
 DEFAULT_DATA = "demo/data/train.jsonl"
 
@@ -50,8 +49,7 @@ def child(threads: int, data: str, limit: int | None, groups: int, views: int, o
     after = resource.getrusage(resource.RUSAGE_SELF)
     torch.save(x, out)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
-    peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1e6  # kB -> GB
-    print(f"RESULT {time.perf_counter() - started:.1f} {cpu:.1f} {peak:.2f}", flush=True)
+    print(f"RESULT {time.perf_counter() - started:.1f} {cpu:.1f} {peak_gb():.2f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -68,23 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         return child(args.child, args.data, args.limit, args.image_groups, args.views, args.out)
-    import torch
-
     values = [int(v) for v in args.threads.split(",")]
     print(f"{args.data}: load average {os.getloadavg()[0]:.2f}; threads | pass s | CPU s | peak GB | same")
-    with tempfile.TemporaryDirectory() as work:
-        first = os.path.join(work, f"{values[0]}.pt")
-        for _ in range(args.rounds):
-            for threads in values:
-                out = os.path.join(work, f"{threads}.pt")
-                env = {**os.environ, "TRICLIP_CACHE": tempfile.mkdtemp(dir=work), "HF_HUB_OFFLINE": "1"}
-                command = [sys.executable, "-m", "benchmarks.bench_bottom_pass", "--child", str(threads), "--data",
-                           args.data, "--out", out, "--image-groups", str(args.image_groups), "--views",
-                           str(args.views)] + (["--limit", str(args.limit)] if args.limit else [])  # fmt: skip
-                done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-                wall, cpu, peak = done.stdout.split("RESULT ")[1].split()
-                same = torch.equal(torch.load(out), torch.load(first))
-                print(f"{threads:7d} | {wall:>6} | {cpu:>5} | {peak:>7} | {same}", flush=True)
+    child_args = ["--data", args.data, "--image-groups", str(args.image_groups), "--views", str(args.views)]
+    child_args += ["--limit", str(args.limit)] if args.limit else []
+    for threads, (wall, cpu, peak), same in alternate("benchmarks.bench_bottom_pass", values, args.rounds, child_args):
+        print(f"{threads:7d} | {wall:>6} | {cpu:>5} | {peak:>7} | {same}", flush=True)
 
 
 if __name__ == "__main__":

@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import subprocess
-import sys
-import tempfile
 import time
+
+from benchmarks.alternate import alternate, peak_gb
 
 DEFAULT_DATA = "demo/data/train.jsonl"
 
@@ -47,9 +46,8 @@ def child(calls: int, data: str, limit: int | None, out: str) -> None:
     features = image_tower_outputs(model, pairs, torch.device("cpu"))["features"]
     after = resource.getrusage(resource.RUSAGE_SELF)
     torch.save(features, out)
-    peak = int(open("/proc/self/status").read().split("VmHWM:")[1].split()[0]) / 1e6  # kB -> GB
     print(f"RESULT {time.perf_counter() - started:.1f} {after.ru_stime - before.ru_stime:.1f} "
-          f"{after.ru_minflt - before.ru_minflt} {peak:.2f}", flush=True)  # fmt: skip
+          f"{after.ru_minflt - before.ru_minflt} {peak_gb():.2f}", flush=True)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -63,22 +61,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         return child(args.child, args.data, args.limit, args.out)
-    import torch
-
     values = [int(v) for v in args.calls.split(",")]
     print(f"{args.data}: load average {os.getloadavg()[0]:.2f}; calls | pass s | system s | faults | peak GB | same")
-    with tempfile.TemporaryDirectory() as work:
-        first = os.path.join(work, f"{values[0]}.pt")
-        for _ in range(args.rounds):
-            for calls in values:
-                out = os.path.join(work, f"{calls}.pt")
-                env = {**os.environ, "TRICLIP_CACHE": tempfile.mkdtemp(dir=work), "HF_HUB_OFFLINE": "1"}
-                command = [sys.executable, "-m", "benchmarks.bench_first_pass", "--child", str(calls), "--data",
-                           args.data, "--out", out] + (["--limit", str(args.limit)] if args.limit else [])  # fmt: skip
-                done = subprocess.run(command, env=env, capture_output=True, text=True, check=True)
-                wall, system, faults, peak = done.stdout.split("RESULT ")[1].split()
-                same = torch.equal(torch.load(out), torch.load(first))
-                print(f"{calls:5d} | {wall:>6} | {system:>8} | {int(faults) / 1e3:5.0f}k | {peak:>7} | {same}", flush=True)
+    child_args = ["--data", args.data] + (["--limit", str(args.limit)] if args.limit else [])
+    for calls, (wall, system, faults, peak), same in alternate("benchmarks.bench_first_pass", values, args.rounds, child_args):
+        print(f"{calls:5d} | {wall:>6} | {system:>8} | {int(faults) / 1e3:5.0f}k | {peak:>7} | {same}", flush=True)
 
 
 if __name__ == "__main__":
