@@ -396,13 +396,15 @@ def test_a_candidate_left_out_by_the_evidence_is_shown_skipped_with_its_reason_a
                for line in table({"32": entry}).splitlines())
 
 
-def test_a_code_kept_by_several_budgets_is_encoded_once_and_served_alike(run_dir, shapes_dir, tmp_path, monkeypatch,
-                                                                          given_latency):
+def test_a_code_kept_by_several_budgets_is_stored_once_read_once_and_served_alike(run_dir, shapes_dir, tmp_path,
+                                                                                   monkeypatch, given_latency):
     """A larger budget that keeps a smaller one's code (``budgets.no_worse_than_smaller``: the same fitted object)
-    takes that budget's fill instead of encoding every row again; each budget still has its own file, and the two
-    answer every query alike."""
+    takes that budget's fill instead of encoding every row again, and names that budget's file: one file per code
+    (a swap of two identical files would change nothing), read once by a searcher, extended once by ``--add``."""
+    import shutil
     from dataclasses import replace
 
+    from tests.index.conftest import split_manifest
     from triclip.index import budgets, scale
 
     choose_all, fill = budgets.choose_all, scale.fill
@@ -414,16 +416,36 @@ def test_a_code_kept_by_several_budgets_is_encoded_once_and_served_alike(run_dir
     fills = []
     monkeypatch.setattr(budgets, "choose_all", kept_by_both)
     monkeypatch.setattr(scale, "fill", lambda codec, vectors: fills.append(codec.spec.label()) or fill(codec, vectors))
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    split_manifest(shapes_dir / "train.jsonl", first, second, 50)
     out = tmp_path / "index"
-    build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out), dims=[8],
-                                 bytes=[4, 8]))  # fmt: skip
+    build_index(IndexBuildConfig(run=str(run_dir), data=str(first), out=str(out), dims=[8], bytes=[4, 8]))
     assert len(fills) == 2  # one code per side (images, captions), each encoded once
     folder = out / current_version(out)
     manifest = json.loads((folder / "manifest.json").read_text())
-    budgets_ = [manifest["budgets"][b] for b in ("4", "8")]
-    files = {entry["file"] for entry in budgets_} | {entry["text"]["file"] for entry in budgets_}
-    assert len(files) == 4 and all((folder / f).is_file() for f in files)
+    four, eight = manifest["budgets"]["4"], manifest["budgets"]["8"]
+    assert (eight["file"], eight["text"]["file"]) == (four["file"], four["text"]["file"]) == ("image.b4.codec", "text.b4.codec")
+    assert not (folder / "image.b8.codec").exists() and not (folder / "text.b8.codec").exists()
+    assert eight["spec"] == four["spec"] and manifest["files"]["image.b4.codec"]["codec"] == four["spec"]
     searcher = Searcher.load(out)
+    assert searcher.contents.codes[4] is searcher.contents.codes[8]  # read once, held once
     queries = np.asarray(searcher.contents.text_vectors[:20])
-    four, eight = (searcher.search_vectors(queries, k=5, bytes=b) for b in (4, 8))
-    assert [[h["id"] for h in q] for q in four] == [[h["id"] for h in q] for q in eight]
+    by4, by8 = (searcher.search_vectors(queries, k=5, bytes=b) for b in (4, 8))
+    assert [[h["id"] for h in q] for q in by4] == [[h["id"] for h in q] for q in by8]
+    shutil.copy(folder / "image.b4.codec", tmp_path / "before-add.codec")
+
+    build_index(IndexBuildConfig(run=str(run_dir), data=str(second), out=str(out), add=True))
+    after = load_contents(out)
+    assert len(after.codes[8]) == len(after.codes[4]) == after.manifest["count"] > manifest["count"]  # added once
+    assert len(after.text_codes[8]) == after.manifest["text_count"]
+    added = out / current_version(out)
+    assert json.loads((added / "manifest.json").read_text())["budgets"]["8"]["file"] == "image.b4.codec"
+    assert not (added / "image.b8.codec").exists()
+
+    (added / "image.b4.codec").unlink()  # its one file gone: both budgets that keep it are refused, the rest serves
+    shutil.copy(tmp_path / "before-add.codec", added / "image.b4.codec")  # the version before the --add: fewer rows
+    searcher = Searcher.load(out)
+    for b in (4, 8):
+        with pytest.raises(UserError, match="image.b4.codec"):
+            searcher.search_vectors(queries[:2], k=5, bytes=b)
+    assert len(searcher.search_vectors(queries[:2], k=5)) == 2

@@ -5,8 +5,8 @@
     8 in codes        # no read: the budgets the manifest names
     codes.load_all()  # read every budget now (the app, before it serves a new version)
 
-A bad, foreign or unreadable codes file blocks its own budget only: the float indexes
-and the other budgets still answer. Each file is opened when the version is opened (its
+A bad, foreign or unreadable codes file blocks its own budget only (or the budgets that
+keep one code in one file): the float indexes and the other budgets still answer. Each file is opened when the version is opened (its
 descriptor keeps the version's file readable after a writer replaced the version), and
 read through that descriptor on first use. A budget is read by one thread while others
 wait for it; the other budgets are not held up. A refusal is kept (the version does not
@@ -92,54 +92,56 @@ class CodeFile:
 
 
 class LazyCodes(MutableMapping):
-    """Budget -> codec, each read on first access (:class:`CodeFile`); thread-safe. Setting a key stores a codec
-    as it is (a build's own codes)."""
+    """Budget -> codec, each read on first access (:class:`CodeFile`); thread-safe. Budgets given the same
+    :class:`CodeFile` (a code kept by several budgets, in one file) share its one read and its codec. Setting a
+    key stores a codec as it is (a build's own codes)."""
 
     def __init__(self, files: dict[int, CodeFile]):
         self._files = dict(files)
-        self._loaded: dict = {}
-        self._failed: dict = {}
-        self._locks = {key: threading.Lock() for key in files}
-        for file in self._files.values():
+        self._loaded: dict = {}  # budget -> codec
+        self._read: dict[int, object] = {}  # id(CodeFile) -> its codec, for every budget that names it
+        self._failed: dict[int, str] = {}  # id(CodeFile) -> why it was refused
+        self._locks = {id(file): threading.Lock() for file in files.values()}
+        for file in self._unique():
             file.open()
-        self._closer = weakref.finalize(self, _close_all, list(self._files.values()))
+        self._closer = weakref.finalize(self, _close_all, self._unique())
+
+    def _unique(self) -> list[CodeFile]:
+        return list({id(f): f for f in self._files.values() if f is not None}.values())
 
     def __getitem__(self, key):
         try:
             return self._loaded[key]
         except KeyError:
             pass
-        if key not in self._files:
+        file = self._files.get(key)
+        if file is None:
             raise KeyError(key)
-        with self._locks[key]:
-            if key in self._loaded:
-                return self._loaded[key]
-            if key in self._failed:
-                raise UserError(self._failed[key])
-            try:
-                codec = self._files[key].read()
-            except filecheck.Unreadable:
-                raise  # permissions may be fixed: read again next time
-            except UserError as err:
-                self._failed[key] = str(err)
-                self._files[key].close()
-                raise
-            self._loaded[key] = codec
-            self._files[key].close()
-            return codec
+        with self._locks[id(file)]:
+            if id(file) not in self._read:
+                if id(file) in self._failed:
+                    raise UserError(self._failed[id(file)])
+                try:
+                    self._read[id(file)] = file.read()
+                except filecheck.Unreadable:
+                    raise  # permissions may be fixed: read again next time
+                except UserError as err:
+                    self._failed[id(file)] = str(err)
+                    file.close()
+                    raise
+                file.close()
+            self._loaded[key] = self._read[id(file)]
+            return self._loaded[key]
 
     def __setitem__(self, key, codec) -> None:
         self._loaded[key] = codec
-        if key not in self._files:
-            self._locks[key] = threading.Lock()
-            self._files[key] = None
+        self._files.setdefault(key, None)
 
     def __delitem__(self, key) -> None:
         file = self._files.pop(key)
-        if file is not None:
+        if file is not None and all(f is not file for f in self._files.values()):  # no other budget names it
             file.close()
         self._loaded.pop(key, None)
-        self._failed.pop(key, None)
 
     def __iter__(self):
         return iter(sorted(self._files))

@@ -9,7 +9,8 @@ its source (``--run --data`` embedded here, or ``--embeddings`` shards):
     ({str(m): factory}), factory_option, metric, count, text_count (None without a caption
     index), sources, skipped, embeddings (the shards' folder, or None), memory_budget,
     on_disk_option, nprobe / text_nprobe ({str(m): nprobe} of IVF indexes), nprobe_tuning,
-    budgets ({str(B): {"spec" (triclip.codecs.CodecSpec.to_json), "file", "recall" (measured, of the
+    budgets ({str(B): {"spec" (triclip.codecs.CodecSpec.to_json), "file" (its codes: ``image.b{B}.codec``, or a
+    smaller budget's file when it keeps that budget's very code: one file per code), "recall" (measured, of the
     stored codes), "split", "index_bytes", "bytes_per_vector", "ram_bytes", "rescore" (None, or the float
     re-rank: "with", "shortlist", "shortlist_how", "disk_bytes_per_query"), "code_recall", "keeps",
     "latency" ({"ms", "how"}), "latency_bound_ms", "float_latency", "note", "full_recall" (the float vectors'

@@ -12,7 +12,8 @@
     INDEX/v000003/text_vectors.npy, text_rows.npy, text.m16.faiss ...   captions, optional
     INDEX/v000003/image.m64.ivfdata  the inverted lists of an IVF index kept on disk (optional)
     INDEX/v000003/image.b16.codec the image codes of 16 bytes per vector (``index build --bytes``; ``triclip.codecs``),
-                                  named by the manifest's ``budgets``; with codes the float vectors are memory-mapped
+                                  named by the manifest's ``budgets`` (a budget keeping a smaller one's very code
+                                  names that file: one file per code); with codes the float vectors are memory-mapped
     INDEX/v000003/text.b16.codec  the caption codes of the same budget (``budgets[B]["text"]``), with captions
     INDEX/v000003/image.b16.codec.ivfdata  the inverted lists of a budget's codes kept on disk (``budgets[B]["lists"]``)
 
@@ -271,22 +272,46 @@ def _write_files(folder: Path, c: IndexContents) -> None:
         if TEXT_VECTORS not in c.files:
             np.save(folder / TEXT_VECTORS, _as_stored(c.text_vectors))
         np.save(folder / TEXT_ROWS, np.asarray(c.text_rows, dtype=np.int64).reshape(-1, 2))
-    for budget, codec in c.codes.items():
-        codec.save(folder / code_name(budget))
-    for budget, codec in c.text_codes.items():
-        codec.save(folder / code_name(budget, "text"))
+    written = code_files(c)
+    for name, codec in written.items():
+        codec.save(folder / name)
     metafile.write_meta(folder, META, c.meta)
     if on_disk:
         c.manifest["on_disk"] = on_disk
     else:
         c.manifest.pop("on_disk", None)
-    written = {code_name(b): codec for b, codec in c.codes.items()}
-    written.update({code_name(b, "text"): codec for b, codec in c.text_codes.items()})
     c.manifest[filecheck.FILES] = filecheck.records_for(folder, MANIFEST, written)  # what each file is (filecheck)
     with open(folder / MANIFEST, "w", encoding="utf-8") as fh:  # last: marks the version complete
         fh.write(json.dumps(c.manifest, indent=1, default=str) + "\n")
         fh.flush()
         os.fsync(fh.fileno())
+
+
+def code_files(c: IndexContents) -> dict[str, object]:
+    """File name -> the codec written there: each budget's codes in the file its manifest entry names
+    (``budgets[B]["file"]``, ``["text"]["file"]``; :func:`code_name` where it names none). Budgets that keep the
+    very same code (a smaller budget's, ``budgets.no_worse_than_smaller``) name one file: it is written once."""
+    entries = c.manifest.get("budgets") or {}
+
+    def named(budget: int, kind: str) -> str:
+        entry = entries.get(str(budget)) or {}
+        entry = entry if kind == "image" else entry.get("text") or {}
+        return entry.get("file") or code_name(budget, kind)
+
+    written = {}
+    for kind, codes in (("image", c.codes), ("text", c.text_codes)):
+        for budget, codec in codes.items():
+            written.setdefault(named(budget, kind), codec)
+    return written
+
+
+def shared_names(codes: dict, kind: str = "image") -> dict[int, str]:
+    """Budget -> the file its codes go in: :func:`code_name` of the smallest budget holding the very same codec
+    object (``codes``: budget -> codec; a budget that keeps a smaller budget's code shares its file)."""
+    first: dict[int, int] = {}
+    for budget in sorted(codes):
+        first.setdefault(id(codes[budget]), budget)
+    return {budget: code_name(first[id(codes[budget])], kind) for budget in codes}
 
 
 def _as_stored(vectors) -> np.ndarray:
@@ -415,11 +440,14 @@ def _load_version(folder: Path, indexes: bool | str) -> IndexContents:
 def _lazy_codes(manifest: dict, budgets: list[int], kind: str, count: int, dim: int, folder: Path,
                 records: dict | None) -> LazyCodes:
     """The ``kind`` ("image" / "text") codes of ``budgets``, opened now, read and checked on first use."""
-    files = {}
+    files, opened = {}, {}  # budgets that name one file share its CodeFile: read once, one codec
     for budget in budgets:
         entry = manifest["budgets"][str(budget)]
         entry = entry if kind == "image" else entry["text"]
-        files[budget] = CodeFile(folder / code_name(budget, kind), entry.get("spec"), count, dim, folder, records)
+        key = (entry["file"], json.dumps(entry.get("spec"), sort_keys=True))  # the same file, said to hold the same
+        if key not in opened:
+            opened[key] = CodeFile(folder / entry["file"], entry.get("spec"), count, dim, folder, records)
+        files[budget] = opened[key]
     return LazyCodes(files)
 
 
@@ -428,11 +456,13 @@ def _check_budgets(manifest: dict, has_text: bool, folder: Path) -> tuple[list[i
     image codes, and those with caption codes too (``budgets[B]["text"]``; an older index has none)."""
     entry = manifest.get("budgets") or {}
 
-    def fine(b, v) -> bool:
+    def fine(b, v) -> bool:  # a budget's file: its own, or a smaller budget's whose code it keeps (shared_names)
         text = v.get("text") if isinstance(v, dict) else None
-        return (isinstance(b, str) and b.isdigit() and isinstance(v, dict) and v.get("file") == code_name(int(b))
-                and (text is None or (has_text and isinstance(text, dict)
-                                      and text.get("file") == code_name(int(b), "text"))))
+        return (isinstance(b, str) and b.isdigit() and isinstance(v, dict) and v.get("file") in files(b, "image")
+                and (text is None or (has_text and isinstance(text, dict) and text.get("file") in files(b, "text"))))
+
+    def files(b: str, kind: str) -> set[str]:
+        return {code_name(int(a), kind) for a in entry if str(a).isdigit() and int(a) <= int(b)}
 
     if not isinstance(entry, dict) or not all(fine(b, v) for b, v in entry.items()):
         raise _damaged(folder, f"{MANIFEST} garbles budgets (the codes of index build --bytes)")
