@@ -6,11 +6,12 @@
     codes.load_all()  # read every budget now (the app, before it serves a new version)
 
 A bad, foreign or unreadable codes file blocks its own budget only (or the budgets that
-keep one code in one file): the float indexes and the other budgets still answer. Each file is opened when the version is opened (its
-descriptor keeps the version's file readable after a writer replaced the version), and
-read through that descriptor on first use. A budget is read by one thread while others
-wait for it; the other budgets are not held up. A refusal is kept (the version does not
-change), except a permission error, tried again on the next use.
+keep one code in one file): the float indexes and the other budgets still answer. Each
+file is opened when the version is opened (its descriptor keeps the version's file
+readable after a writer replaced the version), and read through that descriptor on first
+use. A file is read by one thread while others wait for it; the other budgets are not
+held up. A refusal is kept (the version does not change), except a permission error,
+tried again on the next use.
 """
 
 from __future__ import annotations
