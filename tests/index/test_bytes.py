@@ -442,8 +442,8 @@ def test_a_code_kept_by_several_budgets_is_stored_once_read_once_and_served_alik
     assert json.loads((added / "manifest.json").read_text())["budgets"]["8"]["file"] == "image.b4.codec"
     assert not (added / "image.b8.codec").exists()
 
-    (added / "image.b4.codec").unlink()  # its one file gone: both budgets that keep it are refused, the rest serves
-    shutil.copy(tmp_path / "before-add.codec", added / "image.b4.codec")  # the version before the --add: fewer rows
+    (added / "image.b4.codec").unlink()  # its one file replaced by the version before the --add's (fewer rows):
+    shutil.copy(tmp_path / "before-add.codec", added / "image.b4.codec")  # both budgets refused, the rest serves
     searcher = Searcher.load(out)
     for b in (4, 8):
         with pytest.raises(UserError, match="image.b4.codec"):

@@ -235,7 +235,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     from triclip.index import budgets as bud
     from triclip.index import report
     from triclip.index.finalists import settle
-    from triclip.index.store import code_name, shared_names
+    from triclip.index.store import code_name
 
     if evaluation is None:
         if coll.text is None:
@@ -258,7 +258,7 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
     own = (kept or {}).get("curves", {}).get((kept or {}).get("ordering"), {})
     curves = kept or {"metric": "t2i_r10", "split": evaluation.split, "data": evaluation.data,
                       "ordering": coll.origin.transform["ordering"], "curves": {}}
-    _share_files(entries, shared_names(contents.codes), "image")
+    _share_files(entries, contents.codes, "image")
     curves["bytes"] = report.frontier(choices, own, evaluation)
     if coll.text is not None:
         reverse = evaluation.reverse()
@@ -272,19 +272,19 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
             file = code_name(choice.budget, "text")
             contents.text_codes[choice.budget], entries[str(choice.budget)]["text"] = _stored(
                 choice, coll.text, reverse, text_rules, cfg, memory, work, file, contents, fills)
-        _share_files(entries, shared_names(contents.text_codes, "text"), "text")
+        _share_files(entries, contents.text_codes, "text")
         curves["text_bytes"] = report.frontier(text_choices, None, reverse)
     return entries, curves
 
 
-def _share_files(entries: dict, names: dict[int, str], kind: str) -> None:
-    """Name in each budget's manifest entry the file its codes go in (``names``: ``store.shared_names``): a budget
-    that keeps a smaller budget's very code names that budget's file, so the code is stored and read once. A
-    code with inverted lists on disk keeps a file of its own (its lists file is named after it)."""
-    for budget, name in names.items():
-        entry = entries[str(budget)] if kind == "image" else entries[str(budget)]["text"]
-        if "lists" not in entry:
-            entry["file"] = name
+def _share_files(entries: dict, codes: dict, kind: str) -> None:
+    """Name in each budget's manifest entry the file its codes go in (``store.shared_names``): a budget that keeps
+    a smaller budget's very code names that budget's file, so the code is stored and read once. (A code with
+    inverted lists on disk is a new object per budget, ``fill_codes``: it keeps a file of its own.)"""
+    from triclip.index.store import shared_names
+
+    for budget, name in shared_names(codes, kind).items():
+        (entries[str(budget)] if kind == "image" else entries[str(budget)]["text"])["file"] = name
 
 
 def _ranges_of(stored) -> np.ndarray | None:

@@ -108,7 +108,7 @@ class LazyCodes(MutableMapping):
         self._closer = weakref.finalize(self, _close_all, self._unique())
 
     def _unique(self) -> list[CodeFile]:
-        return list({id(f): f for f in self._files.values() if f is not None}.values())
+        return distinct(f for f in self._files.values() if f is not None)
 
     def __getitem__(self, key):
         try:
@@ -168,6 +168,11 @@ def _lists_short(codec, lists: Path) -> str | None:
     if mapped is not None and lists.stat().st_size < mapped.totsize:
         return f"{lists.name} is truncated"
     return None
+
+
+def distinct(objects) -> list:
+    """Each object once, by identity, in order (budgets that keep one code hold one CodeFile, one codec)."""
+    return list({id(o): o for o in objects}.values())
 
 
 def _close_all(files: list) -> None:

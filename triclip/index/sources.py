@@ -50,6 +50,7 @@ from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_
 )
 from triclip.index.val_embeddings import validation_set
 from triclip.index.metarows import MetaRows, shard_meta_files
+from triclip.index.lazy_codes import distinct
 from triclip.index.store import IndexContents, is_index_dir, load_contents, write_version, writer_lock
 from triclip.index.vectors import ShardVectors, appended, prefix
 from triclip.model.cache import locked_tower_outputs
@@ -276,11 +277,6 @@ def _add(cfg, base: IndexContents, origin: Origin, vectors, text_vectors, record
     return summary(live.manifest, cfg.out, started, added=added, already_indexed=already + len(records) - added)
 
 
-def _distinct(codes) -> list:
-    """Each codec once: budgets that keep one code (in one file) hold the same object, extended once."""
-    return list({id(c): c for c in codes}.values())
-
-
 def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> int:
     """Append the records ``live`` lacks (another writer may have added some meanwhile); returns how many."""
     seen = {_key(row["image"], row["captions"]) for row in live.meta}
@@ -291,7 +287,7 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
     vectors = vectors[rows]  # (n, D)
     for m, index in live.image_indexes.items():
         fi.add_vectors(index, prefix(vectors, m), progress=True)
-    for codec in _distinct(live.codes.values()):  # the codes of --bytes: same trained code, more rows
+    for codec in distinct(live.codes.values()):  # the codes of --bytes: same trained code, more rows
         codec.add(vectors)
     offset = len(live.meta)
     live.vectors = appended(live.vectors, vectors)  # the index's own precision
@@ -301,7 +297,7 @@ def _extend(live: IndexContents, vectors: np.ndarray, text_vectors, records) -> 
         picked = text_vectors[np.concatenate([np.arange(starts[i], starts[i + 1]) for i in rows])]  # (t, D)
         for m, index in live.text_indexes.items():
             fi.add_vectors(index, prefix(picked, m), progress=True)
-        for codec in _distinct(live.text_codes.values()):
+        for codec in distinct(live.text_codes.values()):
             codec.add(picked)
         live.text_vectors = appended(live.text_vectors, picked)
         live.text_rows = np.concatenate([live.text_rows, text_rows(meta, offset)])
