@@ -449,3 +449,50 @@ def test_a_code_kept_by_several_budgets_is_stored_once_read_once_and_served_alik
         with pytest.raises(UserError, match="image.b4.codec"):
             searcher.search_vectors(queries[:2], k=5, bytes=b)
     assert len(searcher.search_vectors(queries[:2], k=5)) == 2
+
+
+def test_at_scale_a_code_kept_by_two_budgets_is_refitted_and_filled_once_and_its_lists_stored_once(
+        run_dir, shapes_dir, tmp_path, monkeypatch, given_latency):
+    """At N >= IVF_MIN_N (lowered: ~90 rows count as at scale) the 8 B budget keeps the 4 B budget's inverted
+    lists: no code is refitted for N twice, each side writes one lists file on disk, both budgets name it, and
+    they answer alike."""
+    from dataclasses import replace
+
+    from triclip.codecs import ivf
+    from triclip.index import budgets, finalists, scale
+
+    monkeypatch.setattr(ivf, "IVF_MIN_N", 50)
+    monkeypatch.setattr(ivf, "TRAIN_PER_LIST", 4)
+    monkeypatch.setattr(budgets, "FIT_ROWS", 60)
+    monkeypatch.setattr(finalists, "FILL_RATIO", float("inf"))  # every finalist filled, however it was timed
+    choose_all, sized_for_n, on_disk = budgets.choose_all, scale.sized_for_n, ivf.IVFCodec.filled_on_disk
+
+    def kept_by_both(*args, **kwargs):  # the 4 B choice kept at 8 B too, as no_worse_than_smaller keeps it
+        small, large = choose_all(*args, **kwargs)
+        return [small, replace(large, codec=small.codec, recall=small.recall, kept=small.kept, note="kept here too")]
+
+    refitted, written = [], []
+    monkeypatch.setattr(budgets, "choose_all", kept_by_both)
+    monkeypatch.setattr(scale, "sized_for_n", lambda codec, *a, **k: refitted.append(id(codec)) or sized_for_n(
+        codec, *a, **k))
+    monkeypatch.setattr(ivf.IVFCodec, "filled_on_disk",
+                        lambda self, v, path: written.append(path.name) or on_disk(self, v, path))
+    out = tmp_path / "index"
+    build_index(IndexBuildConfig(run=str(run_dir), data=str(shapes_dir / "train.jsonl"), out=str(out), dims=[8],
+                                 factory="IVF8,Flat", bytes=[4, 8], codec="ivf", on_disk="always", latency_ms=1000,
+                                 tune_queries=50))
+    assert refitted and len(refitted) == len(set(refitted))  # no code refitted for N twice
+    assert sorted(written) == ["image.b4.codec.ivfdata", "text.b4.codec.ivfdata"]
+    folder = out / current_version(out)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    four, eight = manifest["budgets"]["4"], manifest["budgets"]["8"]
+    for side in (lambda e: e, lambda e: e["text"]):
+        assert (side(eight)["file"], side(eight)["lists"]) == (side(four)["file"], side(four)["lists"])
+        assert side(eight)["at_n"]["nprobe"] == side(four)["at_n"]["nprobe"] and side(four)["sized_for_n"]
+        assert side(eight)["finalists_at_n"]["kept"]["measured_for"] == 4
+    assert not list(folder.glob("*.b8.*")) and (folder / "image.b4.codec.ivfdata").exists()
+    searcher = Searcher.load(out)
+    assert searcher.contents.codes[4] is searcher.contents.codes[8] and searcher.contents.codes[4].on_disk()
+    queries = np.asarray(searcher.contents.text_vectors[:20])
+    by4, by8 = (searcher.search_vectors(queries, k=5, bytes=b) for b in (4, 8))
+    assert [[h["id"] for h in q] for q in by4] == [[h["id"] for h in q] for q in by8] and len(by4[0]) == 5

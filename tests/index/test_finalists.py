@@ -390,3 +390,54 @@ def test_a_slow_finalist_that_holds_more_on_the_first_rows_is_filled_at_n(collec
     [again] = settle([Choice(8, slow.codec, slow.recall, [], slow, bound_ms=10.0, rival=fast)], vectors,
                      evaluation, rules)
     assert calls == [(slow.codec, N), (fast.codec, N)] and "first_rows" not in again.finalists
+
+
+def test_a_code_kept_by_two_budgets_is_measured_at_n_once_and_both_keep_the_same_fill(collection, two, monkeypatch,
+                                                                                    tmp_path):  # noqa: F811
+    """A larger budget keeping a smaller one's very code (``budgets.no_worse_than_smaller``) at scale: the code is
+    sized, filled and tuned at N once, for the smaller budget (settled alone: it has no other finalist); the
+    larger takes that very fill beside its own rival, and the build stores it once, lists on disk included: one
+    lists file, which both budgets name. Before, the smaller budget was not settled and each budget refitted and
+    filled the code (~50 min a budget at 100M)."""
+    from triclip.index import build, finalists
+    from triclip.index.sources import IndexBuildConfig
+    from triclip.index.store import IndexContents
+
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    measured, as_stored = [], finalists._as_stored
+    monkeypatch.setattr(finalists, "_as_stored", lambda v, *a, **k: measured.append(v.codec) or as_stored(v, *a, **k))
+    small = Choice(4, lists.codec, lists.recall, [], lists, bound_ms=10.0)  # alone
+    large = Choice(8, lists.codec, lists.recall, [], lists, bound_ms=10.0, rival=flat, note="kept here too")
+    a, b = settle([small, large], vectors, evaluation, rules)
+    assert [c is lists.codec for c in measured] == [True, False]  # the lists once, the rival once
+    assert a.filled_at_n is not None and len(a.filled_at_n) == N and a.kept.codec is lists.codec
+    assert (b.kept, b.filled_at_n, b.sized_at_n, b.tuned_at_n) == (a.kept, a.filled_at_n, a.sized_at_n, a.tuned_at_n)
+    assert b.kept is a.kept and b.filled_at_n is a.filled_at_n  # the very same objects
+    assert a.finalists["kept"]["fill_s"] >= 0 and b.finalists["kept"]["measured_for"] == 4
+    assert {k: v for k, v in b.finalists["kept"].items() if k != "measured_for"} == \
+        {k: v for k, v in a.finalists["kept"].items() if k != "fill_s"}
+    assert [f["label"] for f in b.finalists["others"]] == [flat.codec.spec.label()] and "fill_s" in b.finalists["others"][0]
+    assert "measured for the 4 B budget" in report._finalists_line(b.finalists)
+
+    again = build.kept_in(tmp_path / "choices.pkl", lambda: [a, b], D)  # as a resumed build reads them back
+    again = build.kept_in(tmp_path / "choices.pkl", lambda: pytest.fail("made again"), D)
+    assert again[1].kept is again[0].kept and again[1].codec is again[0].codec and again[0] is not a
+
+    monkeypatch.setattr(scale, "fill", lambda *a, **k: pytest.fail("the N rows encoded in memory again"))
+    written = []
+    on_disk = type(a.sized_at_n[0]).filled_on_disk
+    monkeypatch.setattr(type(a.sized_at_n[0]), "filled_on_disk",
+                        lambda self, v, path: written.append(path.name) or on_disk(self, v, path))
+    contents, fills, entries = IndexContents({}, [], None, {}), {}, {}
+    cfg = IndexBuildConfig(out=str(tmp_path / "x"), on_disk="always")
+    for choice in again:
+        contents.codes[choice.budget], entries[str(choice.budget)] = build._stored(
+            choice, vectors, evaluation, rules, cfg, 0, tmp_path, f"image.b{choice.budget}.codec", contents, fills)
+    assert written == ["image.b4.codec.ivfdata"] and contents.codes[8] is contents.codes[4]
+    assert contents.codes[4].on_disk() and list(contents.files) == ["image.b4.codec.ivfdata"]
+    build._share_files(entries, contents.codes, "image")
+    assert (entries["8"]["file"], entries["8"]["lists"]) == ("image.b4.codec", "image.b4.codec.ivfdata") == \
+        (entries["4"]["file"], entries["4"]["lists"])
+    assert entries["8"]["at_n"] == entries["4"]["at_n"] and contents.codes[8].ivf.nprobe == entries["4"]["at_n"]["nprobe"]

@@ -278,13 +278,16 @@ def _codes(cfg, coll: Collection, contents: IndexContents, kept: dict | None, ev
 
 
 def _share_files(entries: dict, codes: dict, kind: str) -> None:
-    """Name in each budget's manifest entry the file its codes go in (``store.shared_names``): a budget that keeps
-    a smaller budget's very code names that budget's file, so the code is stored and read once. (A code with
-    inverted lists on disk is a new object per budget, ``fill_codes``: it keeps a file of its own.)"""
+    """Name in each budget's manifest entry the file its codes go in (``store.shared_names``), and its lists file
+    when they are on disk: a budget that keeps a smaller budget's very code names that budget's files, so the code
+    is stored and read once."""
     from triclip.index.store import shared_names
 
     for budget, name in shared_names(codes, kind).items():
-        (entries[str(budget)] if kind == "image" else entries[str(budget)]["text"])["file"] = name
+        entry = entries[str(budget)] if kind == "image" else entries[str(budget)]["text"]
+        entry["file"] = name
+        if "lists" in entry:
+            entry["lists"] = f"{name}.ivfdata"
 
 
 def _ranges_of(stored) -> np.ndarray | None:
@@ -305,25 +308,28 @@ def _stored(choice, vectors: ShardVectors, evaluation, rules, cfg, memory: int, 
     (inverted lists refitted for N: ``scale.sized_for_n``), filled (:func:`fill_codes`; the finalists' fill of
     it when they made one), its nprobe tuned at N on the filled lists (``scale.tune_at_n``; the finalists'
     tuning when this is their fill). The refit code and the tuning are kept in the parts folder (:func:`kept_in`):
-    a resumed build reads them back instead of refitting and streaming all N rows again. ``fills``: id of a kept
-    code -> its fill in memory, for the next budget that keeps the same code (its own nprobe is not tuned at N)."""
+    a resumed build reads them back instead of refitting and streaming all N rows again. ``fills``: ids of a kept
+    code and variant -> what was stored for them, for the next budget that keeps the very same (a smaller
+    budget's code, as the finalists settled it at N: ``finalists.settle`` gives both the same variant)."""
     from triclip.index import report, scale
 
     fills = {} if fills is None else fills
+    key = (id(choice.codec), id(choice.kept))  # a budget keeping a smaller one's very code, as settled at N
+    if key in fills:  # that budget's fill and tuning: the same object, its nprobe set once
+        stored, sized, at_n = fills[key]
+        return stored, report.manifest_entry(choice, stored, evaluation, file, sized, at_n, rules.vector_bytes)
     codec, sized = choice.codec, None
     if scale.resized_for_n(choice.codec, vectors):
         codec, sized = kept_in(work / f"{file}.sized.pkl", lambda: choice.sized_at_n or scale.sized_for_n(
             choice.codec, vectors, cfg.seed), vectors.dim)  # refitted already when a near-tie was settled at N
-    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents,
-                        choice.filled_at_n or fills.get(id(codec)))
-    if sized is None:  # the same object serves each budget that keeps it: nothing is set on it per budget
-        fills[id(codec)] = stored
+    stored = fill_codes(codec, vectors, cfg.on_disk, memory, work, file, contents, choice.filled_at_n)
     at_n = None
     if sized is not None:
         tuned = choice.tuned_at_n if stored is choice.filled_at_n else None  # the finalists' tuning of this code
         at_n = kept_in(work / f"{file}.at_n.pkl", lambda: tuned or scale.tune_at_n(stored, vectors, evaluation, choice,
                                                                                  rules), vectors.dim)
         stored.set_nprobe(at_n["nprobe"])  # tune_at_n sets it; read back on a resume, it is set here
+    fills[key] = stored, sized, at_n
     return stored, report.manifest_entry(choice, stored, evaluation, file, sized, at_n, rules.vector_bytes)
 
 

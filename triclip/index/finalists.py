@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import Counter
 from dataclasses import replace
 
 import numpy as np
@@ -73,30 +74,44 @@ FIRST_FROM = 5  # ... where N is at least this many times FIRST_ROWS (there it c
 def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: bud.Rules,
            seed: int = 0) -> list[bud.Choice]:
     """``choices`` with each one at scale that has another finalist settled at N (``vectors``: every row, shards);
-    ``finalists`` records what each held there."""
+    ``finalists`` records what each held there.
+
+    A code kept by several budgets (``budgets.no_worse_than_smaller``: the very same object) is measured at N
+    once: each budget keeping it is settled, alone or beside its own finalists, and where it wins there each one
+    takes the same sized, filled and tuned code (so the build encodes its N rows once and stores one file, where it
+    filled and stored them once per budget: ~50 min each at 100M). Its record in a later budget's ``finalists``
+    names the budget it was measured for (``"measured_for"``) instead of a fill time."""
+    kept_by = Counter(id(c.kept.codec) for c in choices if c.kept is not None)
+    done: dict[tuple, tuple] = {}  # (id of a kept code, bound) -> its budget and _as_stored's answer
     out = []
     for choice in choices:
         others = [v for v in (choice.rival, choice.first_stage) if v is not None]
-        if not others or choice.kept is None or not bud.at_scale(vectors.count):
+        shared = choice.kept is not None and kept_by[id(choice.kept.codec)] > 1
+        if not (others or shared) or choice.kept is None or not bud.at_scale(vectors.count):
             out.append(choice)
             continue
+        key = lambda v: (id(v.codec), choice.bound_ms)  # noqa: E731
         distinct = {}  # one variant per code, the kept one first
         for variant in [choice.kept, *others]:
             distinct.setdefault(id(variant.codec), variant)
         alone = {t["label"]: t["fidelity"] for t in choice.tried  # each code's codes alone on the sample
                  if not t.get("shortlist") and t.get("fidelity") is not None}
-        filling, unfilled = worth_filling(list(distinct.values()), vectors.count, alone)
+        fresh = [v for v in distinct.values() if key(v) not in done]  # the rest were measured for a smaller budget
+        filling, unfilled = worth_filling(fresh, vectors.count, alone)
         filling, lost, first = tried_first(filling, choice, vectors, evaluation, rules, seed)
         unfilled += lost
-        records, best = [], None
-        for variant in filling:
-            measured = _as_stored(variant, choice, vectors, evaluation, rules, seed)
-            records.append(measured[0])
-            if best is None or _rank(measured[0]) > _rank(best[0]):
-                best = measured  # a loser's filled codes are freed here: at most two held at once
-        record, sized, variant, filled, tuned = best
+        shown, best = [], None  # each finalist's record as this budget shows it, and the best one measured
+        for variant in [v for v in distinct.values() if key(v) in done or any(v is f for f in filling)]:
+            budget, measured = done.get(key(variant), (None, None))
+            measured = measured or _as_stored(variant, choice, vectors, evaluation, rules, seed)
+            shown.append(measured[0] if budget is None else
+                         {**{k: v for k, v in measured[0].items() if k != "fill_s"}, "measured_for": budget})
+            if best is None or _rank(measured[0]) > _rank(best[1][0]):
+                best = shown[-1], measured  # a loser's filled codes are freed here: at most two held at once
+        record, (_, sized, variant, filled, tuned) = best
+        done.setdefault(key(variant), (choice.budget, best[1]))  # the winner: a later budget keeping it takes it
         finalists = {"n": vectors.count, "queries": len(evaluation.queries), "kept": record,
-                     "others": [r for r in records if r is not record], **({"not_filled": unfilled} if unfilled else {}),
+                     "others": [r for r in shown if r is not record], **({"not_filled": unfilled} if unfilled else {}),
                      **({"first_rows": first} if first else {})}
         note = f"kept by the finalists measured at N = {vectors.count:,}" if variant.codec is not choice.kept.codec \
             or variant.shortlist != choice.kept.shortlist else ""

@@ -150,7 +150,8 @@ def _finalists_line(finalists: dict) -> str:
     """The finalists measured as stored at N (``triclip.index.finalists``), under its budget's row in :func:`table`."""
     each = [f"{f['label']}{'' if not f['shortlist'] else ' + float top ' + str(f['shortlist'])}:"
             f" {f['of_exact_top10']:.3f} of the exact top 10, {f['ms']:.3g} ms"
-            + ("" if f.get("fill_s") is None else f", filled in {f['fill_s']:,.0f} s") for f in
+            + ("" if f.get("fill_s") is None else f", filled in {f['fill_s']:,.0f} s")
+            + ("" if f.get("measured_for") is None else f", measured for the {f['measured_for']} B budget") for f in
             [finalists["kept"], *finalists["others"]]]
     unfilled = "".join(f"; {f['label']} not filled: {f['not_filled']}" for f in finalists.get("not_filled", []))
     return f"finalists measured as stored at N = {finalists['n']:,}: " + "; ".join(each) + " (the first kept)" \
