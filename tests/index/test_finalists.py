@@ -441,3 +441,27 @@ def test_a_code_kept_by_two_budgets_is_measured_at_n_once_and_both_keep_the_same
     assert (entries["8"]["file"], entries["8"]["lists"]) == ("image.b4.codec", "image.b4.codec.ivfdata") == \
         (entries["4"]["file"], entries["4"]["lists"])
     assert entries["8"]["at_n"] == entries["4"]["at_n"] and contents.codes[8].ivf.nprobe == entries["4"]["at_n"]["nprobe"]
+
+
+def test_a_larger_budget_keeping_a_code_that_lost_at_n_for_a_smaller_one_takes_the_winner_unmeasured(
+        collection, two, monkeypatch):  # noqa: F811
+    """The 4 B budget kept a flat code whose rival, inverted lists, held more at N (the first test here); the 8 B
+    budget keeps the 4 B budget's code (no_worse_than_smaller, decided on the sample). At N it keeps what beat that
+    code there, the same fill, and nothing is measured again: more bytes never hold less at N than fewer."""
+    from triclip.index import finalists
+
+    vectors, evaluation, _ = collection
+    flat, lists = two
+    rules = Rules(n=N, recall_target=0.95, rescore=False, model=GivenLatency(reference=10.0))
+    measured, as_stored = [], finalists._as_stored
+    monkeypatch.setattr(finalists, "_as_stored", lambda v, *a, **k: measured.append(v.codec) or as_stored(v, *a, **k))
+    small = Choice(4, flat.codec, flat.recall, [], flat, bound_ms=10.0, rival=lists)
+    large = Choice(8, flat.codec, flat.recall, [], flat, bound_ms=10.0, note="the 4 B budget's code: kept here too")
+    a, b = settle([small, large], vectors, evaluation, rules)
+    assert len(measured) == 2 and {id(c) for c in measured} == {id(flat.codec), id(lists.codec)}  # once each
+    assert a.kept.codec is lists.codec and b.kept is a.kept and b.filled_at_n is a.filled_at_n
+    assert b.codec is lists.codec and "finalists measured" in b.note
+    shown = [b.finalists["kept"], *b.finalists["others"]]
+    assert [f["label"] for f in shown] == [a.finalists["kept"]["label"], flat.codec.spec.label()]
+    assert all(f["measured_for"] == 4 and "fill_s" not in f for f in shown)
+    assert b.finalists["others"][0]["of_exact_top10"] == a.finalists["others"][0]["of_exact_top10"]

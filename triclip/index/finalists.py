@@ -56,6 +56,7 @@ import math
 import time
 from collections import Counter
 from dataclasses import replace
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,10 +80,12 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
     A code kept by several budgets (``budgets.no_worse_than_smaller``: the very same object) is measured at N
     once: each budget keeping it is settled, alone or beside its own finalists, and where it wins there each one
     takes the same sized, filled and tuned code (so the build encodes its N rows once and stores one file, where it
-    filled and stored them once per budget: ~50 min each at 100M). Its record in a later budget's ``finalists``
-    names the budget it was measured for (``"measured_for"``) instead of a fill time."""
+    filled and stored them once per budget: ~50 min each at 100M). Where a finalist lost at N for a smaller
+    budget, the code that beat it there is a finalist of the larger one too (its fill kept), so more bytes never
+    hold less at N than fewer. A code measured for a smaller budget is not measured again: its record in a later budget's
+    ``finalists`` names the budget it was measured for (``"measured_for"``) instead of a fill time."""
     kept_by = Counter(id(c.kept.codec) for c in choices if c.kept is not None)
-    done: dict[tuple, tuple] = {}  # (id of a kept code, bound) -> its budget and _as_stored's answer
+    known: dict[tuple, Measured] = {}  # (id of a code, bound) -> what a smaller budget measured of it at N
     out = []
     for choice in choices:
         others = [v for v in (choice.rival, choice.first_stage) if v is not None]
@@ -91,25 +94,36 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
             out.append(choice)
             continue
         key = lambda v: (id(v.codec), choice.bound_ms)  # noqa: E731
-        distinct = {}  # one variant per code, the kept one first
+        distinct = {}  # one variant per code, the kept one first, then what beat any of them for a smaller budget
         for variant in [choice.kept, *others]:
             distinct.setdefault(id(variant.codec), variant)
+        for variant in [known[key(v)].beaten_by for v in list(distinct.values()) if key(v) in known]:
+            if variant is not None:
+                distinct.setdefault(id(variant.codec), variant)
         alone = {t["label"]: t["fidelity"] for t in choice.tried  # each code's codes alone on the sample
                  if not t.get("shortlist") and t.get("fidelity") is not None}
-        fresh = [v for v in distinct.values() if key(v) not in done]  # the rest were measured for a smaller budget
+        fresh = [v for v in distinct.values() if key(v) not in known]  # the rest were measured for a smaller budget
         filling, unfilled = worth_filling(fresh, vectors.count, alone)
         filling, lost, first = tried_first(filling, choice, vectors, evaluation, rules, seed)
         unfilled += lost
-        shown, best = [], None  # each finalist's record as this budget shows it, and the best one measured
-        for variant in [v for v in distinct.values() if key(v) in done or any(v is f for f in filling)]:
-            budget, measured = done.get(key(variant), (None, None))
-            measured = measured or _as_stored(variant, choice, vectors, evaluation, rules, seed)
-            shown.append(measured[0] if budget is None else
-                         {**{k: v for k, v in measured[0].items() if k != "fill_s"}, "measured_for": budget})
+        shown, best, new = [], None, []  # each finalist's record as this budget shows it; the best one measured
+        for variant in [v for v in distinct.values() if key(v) in known or any(v is f for f in filling)]:
+            if key(variant) in known:
+                was = known[key(variant)]
+                shown.append({**{k: v for k, v in was.answer[0].items() if k != "fill_s"}, "measured_for": was.budget})
+                if was.beaten_by is not None:
+                    continue  # it lost there to a code among these finalists
+                measured = was.answer
+            else:
+                measured = _as_stored(variant, choice, vectors, evaluation, rules, seed)
+                shown.append(measured[0])
+                new.append((variant, measured))
             if best is None or _rank(measured[0]) > _rank(best[1][0]):
                 best = shown[-1], measured  # a loser's filled codes are freed here: at most two held at once
         record, (_, sized, variant, filled, tuned) = best
-        done.setdefault(key(variant), (choice.budget, best[1]))  # the winner: a later budget keeping it takes it
+        for tried, measured in new:  # a later budget keeping one of these takes the winner's fill, or skips a loser
+            won = measured is best[1]
+            known[key(tried)] = Measured(choice.budget, measured if won else (measured[0],), None if won else variant)
         finalists = {"n": vectors.count, "queries": len(evaluation.queries), "kept": record,
                      "others": [r for r in shown if r is not record], **({"not_filled": unfilled} if unfilled else {}),
                      **({"first_rows": first} if first else {})}
@@ -119,6 +133,14 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
                            sized_at_n=sized, filled_at_n=filled, tuned_at_n=tuned,
                            note="; ".join(n for n in (choice.note, note) if n)))
     return out
+
+
+class Measured(NamedTuple):
+    """A finalist as measured at N for one budget (:func:`settle`), for the larger budgets that meet it again."""
+
+    budget: int  # the budget it was measured for
+    answer: tuple  # :func:`_as_stored`'s answer; a loser's holds its record only (its fill is freed)
+    beaten_by: bud.Variant | None  # the variant that won there, where this one lost
 
 
 def worth_filling(variants: list[bud.Variant], n: int, alone: dict[str, float] | None = None
