@@ -82,8 +82,8 @@ def settle(choices: list[bud.Choice], vectors, evaluation: bud.EvalSet, rules: b
     takes the same sized, filled and tuned code (so the build encodes its N rows once and stores one file, where it
     filled and stored them once per budget: ~50 min each at 100M). Where a finalist lost at N for a smaller
     budget, the code that beat it there is a finalist of the larger one too (its fill kept), so more bytes never
-    hold less at N than fewer. A code measured for a smaller budget is not measured again: its record in a later budget's
-    ``finalists`` names the budget it was measured for (``"measured_for"``) instead of a fill time."""
+    hold less at N than fewer. A code measured for a smaller budget is not measured again: its record in a later
+    budget's ``finalists`` names the budget it was measured for (``"measured_for"``) instead of a fill time."""
     kept_by = Counter(id(c.kept.codec) for c in choices if c.kept is not None)
     known: dict[tuple, Measured] = {}  # (id of a code, bound) -> what a smaller budget measured of it at N
     out = []
