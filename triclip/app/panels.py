@@ -195,8 +195,8 @@ CHOICE_COLUMNS = {  # the table under the choices, by name: (header, the cell of
     "choice": ("choice", lambda r: r["choice"]),
     "stored": ("stored per image", lambda r: f"{r['bytes']} B"),
     "size": ("index size", lambda r: r["size"]),
-    "t2i": ("text→image R@10", lambda r: _figure(r.get("t2i"))),
-    "i2t": ("image→text R@10", lambda r: _figure(r.get("i2t"))),
+    "t2i": ("text→image R@10", lambda r: _figures(r.get("t2i"), r.get("t2i_all"))),
+    "i2t": ("image→text R@10", lambda r: _figures(r.get("i2t"), r.get("i2t_all"))),
     "latency": ("ms / query", lambda r: _figure(r.get("latency_ms"), ".2f")),  # recorded by the build where measured
 }
 
@@ -212,13 +212,13 @@ def choices_text(view: IndexView) -> str:
         return ""
     n = len(view.searcher)
     full_ms = float_latency_ms(view.budgets)  # the float scan the codes were held to
-    rows = [{"choice": f"m = {m}" + (" (full D)" if m == view.dim else ""), "bytes": 4 * m,
+    rows = [{"choice": f"m = {m}" + (" (full D)" if m == view.dim else ""), "m": m, "bytes": 4 * m,
              "size": human_bytes(4 * m * n), "t2i": view.recall.get(m), "i2t": text_recall(view, m),
              "latency_ms": full_ms if m == view.dim else None} for m in view.dims]
     words = []
     for budget, entry in sorted(view.budgets.items()):
         spec = CodecSpec.from_json(entry["spec"])
-        rows.append({**entry, "choice": f"{budget} B budget", "bytes": entry.get("bytes_per_vector", budget),
+        rows.append({**entry, "choice": f"{budget} B budget", "budget": budget, "bytes": entry.get("bytes_per_vector", budget),
                      "latency_ms": (entry.get("latency") or {}).get("ms"),
                      "size": human_bytes(entry["index_bytes"]), "t2i": entry.get("recall"),
                      "i2t": (entry.get("text") or {}).get("recall")})
@@ -229,9 +229,12 @@ def choices_text(view: IndexView) -> str:
             f" Among all {at_n['n']:,} images its answers hold {at_n['of_exact_top10']:.3f} of exact full-D search's"
             f" top 10 ({at_n['queries']} queries); the recall@10 beside it is measured on the"
             f" {entry.get('split') or 'validation'} images alone.")))
-    head = [header for header, _ in CHOICE_COLUMNS.values()]
+    whole = in_whole_index(view, rows)
+    head = [header + (" (validation / all)" if whole and name in ("t2i", "i2t") else "")
+            for name, (header, _) in CHOICE_COLUMNS.items()]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r) for _, cell in CHOICE_COLUMNS.values()) + " |" for r in rows]
+    lines += ["", whole] if whole else []
     m_words = (f"- **m = k**: the first k of the {view.dim} dimensions in the run's importance order, as 4-byte floats"
                " (exact search).")
     missing = ("– : not measured (image→text recall is measured for the byte budgets' caption codes, and at full D"
@@ -257,6 +260,26 @@ def same_code_as(budgets: dict, budget: int) -> int | None:
     budget's code where it ranks above every candidate of the larger one), None when its code is its own."""
     spec = budgets[budget]["spec"]
     return min((b for b, e in budgets.items() if b < budget and e["spec"] == spec), default=None)
+
+
+def in_whole_index(view: IndexView, rows: list[dict]) -> str:
+    """Put the build's recall among everything the index holds (manifest ``in_index``, ``triclip.index.in_index``)
+    into ``rows`` (``t2i_all``, ``i2t_all``) and return the line that says what the two figures are; "" without it."""
+    whole = view.searcher.manifest.get("in_index") or {}
+    if not whole or whole.get("images") != len(view.searcher):  # none recorded, or the index has grown since
+        return ""
+    for row in rows:
+        kind, key = ("bytes", row["budget"]) if "budget" in row else ("m", row["m"])
+        for side in ("t2i", "i2t"):
+            row[f"{side}_all"] = ((whole.get(side) or {}).get(kind) or {}).get(str(key))
+    return (f"*validation*: the validation captions searched among the validation images alone, as the curves and the"
+            f" choice of codes measure; *all*: the same captions ({whole['queries']}) searched among all"
+            f" {whole['images']:,} images this index holds, every other one a distractor: what a search here finds"
+            " (image→text: " + f"{(whole.get('i2t') or {}).get('queries', 0)} validation images asked for their captions).")
+
+
+def _figures(value, whole) -> str:
+    return _figure(value) if whole is None else f"{_figure(value)} / {_figure(whole)}"
 
 
 def _figure(value, fmt: str = ".3f") -> str:

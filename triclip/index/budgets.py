@@ -64,6 +64,7 @@ class EvalSet:
     split: str  # "validation" (--val-data) or "indexed" (the indexed data's first images)
     data: str  # where it came from
     metric: str = "t2i_r10"  # what recall@10 measures: t2i_r10 (image codes) or i2t_r10 (caption codes)
+    texts: list[str] | None = None  # the caption string of each distinct text (queries; gallery rows when reversed)
 
     @classmethod
     def of(cls, image: np.ndarray, text: np.ndarray, owner: np.ndarray, texts: list[str], split: str, data: str):
@@ -75,7 +76,8 @@ class EvalSet:
             positives.setdefault(caption, set()).add(int(row))
         rows = list(first.values())
         queries = np.ascontiguousarray(np.asarray(text, np.float32)[rows])
-        return cls(np.ascontiguousarray(image, dtype=np.float32), queries, [positives[c] for c in first], split, data)
+        return cls(np.ascontiguousarray(image, dtype=np.float32), queries, [positives[c] for c in first], split, data,
+                   texts=list(first))
 
     def reverse(self) -> "EvalSet":
         """Image -> text over the same distinct texts: an image's positives are the texts it carries.
@@ -87,7 +89,7 @@ class EvalSet:
         keep = [row for row, texts in enumerate(answers) if texts]
         metric = "i2t_r10" if self.metric == "t2i_r10" else "t2i_r10"
         return EvalSet(self.queries, np.ascontiguousarray(self.gallery[keep]), [answers[r] for r in keep], self.split,
-                       self.data, metric)
+                       self.data, metric, self.texts)
 
 
 def recall_at_k(ids: np.ndarray, positives: list[set[int]], k: int = K) -> float:

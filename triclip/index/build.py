@@ -149,8 +149,9 @@ def build_and_write(
         if cfg.bytes:
             with all_cores():
                 decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation, work, budget)
+        contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
+        _measure_in_index(contents, evaluation)
         with writer_lock(cfg.out, cfg.lock_timeout):
-            contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
             attach_curves(cfg.out, contents, kept)
             write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
         finished = True
@@ -163,6 +164,20 @@ def build_and_write(
             import torch.distributed as dist
 
             dist.destroy_process_group()
+
+
+def _measure_in_index(contents: IndexContents, evaluation) -> None:
+    """The manifest's ``in_index``: the validation queries' recall among everything this version holds, by the
+    searches it serves (``triclip.index.in_index``); nothing without a validation set."""
+    from triclip.index import in_index
+    from triclip.index.search import Searcher
+
+    if evaluation is None or evaluation.split != "validation":
+        return
+    searcher = Searcher(contents, None, None, None)  # queries come as vectors: no model
+    found = in_index.measure(searcher, evaluation, sorted(contents.codes), sorted(contents.text_codes))
+    if found is not None:
+        contents.manifest["in_index"] = found
 
 
 def _claim_work(cfg, coll: Collection, builder: "ShardedBuilder", factories: dict, text_factories: dict):

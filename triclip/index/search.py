@@ -330,6 +330,14 @@ class Searcher:
         scores, ids = rank(queries, k)
         return [self._hits(s, i, target) for s, i in zip(scores, ids)]
 
+    def ranked(self, queries: np.ndarray, k: int, m: int | None = None, target: str = "image", *,
+               bytes: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Scores and row ids (of the images, or of the caption rows with ``target="text"``) of the top k, by the
+        search :meth:`search_vectors` serves for m or the budget ``bytes`` (with its recorded stages), without the
+        hits' dicts: for measuring many queries (``triclip.index.in_index``). Shapes: (Q, D) -> (Q, k), -1 for none."""
+        in_search_thread()
+        return self._ranked(np.asarray(queries, dtype=np.float32), k, m, target, None, bytes, None)
+
     def _ranked(self, queries: np.ndarray, k: int, m, target: str, funnel, bytes, rescore) -> tuple[np.ndarray, np.ndarray]:
         """Scores and row ids of the top k of ``target`` for checked queries, by the search asked for (see
         :meth:`search_vectors`). Shapes: (Q, D) -> (Q, k'), (Q, k'), -1 for none."""

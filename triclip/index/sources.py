@@ -121,7 +121,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     def curves(m_values: list[int]) -> dict | None:
         return _curves(cfg, model, held_out, m_values, transform.ordering)
 
-    evaluation = _evaluation(held_out, transform) if cfg.bytes and held_out and held_out.split == "validation" else None
+    evaluation = _evaluation(held_out, transform) if held_out and held_out.split == "validation" else None
     return {**build_and_write(cfg, coll, all_dims, curves, evaluation), "already_indexed": already}
 
 
