@@ -198,15 +198,18 @@ def _index(cfg: DemoConfig, data: Path, run: Path, index: Path, overwrite: bool 
     build_index(
         IndexBuildConfig(
             run=str(run), data=str(data / "train.jsonl"), val_data=val, out=str(index), dims=cfg.dims,
-            bytes=cfg.bytes or None, overwrite=overwrite,
+            bytes=cfg.bytes or None, overwrite=overwrite, in_index=False,  # measured once val and test are in
         )
     )
     _add_splits(data, run, index)
 
 
 def _add_splits(data: Path, run: Path, index: Path) -> None:
-    """Add the val and test images to the index (records already in it are skipped)."""
+    """Add the val and test images to the index (records already in it are skipped); the last add measures the
+    validation captions' recall among all of them (``triclip.index.in_index``)."""
     from triclip.index.sources import IndexBuildConfig, build_index
 
     for split in ("val", "test"):
-        build_index(IndexBuildConfig(run=str(run), data=str(data / f"{split}.jsonl"), out=str(index), add=True))
+        val = str(data / "val.jsonl") if split == "test" else None
+        build_index(IndexBuildConfig(run=str(run), data=str(data / f"{split}.jsonl"), out=str(index), add=True,
+                                     val_data=val))

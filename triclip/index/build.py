@@ -150,7 +150,7 @@ def build_and_write(
             with all_cores():
                 decided["budgets"], kept = _codes(cfg, coll, contents, kept, evaluation, work, budget)
         contents.manifest = make_manifest(cfg, contents, coll.origin, decided)
-        _measure_in_index(contents, evaluation)
+        measure_in_index(contents, evaluation if cfg.in_index else None)
         with writer_lock(cfg.out, cfg.lock_timeout):
             attach_curves(cfg.out, contents, kept)
             write_version(cfg.out, contents, keep_previous=True)  # an --overwrite keeps one rollback
@@ -166,9 +166,10 @@ def build_and_write(
             dist.destroy_process_group()
 
 
-def _measure_in_index(contents: IndexContents, evaluation) -> None:
+def measure_in_index(contents: IndexContents, evaluation) -> None:
     """The manifest's ``in_index``: the validation queries' recall among everything this version holds, by the
-    searches it serves (``triclip.index.in_index``); nothing without a validation set."""
+    searches it serves (``triclip.index.in_index``); nothing without a validation set. ``contents.manifest`` is
+    the new version's."""
     from triclip.index import in_index
     from triclip.index.search import Searcher
 

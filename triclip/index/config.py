@@ -35,6 +35,7 @@ class IndexBuildConfig:
     data: str | None = None  # data source to index (any format triclip.data accepts), or a split folder (data split / data prepare --out): every image of all its splits; not with --embeddings
     val_data: str | None = None  # validation data for the recall-against-m curves kept with the index (None: DIR/val.jsonl of a split folder --data DIR, else the indexed data, its first 5,000 images)
     out: str = ""  # index folder to write
+    in_index: bool = True  # with a validation set, measure its recall among everything indexed (triclip.index.in_index); False: a build an --add will grow at once
     dims: list[int] | None = bounded(None, low=1)  # m's indexed besides D, which always is, e.g. 16,32,64 (None: D only; with --add: the index's)
     factory: str = "auto"  # FAISS index-factory string for every m, or auto (chosen per m and size)
     bytes: list[int] | None = bounded(None, low=1)  # byte budgets per image, e.g. 8,16,32,64, each at most 4 x D (the float vectors' size): per budget the code (every codec of --codec and m that fits) with the best recall measured on --val-data is stored (search --bytes B); a new index only (--add extends the index's own budgets)

@@ -33,7 +33,7 @@ import torch
 
 from triclip import codecs
 from triclip.index import faiss_index as fi
-from triclip.index.build import Collection, build_and_write
+from triclip.index.build import Collection, build_and_write, measure_in_index
 from triclip.index.config import IndexBuildConfig, check_build, listed  # noqa: F401 (IndexBuildConfig re-exported)
 from triclip.index.manifest import (  # noqa: F401 (CURVES, file_identity, read_curves, run_recall: re-exported)
     CURVES,
@@ -106,7 +106,9 @@ def build_index(cfg: IndexBuildConfig) -> dict:
     text_vectors = transform(text_emb).numpy() if need_text else None  # (T, D), record then caption order
     origin = _origin(cfg, model, run_config, fingerprint, transform, pairs, len(records), pairs.skipped + bad)
     if base is not None:
-        return _add(cfg, base, origin, vectors, text_vectors, records, already, started)
+        held_out = _held_out(cfg, model, device, None) if cfg.val_data else None  # measured again among all rows
+        evaluation = _evaluation(held_out, transform) if held_out is not None else None
+        return _add(cfg, base, origin, vectors, text_vectors, records, already, started, evaluation)
     meta = _meta_rows(records, [])
     coll = Collection(
         ShardVectors.of([vectors]),
@@ -252,8 +254,11 @@ def _meta_rows(records: list, existing: list[dict]) -> list[dict]:
     return unique_ids(rows, existing)
 
 
-def _add(cfg, base: IndexContents, origin: Origin, vectors, text_vectors, records, already: int, started: float) -> dict:
-    """Append the new records to the version that is live when the lock is taken (``--add``)."""
+def _add(cfg, base: IndexContents, origin: Origin, vectors, text_vectors, records, already: int, started: float,
+         evaluation=None) -> dict:
+    """Append the new records to the version that is live when the lock is taken (``--add``); with ``evaluation``
+    (``--val-data``), the recall among everything the index then holds is measured again (else it is dropped: it
+    was measured on fewer images)."""
     with writer_lock(cfg.out, cfg.lock_timeout):
         live = load_contents(cfg.out)  # the version that is live now: another writer may have added to it
         if live.manifest["transform"] != base.manifest["transform"] or live.manifest["dims"] != base.manifest["dims"]:
@@ -272,6 +277,7 @@ def _add(cfg, base: IndexContents, origin: Origin, vectors, text_vectors, record
             device = pick_device(cfg.device)
             model, _ = load_run(cfg.run, device, which=cfg.weights)
             curves = _curves(cfg, model, _held_out(cfg, model, device, None), live.dims, origin.transform["ordering"])
+        measure_in_index(live, evaluation)
         attach_curves(cfg.out, live, curves)
         write_version(cfg.out, live)
     return summary(live.manifest, cfg.out, started, added=added, already_indexed=already + len(records) - added)
