@@ -309,3 +309,20 @@ def test_funnel_through_faiss_equals_funnel_through_matmul(searcher, monkeypatch
     by_faiss = searcher.search_text(QUERIES, k=5, funnel=M)
     for a, b in zip(by_matmul, by_faiss):
         np.testing.assert_allclose([h["score"] for h in a], [h["score"] for h in b], atol=1e-6)
+
+
+def test_the_summary_counts_the_seconds_of_the_whole_command_the_embedding_included(run_dir, shapes_dir, tmp_path,
+                                                                                   monkeypatch):
+    import time
+
+    import triclip.index.sources as sources
+
+    embed = sources.embed_pairs
+
+    def slow_embed(*args, **kwargs):  # the embedding takes at least a second
+        time.sleep(1.0)
+        return embed(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "embed_pairs", slow_embed)
+    summary = _build(run_dir, shapes_dir / "train.jsonl", tmp_path / "index", dims=[M], factory="Flat")
+    assert summary["seconds"] >= 1.0  # before, it counted from build_and_write's start: the embedding left out

@@ -100,18 +100,20 @@ class Collection:
 
 
 def build_and_write(
-    cfg, coll: Collection, dims: list[int], curves: Callable[[list[int]], dict | None] | None = None, evaluation=None
+    cfg, coll: Collection, dims: list[int], curves: Callable[[list[int]], dict | None] | None = None, evaluation=None,
+    started: float | None = None,
 ) -> dict:
     """Build one index per m of ``dims`` (D included) over ``coll`` and write them as a new version of ``cfg.out``.
 
     ``cfg``: an ``triclip.index.config.IndexBuildConfig``. ``curves(dims)``: the recall-against-m
     curves to keep with the version (rank 0, before the lock), or None. ``evaluation``: the
     ``triclip.index.budgets.EvalSet`` the codes of ``cfg.bytes`` are measured on (None: the indexed
-    data's first images). Under ``torchrun``
+    data's first images). ``started``: when the command began (``time.perf_counter()``; the summary's
+    ``seconds`` count from it, the embedding included), else now. Under ``torchrun``
     every rank must call it; rank 0 writes the folder and returns the summary, the others
     return ``{"rank": r, ...}``.
     """
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     rank, world, owned = init_distributed() if coll.distributed else (0, 1, False)
     work = Path(cfg.out).absolute().parent / f".{Path(cfg.out).name}{PARTS_SUFFIX}"  # torchrun: one for all ranks
     work.parent.mkdir(parents=True, exist_ok=True)

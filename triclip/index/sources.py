@@ -74,7 +74,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         coll = open_embeddings(cfg)
         all_dims = _check_new_index(cfg, dims, coll.image.dim, coll.image.count)
         evaluation = validation_set(cfg.val_embeddings, read_manifest(cfg.embeddings)) if cfg.val_embeddings else None
-        return build_and_write(cfg, coll, all_dims, evaluation=evaluation)
+        return build_and_write(cfg, coll, all_dims, evaluation=evaluation, started=started)
     cfg = replace(cfg, val_data=cfg.val_data or split_val(cfg.data))  # a split folder's curves: on its validation split
     base = load_contents(cfg.out, indexes=False) if cfg.add else None  # a snapshot: transform, dims, seen records
     if base is not None and (base.manifest.get("on_disk") or _codes_on_disk(base.manifest)):
@@ -124,7 +124,7 @@ def build_index(cfg: IndexBuildConfig) -> dict:
         return _curves(cfg, model, held_out, m_values, transform.ordering)
 
     evaluation = _evaluation(held_out, transform) if held_out and held_out.split == "validation" else None
-    return {**build_and_write(cfg, coll, all_dims, curves, evaluation), "already_indexed": already}
+    return {**build_and_write(cfg, coll, all_dims, curves, evaluation, started), "already_indexed": already}
 
 
 def open_embeddings(cfg: IndexBuildConfig) -> Collection:
