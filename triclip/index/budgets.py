@@ -646,7 +646,8 @@ def no_worse_than_smaller(chosen: dict[int, Choice], cap: float) -> dict[int, Ch
             if (own.kept is not None and other.kept is not None and other.kept.latency.ms <= own.bound_ms
                     and _rank(other.kept, cap) > _rank(own.kept, cap)):
                 out[b] = replace(own, codec=other.codec, recall=other.recall, kept=other.kept,
-                                 note=f"the {s} B budget's code ranks above every {b} B candidate: kept here too")
+                                 note=f"the {s} B budget's code ranks above every {b} B candidate within the latency"
+                                      " bound: kept here too")
     return out
 
 

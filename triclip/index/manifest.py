@@ -129,7 +129,7 @@ def summary(manifest: dict, index: str, started: float, **extra) -> dict:
 def _budget_summary(entry: dict) -> dict:
     """One side's codes of a budget, as the summary shows them: recall, sizes, the code, its latency and stages."""
     keys = ("recall", "index_bytes", "bytes_per_vector", "ram_bytes", "latency", "rescore", "note", "sized_for_n", "at_n",
-            "finalists_at_n")
+            "finalists_at_n", "latency_bound_ms", "full_recall", "ranked_by")
     return {k: entry[k] for k in keys if k in entry} | {"code": entry["spec"]}
 
 

@@ -102,7 +102,7 @@ def table(budgets: dict) -> str:
             if e.get("finalists_at_n"):
                 lines.append("        " + _finalists_line(e["finalists_at_n"]))
             for c in e.get("candidates") or []:
-                lines.append("        - " + _candidate(c))
+                lines.append("        - " + _candidate(c) + _not_kept(c, e))
     if any(entry.get("text") for entry in budgets.values()):
         lines.append("recall@10: text->image for the image codes, image->text for the caption (text) codes")
     lines.append("stored: the bytes each vector's code holds (a code smaller than its budget can measure best)")
@@ -174,6 +174,27 @@ def _candidate(c: dict) -> str:
     held = "" if c.get("fidelity") is None else f", {c['fidelity']:.3f} of the exact top 10 (sample)"
     return (f"{c['label']}{stages}: recall@10 {c['recall']:.4f}{held}, "
             f"{_latency({'ms': c['latency_ms'], 'how': c['latency']})}")
+
+
+def _not_kept(c: dict, kept: dict) -> str:
+    """Why a measured candidate measuring at least the kept code's recall was not kept (``kept``: the budget's side
+    as the summary has it): over the latency bound, or level with it once counted up to full D's recall."""
+    bound, full = kept.get("latency_bound_ms"), kept.get("full_recall")
+    if c.get("recall") is None or kept.get("recall") is None or c["recall"] < kept["recall"]:
+        return ""
+    shortlist = (kept.get("rescore") or {}).get("shortlist")
+    if c["label"] == codecs.CodecSpec.from_json(kept["code"]).label() and c.get("shortlist") == shortlist:
+        return ""  # the kept one
+    if bound is not None and c["latency_ms"] > bound:
+        return f"; over the {bound:.3g} ms latency bound"
+    if kept.get("ranked_by", "recall") != "recall":
+        return ""
+    if c["recall"] <= kept["recall"] + 1e-9:
+        return "; level with the kept code, which has fewer bytes or is faster"
+    if full is not None and kept["recall"] >= full - 1e-9:
+        return (f"; counted as full D's {full:.4f} (more is the validation set's noise), level with the kept code,"
+                " which has fewer bytes or is faster")
+    return ""
 
 
 def _cold(stage: dict) -> str:
