@@ -176,3 +176,23 @@ def test_the_app_searcher_embeds_texts_through_the_export_and_images_through_the
     image = json.loads((index / "v000001" / "meta.jsonl").read_text().splitlines()[2])["image"]
     assert served.search_image([image], k=3) == slow.search_image([image], k=3)
     assert sum(calls) == len(QUERIES)  # an image query did not
+
+
+def test_a_first_text_search_in_a_terminal_says_why_it_waits_and_the_next_one_is_quiet(lite_index, tmp_path,
+                                                                                        monkeypatch):
+    import io
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    index, _ = lite_index
+    monkeypatch.setenv("TRICLIP_CACHE", str(tmp_path / "cache"))  # no export yet
+    said = [Terminal(), Terminal()]
+    loads = []
+    for out in said:
+        monkeypatch.setattr("sys.stderr", out)
+        loads.append(Searcher.load(index, text_only=True))
+    assert loads[0].text_encoder is None and loads[1].text_encoder is not None  # exported by the first
+    assert said[0].getvalue().startswith("loading the run's model and exporting its text side, once")
+    assert said[1].getvalue() == ""  # the export cached: nothing to wait for

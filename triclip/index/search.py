@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numbers
 import os
+import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
@@ -144,6 +145,10 @@ class Searcher:
             searcher = cls(contents, None, None, None, text_encoder=encoder, _source=source, _text_transform=text_transform,
                            **fields)
         else:
+            if text_only and device in (None, "cpu") and (manifest.get("model") or {}).get("preset") == "lite" \
+                    and sys.stderr.isatty():  # a first text search waits seconds: say why, as a progress line would
+                print("loading the run's model and exporting its text side, once: the next text searches skip this",
+                      file=sys.stderr)
             model, transform, dev = _load_model(*source, manifest)
             searcher = cls(contents, model, transform, dev, _source=source, **fields)
         searcher.timings = {"model_load": time.perf_counter() - t1}
