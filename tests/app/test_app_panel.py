@@ -33,6 +33,8 @@ def test_a_spectrum_gives_suggest_ms_m_and_the_recall_measured_at_or_above_it(w)
     words, suggested, power = spectrum_text(w, CURVES)
     assert suggested == suggest_m(torch.tensor(w), share=0.9)
     assert f"**Suggested m = {suggested}** (advice: " in words and "predicted to keep 90% of full-D recall" in words
+    total = "importance" if power == 1 else f"importance raised to the power {power:g}"
+    assert words.count(f"of the total {total}") == 2 and "pick the nearest" not in words  # one total, one rule
     above = min(m for m in (8, 16, 32, 64) if m >= suggested)
     at = CURVES["curves"]["importance"][str(above)]
     where = "there" if above == suggested else f"at m = {above}, the nearest measured m above it"

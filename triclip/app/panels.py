@@ -375,19 +375,19 @@ def spectrum_text(importance: list[float], curves: dict | None = None) -> tuple[
             None,
             1.0,
         )
-    half = int(np.searchsorted(np.cumsum(w) / w.sum(), 0.5) + 1)
+    suggested, power, why = _suggest(w)
+    held = "importance" if power == 1 else f"importance raised to the power {power:g}"  # one total for the paragraph
+    half = int(np.searchsorted(np.cumsum(w**power) / (w**power).sum(), 0.5) + 1)
     words = (
         f"**Importance S** of {len(w)} dimensions, sorted: {w[0]:.3g} down to {w[-1]:.3g}; the top {half} hold"
-        " half of its total."
+        f" half of the total {held}."
     )
-    suggested, power, why = _suggest(w)
     if suggested is None:
         return words + f" No suggested m: {why}.", None, power
-    held = "importance" if power == 1 else f"importance raised to the power {power:g}"
     words += (
-        f" **Suggested m = {suggested}** (advice: the m choices are the m's this index holds; pick the nearest):"
-        f" predicted to keep {SUGGEST_SHARE:.0%} of full-D recall, since the top {suggested} dimensions hold"
-        f" {SUGGEST_SHARE:.0%} of the total {held}."
+        f" **Suggested m = {suggested}** (advice: the m choices are the m's this index holds; the nearest one at or"
+        f" above it keeps what it predicts): predicted to keep {SUGGEST_SHARE:.0%} of full-D recall, since the top"
+        f" {suggested} dimensions hold {SUGGEST_SHARE:.0%} of the total {held}."
     )
     own = (curves or {}).get("curves", {}).get((curves or {}).get("ordering"), {})
     full = own.get(str(len(w)))
