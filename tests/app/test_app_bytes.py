@@ -24,7 +24,7 @@ def bytes_index(tmp_path_factory):
 
 def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_codes(bytes_index):
     from triclip.app.endpoints import AppConfig, SearchApp
-    from triclip.app.panels import frontier_figure, frontier_text, m_choices
+    from triclip.app.panels import choices_text, frontier_figure, frontier_text, m_choices
     from triclip.index.search import Searcher
 
     searcher = Searcher.load(bytes_index)
@@ -50,6 +50,9 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     items, status, ids = app.search_text(QUERY, "8B", False, 5)
     expected = [h["id"] for h in searcher.search_text([QUERY], k=5, bytes=8)[0]]
     assert ids == expected and "8 B per image" in status and "re-scored" not in status
+    timed = searcher.manifest["budgets"]["8"]["latency"]["ms"]  # the build's timing and this query's, each named
+    assert f", {timed:.3g} ms a query as the build timed it" in status and " · answered in " in status
+    assert f"| {timed:.3g} |" in next(line for line in choices_text(view).splitlines() if line.startswith("| 8 B budget"))
     _, status, ids = app.search_text(QUERY, "8B", True, 5)
     assert ids == [h["id"] for h in searcher.search_text([QUERY], k=5, bytes=8, rescore="float")[0]]
     assert "re-scored at D = 32" in status
@@ -111,11 +114,11 @@ def test_the_choices_table_says_what_each_choice_costs_and_keeps(bytes_index):
         assert describe(CodecSpec.from_json(entry["spec"])) in text  # each code in plain words
         row = next(line for line in text.splitlines() if line.startswith(f"| {budget} B budget |"))
         assert f"| {entry['bytes_per_vector']} B |" in row and f"{entry['text']['recall']:.3f}" in row
-        assert f"| {entry['latency']['ms']:.2f} |" in row  # the latency the build recorded, in its own column
+        assert f"| {entry['latency']['ms']:.3g} |" in row  # the latency the build recorded, in its own column
     float_ms = searcher.manifest["budgets"]["4"]["float_latency"]["ms"]  # the float scan the codes were held to
     assert float_ms > 0 and all(e["float_latency"]["ms"] == float_ms for e in searcher.manifest["budgets"].values())
     full = next(line for line in text.splitlines() if line.startswith(f"| m = {view.dim} (full D) |"))
-    assert full.endswith(f"| {float_ms:.2f} |")  # full D beside the codes: the scan they were held to
+    assert full.endswith(f"| {float_ms:.3g} |")  # full D beside the codes: the scan they were held to
     assert all(line.endswith("| – |") for line in text.splitlines() if line.startswith("| m = ") and "full D" not in line)
     assert "± about 0." in text and "by chance" in text  # the noise of a measured recall, said
 

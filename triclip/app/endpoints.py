@@ -143,7 +143,7 @@ class SearchApp:
             return empty_rows(), self._message(str(err))
         rows = pd.DataFrame([[round(h["score"], 4), h["caption"], h.get("images", 1), h["id"]] for h in hits],
                             columns=CAPTION_COLUMNS)
-        return rows, f"**{len(hits)} captions** for the uploaded image · {where} · {ms:.1f} ms"
+        return rows, f"**{len(hits)} captions** for the uploaded image · {where} · answered in {ms:.1f} ms"
 
     def compare(self, previous, ids_at_m: list, m, funnel, k, request: gr.Request | None = None):
         """The page's comparison: the last query's results at full D, and how many the results at m share."""
@@ -179,7 +179,7 @@ class SearchApp:
         base = self._base(request)
         hits, left_out = self.servable(view, hits)
         items = [(self.image_url(base, view, h["id"]), f"{h['score']:.3f} · {_short(h['caption'])}") for h in hits]
-        status = f"**{len(hits)} results** for {what} · {where} · {ms:.1f} ms{note}{_left_out(left_out)}"
+        status = f"**{len(hits)} results** for {what} · {where} · answered in {ms:.1f} ms{note}{_left_out(left_out)}"
         return items, status, [h["id"] for h in hits]
 
     @staticmethod
@@ -354,14 +354,14 @@ def float_latency_ms(budgets: dict) -> float | None:
 
 
 def latency_note(entry: dict) -> str:
-    """``", 0.052 ms"``: a budget's recorded single-query latency at the index's size (index build --bytes); ""
+    """``", 0.052 ms a query as the build timed it"``: a budget's recorded single-query latency at the index's size (index build --bytes); ""
     for an index that records none. Inverted lists tuned at the index's N add what their answers hold there of
     exact search's top 10 (the recall beside it is measured on the validation gallery)."""
     from triclip.index.report import held_at_n
 
     latency, at_n = entry.get("latency"), held_at_n(entry)
     held = "" if at_n is None else f"; {at_n['of_exact_top10']:.3f} of exact search's top 10 at N = {at_n['n']:,}"
-    return (f", {latency['ms']:.3g} ms" if latency else "") + held
+    return (f", {latency['ms']:.3g} ms a query as the build timed it" if latency else "") + held
 
 
 def _budget(choice: str) -> int:

@@ -197,7 +197,7 @@ CHOICE_COLUMNS = {  # the table under the choices, by name: (header, the cell of
     "size": ("index size", lambda r: r["size"]),
     "t2i": ("text→image R@10", lambda r: _figures(r.get("t2i"), r.get("t2i_all"))),
     "i2t": ("image→text R@10", lambda r: _figures(r.get("i2t"), r.get("i2t_all"))),
-    "latency": ("ms / query", lambda r: _figure(r.get("latency_ms"), ".2f")),  # recorded by the build where measured
+    "latency": ("ms / query", lambda r: _figure(r.get("latency_ms"), ".3g")),  # recorded by the build where measured
 }
 
 
