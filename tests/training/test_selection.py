@@ -23,6 +23,7 @@ def test_a_gain_within_noise_keeps_the_last_weights():
     assert (decision.best_epoch, decision.last_epoch) == (2, 4)
     assert decision.kept == "last" and decision.kept_epoch == 4
     assert "within noise, kept the last" in decision.reason() and "116 distinct validation queries" in decision.reason()
+    assert "standard errors at the two epochs' mean recall" in decision.reason()  # why another pair has another one
 
 
 def test_a_gain_well_above_noise_keeps_the_best_epoch():
@@ -122,6 +123,7 @@ def test_early_stop_waits_patience_epochs_after_the_last_gain_beyond_noise():
     assert (stop.reference_epoch, stop.stopped_epoch, stop.best_since) == (3, 7, 0.54)
     assert stop.threshold == pytest.approx(select((7, 0.54), (3, 0.50), 300).threshold)
     assert "Stopped early after epoch 7 of 40" in stop.reason() and "--patience 4" in stop.reason()
+    assert "standard errors at the mean recall of the two compared" in stop.reason()
 
 
 def test_a_slow_steady_gain_moves_the_reference_and_patience_zero_never_stops():

@@ -58,7 +58,8 @@ class Selection:
         )
         noise = (
             f"{self.factor:g} x {self.stderr:.4f} = {self.threshold:.4f}"
-            f" ({self.factor:g} binomial standard errors over {self.queries} distinct validation queries)"
+            f" ({self.factor:g} binomial standard errors at the two epochs' mean recall, over {self.queries} distinct"
+            " validation queries)"
         )
         if self.kept == "best":
             return f"{head} > {noise}: kept the best epoch."
@@ -105,8 +106,8 @@ class EarlyStop:
         return (
             f"Stopped early after epoch {self.stopped_epoch} of {self.epochs}: the {self.patience} epochs after epoch"
             f" {self.reference_epoch} ({self.metric} {self.reference_value:.4f}) did not beat it by more than"
-            f" {self.threshold:.4f} (best {self.best_since:.4f}; {self.factor:g} standard errors, --patience"
-            f" {self.patience})."
+            f" {self.threshold:.4f} (best {self.best_since:.4f}; {self.factor:g} standard errors at the mean recall of"
+            f" the two compared, --patience {self.patience})."
         )
 
 
