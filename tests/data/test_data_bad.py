@@ -85,6 +85,15 @@ def test_open_image_raises_bad_record_with_reason(tmp_path: Path):
     assert err.value.reason == "missing_file"
 
 
+def test_a_text_file_named_png_is_a_corrupt_image_named_in_words(tmp_path: Path):
+    text = tmp_path / "notes.png"
+    text.write_text("not a picture\n")
+    with pytest.raises(BadRecord) as err:
+        decode_image(FileImage(str(text)))
+    assert err.value.reason == "corrupt_image" and str(text) in str(err.value)
+    assert "not an image file Pillow can read" in str(err.value) and "BufferedReader" not in str(err.value)
+
+
 def test_pixel_limit_is_configurable_but_never_above_pillows(tmp_path: Path):
     path = write_image(tmp_path / "a.png", size=(10, 10))
     assert probe_image(FileImage(str(path)), max_pixels=100) == (10, 10)

@@ -158,6 +158,8 @@ def _open_checked(handle: BinaryIO, max_pixels: int, where: str) -> Image.Image:
             image = Image.open(handle)
     except Image.DecompressionBombError as err:
         raise BadRecord(DECOMPRESSION_BOMB, f"{where}: {err}") from None
+    except Image.UnidentifiedImageError:  # Pillow's message names the handle (<_io.BufferedReader name=3>)
+        raise BadRecord(CORRUPT_IMAGE, f"{where}: not an image file Pillow can read") from None
     except Exception as err:  # Pillow raises many types for bad headers
         raise BadRecord(CORRUPT_IMAGE, f"{where}: {err}") from None
     width, height = image.size
