@@ -99,3 +99,11 @@ def test_no_parser_takes_abbreviations():
     assert lax == []
     sub = next(a for a in build_parser()._actions if a.dest == "command").choices
     assert not sub["train"].allow_abbrev and not sub["index"]._subparsers._group_actions[0].choices["build"].allow_abbrev
+
+
+def test_help_shows_an_escape_as_a_user_types_it():
+    """``--sep``'s help said ``"\\\\t"`` (a doubled backslash): a user types ``\\t`` for a tab."""
+    doubled = [f"{command} {action.option_strings[0]}" for command, action, shown in _options()
+               if action.option_strings and "\\\\" in shown]
+    assert doubled == []
+    assert any('"\\t" means a tab' in shown for _, action, shown in _options() if "--sep" in action.option_strings)

@@ -29,7 +29,7 @@ class DataConfig:
     image_key: str | None = None  # JSONL field / CSV column / HF column / WebDataset extension of the image; a relative image path is read relative to the manifest / CSV file's folder
     caption_key: str | None = None  # same, for the caption(s)
     label_key: str | None = None  # same, for the optional label
-    sep: str | None = None  # CSV/TSV separator, one character; "\\t" means a tab (default: "," for .csv, tab for .tsv, unless the header row is split by another: tab, comma, ; or |)
+    sep: str | None = None  # CSV/TSV separator, one character; "\t" means a tab (default: "," for .csv, tab for .tsv, unless the header row is split by another: tab, comma, ; or |)
     split: str | None = None  # split of a Hugging Face dataset (default: "train")
     max_pixels: int = DEFAULT_MAX_PIXELS  # images with more pixels are skipped as decompression_bomb
 
