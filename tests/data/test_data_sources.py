@@ -144,7 +144,17 @@ def test_every_path_missing_shows_one_path_tried_resolved(tmp_path: Path):
         load_pairs(tmp_path / "sub" / "d.csv")
     text = str(err.value)
     assert "missing_file=2" in text and f"e.g. missing_file: {tmp_path / 'sub' / 'img' / 'a.png'}" in text
-    assert "relative to the source file's folder" in text and "\n" not in text
+    assert "relative to the source file's folder, else to the current folder" in text and "\n" not in text
+
+
+def test_a_path_missing_beside_the_file_is_read_from_the_current_folder_as_open_clip_reads_it(tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "d.csv").write_text("filepath,title\nimg/a.png,x\n", encoding="utf-8")
+    write_image(tmp_path / "img" / "a.png")
+    monkeypatch.chdir(tmp_path)  # img/a.png is here, not beside the file
+    assert load_pairs(tmp_path / "sub" / "d.csv").records[0].path == str(tmp_path / "img" / "a.png")
+    write_image(tmp_path / "sub" / "img" / "a.png")  # beside the file wins once it is there
+    assert load_pairs(tmp_path / "sub" / "d.csv").records[0].path == str(tmp_path / "sub" / "img" / "a.png")
 
 
 # ---------------------------------------------------------------------------- Hugging Face datasets

@@ -141,7 +141,8 @@ def _example(skipped: Counter, examples: dict[str, list[str]]) -> str:
     detail = (examples.get(reason) or [None])[0]
     if not detail:
         return ""
-    where = " (image paths are read relative to the source file's folder)" if reason == MISSING_FILE else ""
+    where = (" (image paths are read relative to the source file's folder, else to the current folder)"
+             if reason == MISSING_FILE else "")
     return f"; e.g. {reason}: {detail}{where}"
 
 

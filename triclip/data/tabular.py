@@ -4,7 +4,8 @@ Columns default to open_clip's ``filepath`` and ``title`` (``--csv-img-key``,
 ``--csv-caption-key`` there); the separator defaults to ``,`` for ``.csv`` and a
 tab for ``.tsv``, unless the header row has no such separator and another one
 (tab, comma, semicolon, bar) splits it (``sniff_separator``); ``--sep`` decides.
-Image paths are read relative to the file's folder (an absolute path as it is).
+Image paths are read relative to the file's folder (an absolute path as it is); one missing there but present
+relative to the current folder, as open_clip reads them, is taken from there.
 Rows naming the same image are merged into one record with all their captions
 (COCO-style files list each image once per caption); a row with an empty caption
 is counted as ``empty_caption`` even when other rows give its image captions.
