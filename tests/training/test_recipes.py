@@ -121,6 +121,6 @@ def test_a_recipe_batch_shrinks_to_a_small_set_a_given_one_is_refused(shapes_dat
     small.write_text("".join(json.dumps({**json.loads(x), "image": str(shapes_data / json.loads(x)["image"])}) + "\n" for x in lines))
     train(_cfg(shapes_data, tmp_path / "run", train_data=str(small), max_steps=1))  # tiny's 64 > 40 records
     assert json.loads((tmp_path / "run" / "config.json").read_text())["train"]["batch_size"] == 20
-    assert "batch 20 instead of the tiny recipe's 64" in capsys.readouterr().out
+    assert "batch 20 instead of the tiny recipe's 64, so that an epoch holds two full batches" in capsys.readouterr().out
     with pytest.raises(UserError, match="--batch-size 64 is larger than the 40 usable training records"):
         train(_cfg(shapes_data, tmp_path / "run2", train_data=str(small), batch_size=64, max_steps=1))

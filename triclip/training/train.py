@@ -116,7 +116,8 @@ def _settle(cfg: TrainConfig, given: set[str] | None, run: Path, rank: int, worl
     cfg = resolve_config(cfg, explicit, resumed, init_model, len(train_pairs.records), world)
     if cfg.batch_size != settled.batch_size:
         print(f"{len(train_pairs.records)} training records: batch {cfg.batch_size} instead of the {cfg.model}"
-              f" recipe's {settled.batch_size}", flush=True)
+              f" recipe's {settled.batch_size}, so that an epoch holds two full batches (--batch-size sets it)",
+              flush=True)
     return _Settled(cfg, saved, device, train_pairs, val_pairs)
 
 
