@@ -140,6 +140,7 @@ def test_the_build_records_it_the_app_shows_it_and_an_add_drops_it(split_index, 
     view = SearchApp(searcher, AppConfig(index=str(split_index / "index"), follow=0)).live.view()
     text = choices_text(view)
     assert "text→image R@10 (validation / all)" in text and f"among all {len(searcher):,} images" in text
+    assert "- **m** (8, 16, 32): the first m of the 32 dimensions" in text  # m, not k: k is the results' count
     row = next(line for line in text.splitlines() if line.startswith("| 4 B budget |"))
     entry = searcher.manifest["budgets"]["4"]
     assert f"{entry['recall']:.3f} / {whole['t2i']['bytes']['4']:.3f}" in row

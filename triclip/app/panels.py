@@ -235,8 +235,8 @@ def choices_text(view: IndexView) -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(cell(r) for _, cell in CHOICE_COLUMNS.values()) + " |" for r in rows]
     lines += ["", whole] if whole else []
-    m_words = (f"- **m = k**: the first k of the {view.dim} dimensions in the run's importance order, as 4-byte floats"
-               " (exact search).")
+    m_words = (f"- **m** ({', '.join(str(m) for m in view.dims)}): the first m of the {view.dim} dimensions in the"
+               " run's importance order, as 4-byte floats (exact search).")
     missing = ("– : not measured (image→text recall is measured for the byte budgets' caption codes, and at full D"
                " by index builds that record it; latency where the build records it: for each budget's codes, and at"
                " full D the exact float scan that the codes were held to, one query on one thread).")
