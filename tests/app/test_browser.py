@@ -257,6 +257,14 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
             page.locator('#m input[value="32"]').click()  # full D: the image->text figure, not text->image's
             status = _wait_caption_status(page, "m = 32 = D")
             assert "i2t recall@10" in status
+            lines = (tmp_path / "data" / "train.jsonl").read_text().splitlines()
+            page.locator("#query-image input[type=file]").set_input_files(
+                str(tmp_path / "data" / json.loads(lines[1])["image"]))  # another image: the captions were the last one's
+            page.wait_for_function("() => (document.querySelector('#caption-status')?.innerText || '').trim() === ''",
+                                   timeout=TIMEOUT_MS)
+            page.locator('#m input[value="8"]').click()  # the table is not re-run for the image it no longer answers
+            _wait_status(page, "m = 8")
+            assert page.locator("#caption-status").inner_text().strip() == ""
             explained = page.locator("#choices-explained").inner_text()  # what each choice costs and keeps
             assert "stored per image" in explained and "± about" in explained  # the recall's noise, said
             assert explained.count("bytes per vector") >= 2  # each budget's code in plain words (codecs.describe)

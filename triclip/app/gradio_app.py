@@ -30,7 +30,7 @@ import signal
 import gradio as gr
 
 from triclip.app.config import HOST, PORT, AppConfig, check_address
-from triclip.app.endpoints import ENDPOINTS, SearchApp
+from triclip.app.endpoints import ENDPOINTS, SearchApp, empty_rows
 from triclip.app.gradio_patches import guard_inputs, raw_text_search, set_choices
 from triclip.app.panels import Knobs, QueryPanel, ResultsPanel, choices_panel, feature_selection_panel, header, knobs_panel
 from triclip.app.panels import live_values, m_choices, query_panel, results_panel
@@ -114,6 +114,9 @@ def wire_events(
     # the text box shows the text query the results answer: emptied when another kind of query runs
     for kind in (q.image_search.click, q.image.upload):
         kind(lambda: gr.update(value="", placeholder=QUERY_PLACEHOLDER), None, q.query, **private)
+    # a new image: the caption table, its status ("Upload an image first." among them) and what it re-runs are the
+    # last image's; emptied until its Captions button is pressed
+    q.image.upload(lambda: (empty_rows(), "", None), None, [q.captions, q.caption_status, captioned], **private)
 
     def recaption(image, m_value, funnel_value, k_value, request: gr.Request):
         """Re-run the caption table (image -> text) when m, the funnel or k change, if it shows any."""

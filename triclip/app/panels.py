@@ -505,7 +505,7 @@ def frontier_text(view: IndexView) -> str:
         captions = ", ".join(f"{b} B → {c['label']} ({c['recall']:.3f})"
                              for b, c in sorted(text["chosen"].items(), key=lambda kv: int(kv[0])))
         words += (f" Right: image→text recall@10 of the caption codes the same budgets store ({captions}), the"
-                  " search behind the Captions button.")
+                  " search behind the \"Captions (image → text)\" button of the Image → image / text tab.")
     return words + budgets_table(view)
 
 
