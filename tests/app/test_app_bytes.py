@@ -33,7 +33,8 @@ def test_every_choice_shows_bytes_size_and_recall_and_a_budget_searches_its_code
     choices = dict((value, label) for label, value in m_choices(view))
     n = len(searcher)
     assert list(choices) == [8, 16, 32, "4B", "8B"]
-    assert "32 = D · 128 B/image" in choices[32] and f"{128 * n / 1024:.1f} KB" in choices[32]
+    assert choices[32].startswith("m = 32 = D · 128 B/image") and f"{128 * n / 1024:.1f} KB" in choices[32]
+    assert choices[8].startswith("m = 8 · 32 B/image")
     float_ms = searcher.manifest["budgets"]["4"]["float_latency"]["ms"]
     assert choices[32].endswith(f" · {float_ms:.3g} ms") and " ms" not in choices[8] + choices[16]  # timed at D only
     for budget in (4, 8):

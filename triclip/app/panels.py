@@ -303,7 +303,7 @@ def m_choices(view: IndexView) -> list[tuple[str, int | str]]:
         return [(label, view.dim)]
     full_ms = float_latency_ms(view.budgets)  # timed by index build --bytes: the float scan the codes are held to
     for m in view.dims:
-        label = f"{m} = D" if m == view.dim else str(m)
+        label = f"m = {m} = D" if m == view.dim else f"m = {m}"  # m, the choice's own word: k counts results
         label += f" · {4 * m} B/image · {human_bytes(4 * m * n)}"
         if view.recall.get(m) is not None:
             label += f" · R@10 {view.recall[m]:.3f}"
