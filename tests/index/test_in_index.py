@@ -102,6 +102,17 @@ def test_queries_the_index_cannot_answer_are_left_out_and_counted(split_index):
     assert in_index.measure(searcher, evaluation, [], []) is None
 
 
+def test_an_index_above_the_size_limit_is_not_measured(split_index, monkeypatch):
+    from triclip.index import in_index
+    from triclip.index.search import Searcher
+
+    searcher = Searcher.load(split_index / "index")
+    evaluation = _own_queries(searcher, [0, 1, 2, 3])
+    assert in_index.measure(searcher, evaluation, [], []) is not None
+    monkeypatch.setattr(in_index, "MAX_ROWS", len(searcher) - 1)
+    assert in_index.measure(searcher, evaluation, [], []) is None
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_distinct_hits_match_the_first_ten_distinct_strings_of_the_whole_ranking(seed):
     from triclip.index.in_index import distinct_hits

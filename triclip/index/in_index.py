@@ -21,7 +21,8 @@ from triclip.index.metafile import meta_rows
 from triclip.index.search import DISTINCT_DEPTH
 
 K = 10  # recall@K
-MAX_ROWS = 1_000_000  # above this many images the build does not measure it (every row's captions read in memory)
+MAX_ROWS = 200_000  # above this many images the build does not measure it: every row's captions are read, and
+# inverted lists there have their own measure at N (held_at_n)
 I2T_QUERIES = 200  # validation images asked for their captions (a seeded sample beyond): a deep distinct-caption
 # search re-ranks thousands of caption rows per image, ~20 ms each on the demo's caption codes
 
