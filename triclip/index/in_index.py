@@ -3,8 +3,9 @@
 The curves and each budget's recall are measured with the validation images as the whole gallery: a few hundred
 images, where most codes tie. The served index holds the whole collection, and its other images are distractors:
 on the demo's index t2i recall@10 at full D is .618 among the 676 validation images and .416 among all 6,794.
-This module measures the second, through the very searches the index serves (``Searcher.search_vectors``: each m,
-each budget's codes with the stages the build chose, image -> text as distinct caption strings):
+This module measures the second, through the very rankings the index serves (``Searcher.ranked``, as
+``search_vectors`` ranks: each m, each budget's codes with the stages the build chose, image -> text as distinct
+caption strings):
 
 - text -> image: a validation caption hits when one of its 10 answers carries that caption (the images trained on
   included: an image with that very caption is a right answer, as the metric counts texts);
@@ -44,11 +45,12 @@ def measure(searcher, evaluation, budgets: list[int], text_budgets: list[int]) -
     queries = evaluation.queries[t2i]  # (Q, D)
 
     def text_to_image(**how) -> float:
-        rows = searcher.ranked(queries, K, **how)[1]  # (Q, K)
-        return float(np.mean([any(r >= 0 and text in carried[r] for r in found) for text, found in zip(texts, rows.tolist())]))
+        rows = searcher.ranked(queries, K, **how)[1].tolist()  # (Q, K)
+        return float(np.mean([any(r >= 0 and text in carried[r] for r in found) for text, found in zip(texts, rows)]))
 
     out = {"images": n, "queries": len(t2i), "left_out": len(evaluation.texts) - len(t2i),
-           "t2i": {"m": {m: text_to_image(m=m) for m in searcher.dims}, "bytes": {b: text_to_image(bytes=b) for b in budgets}}}
+           "t2i": {"m": {m: text_to_image(m=m) for m in searcher.dims},
+                   "bytes": {b: text_to_image(bytes=b) for b in budgets}}}
     if searcher.has_text:
         out["i2t"] = _image_to_text(searcher, evaluation, held, text_budgets)
     return out
