@@ -69,7 +69,7 @@ THINGS = [
 PLACES = ["", " on a white background", " in a circle", " icon", " cartoon", " drawing", " with a shadow", " sign",
           " and a moon", " outline"]  # fmt: skip
 JSON_ROUTE = "/triclip/api/search_text"  # triclip.app.json_api.SEARCH_ROUTE (not imported: this runs without the app's packages)
-STATUS_MS = re.compile(r"· ([0-9.]+) ms")  # the app's search time in its status line
+STATUS_MS = re.compile(r"· answered in ([0-9.]+) ms")  # the app's search time in its status line
 
 
 @dataclass

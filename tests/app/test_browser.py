@@ -264,7 +264,8 @@ def test_a_byte_budget_and_the_frontier_in_a_browser(tmp_path, browser_requests)
                                    timeout=TIMEOUT_MS)
             page.locator('#m input[value="8"]').click()  # the table is not re-run for the image it no longer answers
             _wait_status(page, "m = 8")
-            assert page.locator("#caption-status").inner_text().strip() == ""
+            page.wait_for_function("() => document.querySelectorAll('.pending').length === 0", timeout=TIMEOUT_MS)
+            assert page.locator("#caption-status").inner_text().strip() == ""  # (a pending event shows its timer)
             explained = page.locator("#choices-explained").inner_text()  # what each choice costs and keeps
             assert "stored per image" in explained and "± about" in explained  # the recall's noise, said
             assert explained.count("bytes per vector") >= 2  # each budget's code in plain words (codecs.describe)
