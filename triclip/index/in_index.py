@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from triclip.index.metafile import meta_rows
-from triclip.index.search import DISTINCT_DEPTH
+from triclip.index.search import DISTINCT_DEPTH, _caption_texts
 
 K = 10  # recall@K
 MAX_ROWS = 200_000  # above this many images the build does not measure it: every row's captions are read, and
@@ -36,7 +36,8 @@ def measure(searcher, evaluation, budgets: list[int], text_budgets: list[int]) -
     n = len(searcher)
     if evaluation is None or not evaluation.texts or n == 0 or n > MAX_ROWS:
         return None
-    carried = [frozenset(row.get("captions") or ()) for row in meta_rows(searcher.contents.meta, list(range(n)))]
+    images = meta_rows(searcher.contents.meta, list(range(n)))  # read once: both halves use them
+    carried = [frozenset(row.get("captions") or ()) for row in images]
     held = set().union(*carried)
     t2i = [q for q, text in enumerate(evaluation.texts) if text in held]
     if not t2i:
@@ -52,11 +53,11 @@ def measure(searcher, evaluation, budgets: list[int], text_budgets: list[int]) -
            "t2i": {"m": {m: text_to_image(m=m) for m in searcher.dims},
                    "bytes": {b: text_to_image(bytes=b) for b in budgets}}}
     if searcher.has_text:
-        out["i2t"] = _image_to_text(searcher, evaluation, held, text_budgets)
+        out["i2t"] = _image_to_text(searcher, evaluation, images, held, text_budgets)
     return out
 
 
-def _image_to_text(searcher, evaluation, held: set[str], text_budgets: list[int]) -> dict:
+def _image_to_text(searcher, evaluation, images: list[dict], held: set[str], text_budgets: list[int]) -> dict:
     """The image -> text half of :func:`measure`: the validation images' own captions among the 10 distinct
     caption strings the index answers with."""
     own: list[set[str]] = [set() for _ in range(len(evaluation.gallery))]
@@ -66,12 +67,12 @@ def _image_to_text(searcher, evaluation, held: set[str], text_budgets: list[int]
     asked = [row for row, texts in enumerate(own) if texts & held]
     if len(asked) > I2T_QUERIES:
         asked = sorted(np.random.default_rng(0).choice(asked, I2T_QUERIES, replace=False).tolist())
-    strings, string_of = caption_strings(searcher.contents.meta, searcher.contents.text_rows)  # (T,) string ids
+    strings, string_of = caption_strings(images, searcher.contents.text_rows)  # (T,) string ids
     wanted = [{strings[t] for t in own[row] if t in strings} for row in asked]
-    images = evaluation.gallery[asked]  # (Q', D)
+    queries = evaluation.gallery[asked]  # (Q', D)
 
     def image_to_text(**how) -> float:
-        found = distinct_hits(lambda q, depth: searcher.ranked(images[q], depth, target="text", **how)[1],
+        found = distinct_hits(lambda q, depth: searcher.ranked(queries[q], depth, target="text", **how)[1],
                               string_of, wanted)
         return float(np.mean(found))
 
@@ -111,9 +112,8 @@ def distinct_hits(rows_of, string_of: np.ndarray, wanted: list[set[int]]) -> lis
     return [bool(hit) for hit in out]
 
 
-def caption_strings(meta, text_rows: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
-    """Each distinct caption string's id, and the id of each caption row's string (T,)."""
-    images = meta_rows(meta, list(range(int(text_rows[:, 0].max()) + 1))) if len(text_rows) else []
+def caption_strings(images: list[dict], text_rows: np.ndarray) -> tuple[dict[str, int], np.ndarray]:
+    """Each distinct caption string's id, and the id of each caption row's string (T,); ``images``: the meta rows."""
     strings: dict[str, int] = {}
-    ids = (strings.setdefault(images[i]["captions"][c], len(strings)) for i, c in text_rows.tolist())
+    ids = (strings.setdefault(text, len(strings)) for _, text in _caption_texts(images, text_rows))
     return strings, np.fromiter(ids, np.int64, len(text_rows))
